@@ -1,0 +1,157 @@
+"""What a GPU allows a kernel: `DeviceLimits`, read from the live GPU through CuPy or from offline profiles.
+
+The limits are plain numbers (bytes, threads, registers) so that the constraint model can be evaluated on
+a machine without a GPU, against the profile of the GPU one plans to run on.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Any
+
+from .errors import DeviceUnavailableError, UnknownNameError
+
+KiB = 1024
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceLimits:
+    """Per-block and per-SM resource limits of one GPU. Sizes in bytes, counts in threads/blocks/registers."""
+
+    name: str
+    compute_capability: tuple[int, int]
+    sm_count: int
+    max_threads_per_block: int
+    max_threads_per_sm: int
+    max_blocks_per_sm: int
+    static_smem_per_block: int  # the 48 KB a kernel may declare statically
+    optin_smem_per_block: int  # dynamic shared memory after cudaFuncAttributeMaxDynamicSharedMemorySize
+    smem_per_sm: int
+    reserved_smem_per_block: int  # taken by the system from the SM's pool for every resident block (sm_80+)
+    regs_per_block: int
+    regs_per_sm: int
+    max_regs_per_thread: int = 255
+    warp_size: int = 32
+    l2_bytes: int = 0
+    live: bool = False  # read from a GPU (True) or an offline profile (False)
+
+    @property
+    def arch(self) -> str:
+        """The nvcc/NVRTC target name, for example ``sm_90``."""
+        major, minor = self.compute_capability
+        return f"sm_{major}{minor}"
+
+    @property
+    def fingerprint(self) -> str:
+        """A filename-safe key that names the GPU model and its architecture, for cache files."""
+        slug = re.sub(r"[^A-Za-z0-9]+", "-", self.name).strip("-")
+        return f"{slug}_{self.arch}"
+
+    def as_names(self) -> dict[str, int]:
+        """The limits under the names that search-space expressions use."""
+        return {
+            "max_threads_per_block": self.max_threads_per_block,
+            "max_threads_per_sm": self.max_threads_per_sm,
+            "max_blocks_per_sm": self.max_blocks_per_sm,
+            "static_smem_per_block": self.static_smem_per_block,
+            "optin_smem_per_block": self.optin_smem_per_block,
+            "smem_per_sm": self.smem_per_sm,
+            "reserved_smem_per_block": self.reserved_smem_per_block,
+            "regs_per_block": self.regs_per_block,
+            "regs_per_sm": self.regs_per_sm,
+            "max_regs_per_thread": self.max_regs_per_thread,
+            "warp_size": self.warp_size,
+            "sm_count": self.sm_count,
+            "cc": self.compute_capability[0] * 10 + self.compute_capability[1],
+        }
+
+
+def _profile(name: str, cc: tuple[int, int], sms: int, threads_sm: int, blocks_sm: int, optin: int,
+             smem_sm: int, reserved: int, l2: int) -> DeviceLimits:
+    return DeviceLimits(name=name, compute_capability=cc, sm_count=sms, max_threads_per_block=1024,
+                        max_threads_per_sm=threads_sm, max_blocks_per_sm=blocks_sm,
+                        static_smem_per_block=48 * KiB, optin_smem_per_block=optin, smem_per_sm=smem_sm,
+                        reserved_smem_per_block=reserved, regs_per_block=64 * KiB, regs_per_sm=64 * KiB,
+                        l2_bytes=l2)
+
+
+# Figures from the CUDA C Programming Guide's table of compute-capability limits and the vendors' data
+# sheets. The P100 is the seeds' case: 48 KB per block and no opt-in above it.
+PROFILES: dict[str, DeviceLimits] = {
+    "p100": _profile("Tesla P100", (6, 0), 56, 2048, 32, 48 * KiB, 64 * KiB, 0, 4 * 1024 * KiB),
+    "v100": _profile("Tesla V100", (7, 0), 80, 2048, 32, 96 * KiB, 96 * KiB, 0, 6 * 1024 * KiB),
+    "a100": _profile("NVIDIA A100", (8, 0), 108, 2048, 32, 163 * KiB, 164 * KiB, 1 * KiB, 40 * 1024 * KiB),
+    "l4": _profile("NVIDIA L4", (8, 9), 58, 1536, 24, 99 * KiB, 100 * KiB, 1 * KiB, 48 * 1024 * KiB),
+    "h100": _profile("NVIDIA H100 80GB HBM3", (9, 0), 132, 2048, 32, 227 * KiB, 228 * KiB, 1 * KiB,
+                     50 * 1024 * KiB),
+    "h200": _profile("NVIDIA H200", (9, 0), 132, 2048, 32, 227 * KiB, 228 * KiB, 1 * KiB, 60 * 1024 * KiB),
+}
+
+DEFAULT_OFFLINE_PROFILE = "h100"
+
+
+def profile(name: str) -> DeviceLimits:
+    """The offline profile called `name` (case-insensitive)."""
+    try:
+        return PROFILES[name.lower()]
+    except KeyError:
+        raise UnknownNameError(
+            f"unknown device profile {name!r}; known profiles: {', '.join(PROFILES)}") from None
+
+
+def live_device(device_id: int | None = None) -> DeviceLimits:
+    """The limits of a live GPU, read through CuPy. Raises `DeviceUnavailableError` without one."""
+    try:
+        import cupy
+        from cupy.cuda import runtime
+    except ImportError as exc:  # pragma: no cover - depends on the install
+        raise DeviceUnavailableError(f"CuPy is not installed ({exc}); install autotile[cuda12]") from None
+    try:
+        if device_id is None:
+            device_id = cupy.cuda.Device().id
+        props: dict[str, Any] = runtime.getDeviceProperties(device_id)
+    except Exception as exc:
+        raise DeviceUnavailableError(f"no usable CUDA GPU: {exc}") from None
+    name = props["name"]
+    name = name.decode() if isinstance(name, bytes) else str(name)
+    return DeviceLimits(
+        name=name,
+        compute_capability=(int(props["major"]), int(props["minor"])),
+        sm_count=int(props["multiProcessorCount"]),
+        max_threads_per_block=int(props["maxThreadsPerBlock"]),
+        max_threads_per_sm=int(props["maxThreadsPerMultiProcessor"]),
+        max_blocks_per_sm=int(props.get("maxBlocksPerMultiProcessor", 32)),
+        static_smem_per_block=int(props["sharedMemPerBlock"]),
+        optin_smem_per_block=int(props.get("sharedMemPerBlockOptin", props["sharedMemPerBlock"])),
+        smem_per_sm=int(props["sharedMemPerMultiprocessor"]),
+        reserved_smem_per_block=int(props.get("reservedSharedMemPerBlock", 0)),
+        regs_per_block=int(props["regsPerBlock"]),
+        regs_per_sm=int(props["regsPerMultiprocessor"]),
+        warp_size=int(props.get("warpSize", 32)),
+        l2_bytes=int(props.get("l2CacheSize", 0)),
+        live=True,
+    )
+
+
+def live_devices() -> list[DeviceLimits]:
+    """Every visible GPU, or an empty list when there is none (or no CuPy)."""
+    try:
+        import cupy
+
+        count = cupy.cuda.runtime.getDeviceCount()
+    except Exception:
+        return []
+    return [live_device(i) for i in range(count)]
+
+
+def resolve(device: str | DeviceLimits | None) -> DeviceLimits:
+    """A `DeviceLimits` from a profile name, an instance, or None (the live GPU, else the default profile)."""
+    if isinstance(device, DeviceLimits):
+        return device
+    if device:
+        return profile(device)
+    try:
+        return live_device()
+    except DeviceUnavailableError:
+        return PROFILES[DEFAULT_OFFLINE_PROFILE]

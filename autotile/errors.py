@@ -1,0 +1,56 @@
+"""The exceptions autotile raises: one root class, one subclass per kind of failure.
+
+Every message names the value that was wrong and the limit or the choices it broke, in one line, so the
+command-line interface can print it as it is (exit status 2) and a library caller can read it.
+"""
+
+from __future__ import annotations
+
+
+class AutotileError(Exception):
+    """Root of every error autotile raises on purpose."""
+
+
+class UnknownNameError(AutotileError, KeyError):
+    """An unknown kernel, named config, parameter, device profile or sampler."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""
+
+
+class InvalidValueError(AutotileError, ValueError):
+    """A value outside its choices, a malformed shape or option."""
+
+
+class InfeasibleConfigError(AutotileError, ValueError):
+    """A config that breaks a constraint of its search space or a limit of the device."""
+
+
+class SpaceDefinitionError(AutotileError, ValueError):
+    """A search-space file that is malformed: a bad expression, an unknown name, a missing field."""
+
+
+class DeviceUnavailableError(AutotileError, RuntimeError):
+    """CuPy or a CUDA GPU is needed and is not there."""
+
+
+class CompileError(AutotileError, RuntimeError):
+    """NVRTC or nvcc rejected a rendered kernel. Carries the source, the options and the compiler log."""
+
+    def __init__(self, message: str, source: str = "", options: tuple[str, ...] = (), log: str = ""):
+        super().__init__(message)
+        self.source = source
+        self.options = tuple(options)
+        self.log = log
+
+    def numbered_source(self) -> str:
+        """The source with line numbers, to read next to the compiler log."""
+        return "\n".join(f"{i:5d}  {line}" for i, line in enumerate(self.source.splitlines(), 1))
+
+
+class ArgumentError(AutotileError, TypeError):
+    """A library call got arrays it cannot take: host arrays, wrong shapes, dtypes or layouts."""
+
+
+class CacheError(AutotileError, RuntimeError):
+    """A cache file that cannot be read or written."""

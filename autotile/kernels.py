@@ -1,0 +1,160 @@
+"""The kernel registry: for each kernel, its space, its problem shape, launch geometry, FLOP and byte
+counts, inputs and float64 reference. Host-side only (NumPy); the GPU side lives in `build` and `bench`."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import re
+from typing import Any, Callable
+
+import numpy as np
+
+from .errors import InvalidValueError, UnknownNameError
+from .expr import ceil_div
+from .render import render
+from .space import DTYPE_SIZES, Config, Space, load_space
+
+
+@dataclasses.dataclass(frozen=True)
+class Launch:
+    """Grid and block dimensions, and the dynamic shared memory in bytes, of one kernel launch."""
+
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    dynamic_smem_bytes: int
+    zero_output: bool  # split-K kernels add into the output, which must start at zero
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelSpec:
+    name: str
+    dims: tuple[str, ...]  # the shape's letters, for example ("M", "N", "K")
+    launch: Callable[[Config, tuple[int, ...], Space, str, str], Launch]
+    flops: Callable[[tuple[int, ...]], float]
+    min_bytes: Callable[[tuple[int, ...], int], float]  # each input read once, the output written once
+    make_inputs: Callable[[tuple[int, ...], str, str, np.random.Generator], tuple[np.ndarray, ...]]
+    reference: Callable[[tuple[np.ndarray, ...], str], np.ndarray]  # float64 result from host inputs
+    output_shape: Callable[[tuple[int, ...]], tuple[int, ...]]
+
+    @property
+    def space(self) -> Space:
+        return _space(self.name)
+
+    def render(self, config: Config, dtype: str = "float32", layout: str = "row") -> str:
+        return render(self.space.template, self.name, config, dtype, layout)
+
+    def parse_shape(self, text: str) -> tuple[int, ...]:
+        """'4096x4096x4096' -> (4096, 4096, 4096); every size a positive integer."""
+        parts = re.split(r"[x×X,]", text.strip())
+        if len(parts) != len(self.dims) or not all(p.strip().isdigit() for p in parts):
+            raise InvalidValueError(
+                f"{self.name} shape {text!r} must be {'x'.join(self.dims)} with positive integers, "
+                f"for example {'x'.join(['1024'] * len(self.dims))}")
+        shape = tuple(int(p) for p in parts)
+        if min(shape) < 1:
+            raise InvalidValueError(f"{self.name} shape {text!r}: every size must be at least 1")
+        return shape
+
+
+@functools.lru_cache(maxsize=None)
+def _space(name: str) -> Space:
+    return load_space(name)
+
+
+def _random(shape: tuple[int, ...], dtype: str, rng: np.random.Generator) -> np.ndarray:
+    # Uniform in [-1, 1): no zeros to hide unwritten outputs, no cancellation-free shortcut.
+    return (rng.random(shape, dtype=np.float64) * 2.0 - 1.0).astype(dtype)
+
+
+# -- matmul ------------------------------------------------------------------------------------------
+
+def _matmul_launch(config: Config, shape: tuple[int, ...], space: Space, dtype: str, layout: str) -> Launch:
+    M, N, K = shape
+    c = config
+    block = (c["BN"] // c["TN"], c["BM"] // c["TM"], 1)
+    tiles_m, tiles_n = ceil_div(M, c["BM"]), ceil_div(N, c["BN"])
+    if c["SWIZZLE"] > 1:
+        grid = (tiles_m * tiles_n, 1, c["SPLIT_K"])
+    else:
+        grid = (tiles_n, tiles_m, c["SPLIT_K"])
+    dyn = _smem_bytes(config, space, dtype, layout) if c["smem"] == "dynamic" else 0
+    return Launch(grid, block, dyn, c["SPLIT_K"] > 1)
+
+
+def _matmul_inputs(shape, dtype, layout, rng):
+    M, N, K = shape
+    return _random((M, K), dtype, rng), _random((K, N), dtype, rng)
+
+
+def _matmul_reference(inputs, layout):
+    a, b = inputs
+    return a.astype(np.float64) @ b.astype(np.float64)
+
+
+# -- matvec ------------------------------------------------------------------------------------------
+
+def _matvec_launch(config: Config, shape: tuple[int, ...], space: Space, dtype: str, layout: str) -> Launch:
+    M, K = shape
+    c = config
+    if layout == "row":
+        block = (c["THREADS_K"], c["ROWS"], 1)
+    else:
+        block = (c["ROWS"] // c["VEC"], c["THREADS_K"], 1)
+    grid = (ceil_div(M, c["ROWS"]), c["SPLIT_K"], 1)
+    dyn = _smem_bytes(config, space, dtype, layout) if c["smem"] == "dynamic" else 0
+    return Launch(grid, block, dyn, c["SPLIT_K"] > 1)
+
+
+def _matvec_inputs(shape, dtype, layout, rng):
+    M, K = shape
+    a = _random((M, K), dtype, rng)
+    if layout == "col":
+        a = np.asfortranarray(a)
+    return a, _random((K,), dtype, rng)
+
+
+def _matvec_reference(inputs, layout):
+    a, x = inputs
+    return a.astype(np.float64) @ x.astype(np.float64)
+
+
+def _smem_bytes(config: Config, space: Space, dtype: str, layout: str) -> int:
+    from .device import PROFILES, DEFAULT_OFFLINE_PROFILE
+    from .space import Problem
+
+    # smem_bytes reads no device limit, so any profile gives the same number.
+    return int(space.derive(config, Problem(PROFILES[DEFAULT_OFFLINE_PROFILE], dtype, layout))["smem_bytes"])
+
+
+KERNELS: dict[str, KernelSpec] = {
+    "matmul": KernelSpec(
+        name="matmul", dims=("M", "N", "K"), launch=_matmul_launch,
+        flops=lambda s: 2.0 * s[0] * s[1] * s[2],
+        min_bytes=lambda s, size: float(s[0] * s[2] + s[2] * s[1] + s[0] * s[1]) * size,
+        make_inputs=_matmul_inputs, reference=_matmul_reference,
+        output_shape=lambda s: (s[0], s[1])),
+    "matvec": KernelSpec(
+        name="matvec", dims=("M", "K"), launch=_matvec_launch,
+        flops=lambda s: 2.0 * s[0] * s[1],
+        min_bytes=lambda s, size: float(s[0] * s[1] + s[1] + s[0]) * size,
+        make_inputs=_matvec_inputs, reference=_matvec_reference,
+        output_shape=lambda s: (s[0],)),
+}
+
+
+def get(kernel: str) -> KernelSpec:
+    try:
+        return KERNELS[kernel]
+    except KeyError:
+        raise UnknownNameError(f"unknown kernel {kernel!r}; kernels: {', '.join(KERNELS)}") from None
+
+
+def tolerance(dtype: str, k: int) -> float:
+    """Largest accepted ||out - ref|| / ||ref||: rounding grows about like sqrt(K) ulps for random data;
+    the bound leaves a wide margin over that and stays far below what a wrong index gives (order 1)."""
+    eps = float(np.finfo(dtype).eps)
+    return max(64.0, 8.0 * float(np.sqrt(k))) * eps
+
+
+__all__ = ["KERNELS", "KernelSpec", "Launch", "get", "tolerance", "DTYPE_SIZES"]

@@ -1,0 +1,43 @@
+"""Config -> CUDA source. One jinja2 Environment with StrictUndefined; `render` is a pure function."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+from typing import Any
+
+import jinja2
+
+from .resources import templates_dir
+from .space import DTYPE_SIZES
+
+CTYPES = {"float32": "float", "float64": "double"}
+
+
+@functools.lru_cache(maxsize=1)
+def environment() -> jinja2.Environment:
+    """The one template environment: a missing variable is an error, never an empty string."""
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(templates_dir())),
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+        autoescape=False,
+    )
+
+
+def kernel_function_name(kernel: str) -> str:
+    """The extern "C" name of the generated kernel."""
+    return f"autotile_{kernel}"
+
+
+def render(template: str, kernel: str, config: Mapping[str, Any], dtype: str = "float32",
+           layout: str = "row") -> str:
+    """The CUDA source of `kernel` for one config. Same inputs, same text."""
+    key = ",".join(f"{k}={v}" for k, v in config.items())
+    context = dict(config)
+    context.update(kernel_name=kernel_function_name(kernel), dtype=dtype, ctype=CTYPES[dtype],
+                   dtype_size=DTYPE_SIZES[dtype], layout=layout, config_key=key,
+                   vec_type=lambda n: f"{CTYPES[dtype]}{n}")
+    return environment().get_template(template).render(**context)

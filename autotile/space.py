@@ -1,0 +1,410 @@
+"""Search spaces: parameters and their choices, constraints, derived quantities, named configs.
+
+A space is loaded from `search_spaces/<kernel>.yaml`. Constraints and derived quantities are `Expr`
+objects over the parameters, the problem (`dtype_size` in bytes, `layout`) and the device limits
+(`DeviceLimits.as_names()`). Every space defines the derived quantities `threads` (per block),
+`smem_bytes` (shared memory per block, in bytes) and `regs_per_thread` (an estimate), and a parameter
+`smem` (none, static or dynamic); from these, this module adds the occupancy figures and the device-limit
+constraints once for all kernels, so that a config that cannot launch never reaches a compiler.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from . import resources
+from .device import DEFAULT_OFFLINE_PROFILE, PROFILES, DeviceLimits
+from .errors import (InfeasibleConfigError, InvalidValueError, SpaceDefinitionError, UnknownNameError)
+from .expr import FUNCTIONS, Expr
+
+DTYPE_SIZES = {"float32": 4, "float64": 8}
+LAYOUTS = ("row", "col")
+
+# Occupancy: how many blocks of this config fit on one SM, by each resource. Registers are allocated per
+# warp in units of 256, that is 8 per thread.
+DEVICE_DERIVED: tuple[tuple[str, str], ...] = (
+    ("regs_per_block", "ceil_div(regs_per_thread, 8) * 8 * threads"),
+    ("blocks_by_threads", "max_threads_per_sm // max(threads, 1)"),
+    ("blocks_by_smem", "max_blocks_per_sm if smem_bytes == 0 else "
+                       "smem_per_sm // (smem_bytes + reserved_smem_per_block)"),
+    ("blocks_by_regs", "regs_per_sm // max(regs_per_block, 1)"),
+    ("blocks_per_sm", "min(max_blocks_per_sm, blocks_by_threads, blocks_by_smem, blocks_by_regs)"),
+)
+
+DEVICE_CONSTRAINTS: tuple[tuple[str, str, str], ...] = (
+    ("threads per block", "threads <= max_threads_per_block",
+     "a block may not have more threads than the device allows"),
+    ("static shared memory per block", "smem != 'static' or smem_bytes <= static_smem_per_block",
+     "statically declared shared memory is capped at 48 KB per block; larger tiles need smem=dynamic"),
+    ("dynamic shared memory per block (opt-in)", "smem != 'dynamic' or smem_bytes <= optin_smem_per_block",
+     "dynamic shared memory is capped by the device's opt-in limit per block"),
+    ("shared memory per SM", "smem_bytes + reserved_smem_per_block <= smem_per_sm",
+     "one block and the system's reservation must fit into one SM's shared memory"),
+    ("registers per thread", "regs_per_thread <= max_regs_per_thread",
+     "above 255 registers per thread the compiler spills to local memory"),
+    ("registers per block", "regs_per_block <= regs_per_block_limit",
+     "a block's registers must fit into the register file"),
+)
+
+
+class Config(Mapping[str, Any]):
+    """A frozen name -> value mapping: one point of a space. Hashable, ordered as the space declares."""
+
+    __slots__ = ("_items", "_dict")
+
+    def __init__(self, values: Mapping[str, Any]):
+        self._items = tuple(values.items())
+        self._dict = dict(self._items)
+
+    def __getitem__(self, name: str) -> Any:
+        return self._dict[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._dict)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __hash__(self) -> int:
+        return hash(tuple(sorted(self._items)))
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Mapping) and dict(self._items) == dict(other.items())
+
+    def key(self) -> str:
+        """A stable one-line text, for example ``BM=64,BN=64,...``: the identity of a config in caches."""
+        return ",".join(f"{k}={v}" for k, v in self._items)
+
+    def __repr__(self) -> str:
+        return f"Config({self.key()})"
+
+
+@dataclasses.dataclass(frozen=True)
+class Param:
+    name: str
+    choices: tuple[Any, ...]
+    doc: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class Constraint:
+    name: str
+    expr: Expr
+    doc: str = ""
+    from_device: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class SpaceCount:
+    """How many points a space has, how many are feasible, and which constraint excluded the others.
+
+    Each infeasible point is counted once, against the first constraint that excludes it (constraints are
+    checked as soon as the parameters they read are bound, in the order the space declares them).
+    """
+
+    total: int
+    feasible: int
+    excluded_by: dict[str, int]
+
+
+@dataclasses.dataclass(frozen=True)
+class Problem:
+    """The fixed part of an evaluation: the device and the data's type and layout."""
+
+    device: DeviceLimits
+    dtype: str = "float32"
+    layout: str = "row"
+
+    def names(self) -> dict[str, Any]:
+        if self.dtype not in DTYPE_SIZES:
+            raise InvalidValueError(f"dtype {self.dtype!r} is not supported; choose one of {list(DTYPE_SIZES)}")
+        if self.layout not in LAYOUTS:
+            raise InvalidValueError(f"layout {self.layout!r} is not supported; choose one of {list(LAYOUTS)}")
+        names: dict[str, Any] = dict(self.device.as_names())
+        names["regs_per_block_limit"] = names.pop("regs_per_block")
+        names["dtype_size"] = DTYPE_SIZES[self.dtype]
+        names["layout"] = self.layout
+        return names
+
+
+CONTEXT_NAMES = frozenset(Problem(PROFILES[DEFAULT_OFFLINE_PROFILE]).names())
+
+
+class Space:
+    """One kernel's search space, as declared by its YAML file plus the device-limit model."""
+
+    def __init__(self, data: Mapping[str, Any], source: str = "<space>"):
+        where = source
+        try:
+            self.kernel: str = str(data["kernel"])
+            self.template: str = str(data["template"])
+            raw_params = data["params"]
+        except (KeyError, TypeError) as exc:
+            raise SpaceDefinitionError(f"{where}: missing field {exc}") from None
+        self.description: str = str(data.get("description", "")).strip()
+        self.layouts: tuple[str, ...] = tuple(data.get("layouts", ["row"]))
+        self.params: dict[str, Param] = {}
+        for name, spec in raw_params.items():
+            spec = spec if isinstance(spec, Mapping) else {"choices": spec}
+            choices = tuple(spec.get("choices", ()))
+            if not choices:
+                raise SpaceDefinitionError(f"{where}: parameter {name!r} has no choices")
+            self.params[name] = Param(name, choices, str(spec.get("doc", "")))
+        if "smem" not in self.params:
+            raise SpaceDefinitionError(f"{where}: every space needs the parameter 'smem' (none/static/dynamic)")
+
+        known = set(self.params) | CONTEXT_NAMES
+        self.derived: dict[str, Expr] = {}
+        derived_items = list(dict(data.get("derived", {})).items()) + list(DEVICE_DERIVED)
+        for name, text in derived_items:
+            expr = Expr(text, f"{where}: derived {name}")
+            self._check_names(expr, known, where)
+            self.derived[name] = expr
+            known.add(name)
+        for required in ("threads", "smem_bytes", "regs_per_thread"):
+            if required not in self.derived:
+                raise SpaceDefinitionError(f"{where}: the derived quantity {required!r} is missing")
+
+        self.constraints: list[Constraint] = []
+        for item in data.get("constraints", []):
+            expr = Expr(item["expr"], f"{where}: constraint {item.get('name', item['expr'])}")
+            self._check_names(expr, known, where)
+            self.constraints.append(Constraint(str(item.get("name", item["expr"])), expr, str(item.get("doc", ""))))
+        for name, text, doc in DEVICE_CONSTRAINTS:
+            self.constraints.append(Constraint(name, Expr(text, f"device constraint {name}"), doc, True))
+
+        self.named_configs: dict[str, Config] = {}
+        self.named_layouts: dict[str, str] = {}  # the layout a named config was made for, if only one
+        for name, values in dict(data.get("configs", {})).items():
+            values = dict(values)
+            if "layout" in values:
+                self.named_layouts[str(name)] = str(values.pop("layout"))
+            self.named_configs[str(name)] = self.config(values)
+        default = data.get("default")
+        self.defaults: dict[str, str] = (
+            {layout: default for layout in self.layouts} if isinstance(default, str) else dict(default or {}))
+        for layout, name in self.defaults.items():
+            if name not in self.named_configs:
+                raise SpaceDefinitionError(f"{where}: default {name!r} for layout {layout} is not a named config")
+        self._plan = self._make_plan()
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Space":
+        path = Path(path)
+        try:
+            data = yaml.safe_load(path.read_text())
+        except yaml.YAMLError as exc:
+            raise SpaceDefinitionError(f"{path}: not valid YAML: {exc}") from None
+        return cls(data, str(path))
+
+    @staticmethod
+    def _check_names(expr: Expr, known: set[str], where: str) -> None:
+        unknown = sorted(expr.names - known)
+        if unknown:
+            raise SpaceDefinitionError(f"{where}: {expr.text!r} uses unknown names {unknown}")
+
+    # -- configs -------------------------------------------------------------------------------------
+
+    def config(self, values: Mapping[str, Any] | str) -> Config:
+        """A `Config` from a named config or a full mapping, with every name and value checked."""
+        if isinstance(values, str):
+            return self.named(values)
+        unknown = [k for k in values if k not in self.params]
+        if unknown:
+            raise UnknownNameError(
+                f"{self.kernel}: unknown parameter {unknown[0]!r}; parameters: {', '.join(self.params)}")
+        missing = [k for k in self.params if k not in values]
+        if missing:
+            raise InvalidValueError(f"{self.kernel}: config lacks parameter(s) {', '.join(missing)}")
+        ordered = {}
+        for name, param in self.params.items():
+            ordered[name] = self._coerce(param, values[name])
+        return Config(ordered)
+
+    def with_overrides(self, base: Config, overrides: Mapping[str, Any]) -> Config:
+        """`base` with some parameters replaced (values may be text, as typed on a command line)."""
+        values = dict(base)
+        for name, value in overrides.items():
+            if name not in self.params:
+                raise UnknownNameError(
+                    f"{self.kernel}: unknown parameter {name!r}; parameters: {', '.join(self.params)}")
+            values[name] = value
+        return self.config(values)
+
+    def named(self, name: str) -> Config:
+        try:
+            return self.named_configs[name]
+        except KeyError:
+            raise UnknownNameError(
+                f"{self.kernel}: unknown config {name!r}; named configs: {', '.join(self.named_configs)}"
+            ) from None
+
+    def default_config(self, layout: str = "row") -> Config:
+        """The built-in config that is feasible everywhere, the library's last fallback."""
+        return self.named_configs[self.defaults[layout]]
+
+    @staticmethod
+    def _coerce(param: Param, value: Any) -> Any:
+        """The choice equal to `value`; text (from a command line) matches a choice's text."""
+        for choice in param.choices:
+            if type(choice) is type(value) and choice == value:
+                return choice
+        text = str(value).strip().lower()
+        for choice in param.choices:
+            if str(choice).lower() == text:
+                return choice
+        raise InvalidValueError(f"{param.name}={value!r} is not among the choices {list(param.choices)}")
+
+    # -- evaluation ----------------------------------------------------------------------------------
+
+    def derive(self, config: Config, problem: Problem) -> dict[str, Any]:
+        """The derived quantities of one config (threads, smem_bytes, blocks_per_sm, ...)."""
+        scope = dict(FUNCTIONS)
+        scope.update(problem.names())
+        scope.update(config)
+        out = {}
+        for name, expr in self.derived.items():
+            scope[name] = out[name] = self._eval(expr, scope, name)
+        return out
+
+    def violations(self, config: Config, problem: Problem) -> list[str]:
+        """One line for each constraint the config breaks, naming the values involved; empty if feasible."""
+        scope = dict(FUNCTIONS)
+        scope.update(problem.names())
+        scope.update(config)
+        for name, expr in self.derived.items():
+            scope[name] = self._eval(expr, scope, name)
+        lines = []
+        for c in self.constraints:
+            if not c.expr.eval_in(scope):
+                involved = ", ".join(f"{n}={scope[n]}" for n in sorted(c.expr.names) if n in scope)
+                lines.append(f"breaks '{c.name}' ({c.expr.text}) with {involved}")
+        return lines
+
+    def check(self, config: Config, problem: Problem) -> None:
+        """Raise `InfeasibleConfigError` naming the first constraint the config breaks."""
+        broken = self.violations(config, problem)
+        if broken:
+            raise InfeasibleConfigError(
+                f"{self.kernel} config is infeasible on {problem.device.name} ({problem.dtype}): {broken[0]}")
+
+    def is_feasible(self, config: Config, problem: Problem) -> bool:
+        return not self.violations(config, problem)
+
+    @staticmethod
+    def _eval(expr: Expr, scope: dict[str, Any], name: str) -> Any:
+        try:
+            return expr.eval_in(scope)
+        except ZeroDivisionError:
+            raise SpaceDefinitionError(f"derived {name}: division by zero in {expr.text!r}") from None
+
+    # -- enumeration ---------------------------------------------------------------------------------
+
+    def _make_plan(self) -> list[tuple[list[tuple[str, Expr]], list[Constraint]]]:
+        """For each parameter index, the derived values and constraints that become computable once that
+        parameter is bound (index 0 also takes those that read no parameter). Checking a constraint as
+        early as possible prunes whole subtrees of the product of choices."""
+        order = {name: i for i, name in enumerate(self.params)}
+        level: dict[str, int] = {}
+
+        def level_of(names: frozenset[str]) -> int:
+            return max([order[n] for n in names if n in order] + [level[n] for n in names if n in level] + [0])
+
+        plan: list[tuple[list[tuple[str, Expr]], list[Constraint]]] = [([], []) for _ in self.params]
+        for name, expr in self.derived.items():
+            level[name] = level_of(expr.names)
+            plan[level[name]][0].append((name, expr))
+        for c in self.constraints:
+            plan[level_of(c.expr.names)][1].append(c)
+        return plan
+
+    def _walk(self, problem: Problem, on_feasible: Callable[[dict[str, Any]], None] | None) -> SpaceCount:
+        """Visit the product of choices depth-first, pruning a subtree at its first broken constraint."""
+        params = list(self.params.values())
+        total = math.prod(len(p.choices) for p in params)
+        below = [math.prod(len(p.choices) for p in params[i + 1:]) for i in range(len(params))]
+        excluded = {c.name: 0 for c in self.constraints}
+        count = 0
+        scope = dict(FUNCTIONS)
+        scope.update(problem.names())
+        plan = self._plan
+        last = len(params) - 1
+
+        def visit(i: int) -> None:
+            nonlocal count
+            param = params[i]
+            derived, constraints = plan[i]
+            for value in param.choices:
+                scope[param.name] = value
+                for name, expr in derived:
+                    scope[name] = self._eval(expr, scope, name)
+                for c in constraints:
+                    if not c.expr.eval_in(scope):
+                        excluded[c.name] += below[i]
+                        break
+                else:
+                    if i < last:
+                        visit(i + 1)
+                    else:
+                        count += 1
+                        if on_feasible is not None:
+                            on_feasible(scope)
+
+        visit(0)
+        return SpaceCount(total, count, excluded)
+
+    def count(self, problem: Problem) -> SpaceCount:
+        """Total, feasible and excluded-per-constraint counts (about a second for a million points)."""
+        return self._walk(problem, None)
+
+    def feasible(self, problem: Problem, limit: int | None = None) -> list[Config]:
+        """The feasible configs in the order of the declared choices (the first `limit` of them)."""
+        found: list[Config] = []
+        names = list(self.params)
+
+        class _Enough(Exception):
+            pass
+
+        def keep(scope: dict[str, Any]) -> None:
+            found.append(Config({n: scope[n] for n in names}))
+            if limit is not None and len(found) >= limit:
+                raise _Enough
+
+        try:
+            self._walk(problem, keep)
+        except _Enough:
+            pass
+        return found
+
+    def sample(self, problem: Problem, n: int, seed: int = 0, max_draws: int = 1_000_000) -> list[Config]:
+        """Up to `n` distinct feasible configs drawn uniformly at random (rejection sampling)."""
+        import random
+
+        rng = random.Random(seed)
+        params = list(self.params.values())
+        seen: dict[Config, None] = {}
+        for _ in range(max_draws):
+            if len(seen) >= n:
+                break
+            config = Config({p.name: rng.choice(p.choices) for p in params})
+            if config not in seen and self.is_feasible(config, problem):
+                seen[config] = None
+        return list(seen)
+
+    # -- optuna --------------------------------------------------------------------------------------
+
+    def suggest(self, trial: Any) -> Config:
+        """A config drawn through an optuna trial (one categorical per parameter)."""
+        return Config({p.name: trial.suggest_categorical(p.name, list(p.choices)) for p in self.params.values()})
+
+
+def load_space(kernel: str) -> Space:
+    """The space of a kernel by name, from the installed or source-tree `search_spaces/`."""
+    path = resources.search_space_path(kernel)
+    return Space.load(path)
