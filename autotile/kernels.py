@@ -33,9 +33,15 @@ class KernelSpec:
     launch: Callable[[Config, tuple[int, ...], Space, str, str], Launch]
     flops: Callable[[tuple[int, ...]], float]
     min_bytes: Callable[[tuple[int, ...], int], float]  # each input read once, the output written once
-    make_inputs: Callable[[tuple[int, ...], str, str, np.random.Generator], tuple[np.ndarray, ...]]
+    # (shape, dtype, layout, generator, array module) -> inputs; NumPy or CuPy arrays alike
+    make_inputs: Callable[[tuple[int, ...], str, str, Any, Any], tuple[Any, ...]]
     reference: Callable[[tuple[np.ndarray, ...], str], np.ndarray]  # float64 result from host inputs
     output_shape: Callable[[tuple[int, ...]], tuple[int, ...]]
+    check_shapes: tuple[tuple[int, ...], ...]  # extra verification shapes: primes, 1, nothing a tile divides
+
+    def kernel_args(self, inputs: tuple[Any, ...], out: Any, shape: tuple[int, ...]) -> tuple[Any, ...]:
+        """The launch arguments: input and output arrays, then the sizes as 32-bit ints."""
+        return (*inputs, out, *(np.int32(d) for d in shape))
 
     @property
     def space(self) -> Space:
@@ -62,9 +68,9 @@ def _space(name: str) -> Space:
     return load_space(name)
 
 
-def _random(shape: tuple[int, ...], dtype: str, rng: np.random.Generator) -> np.ndarray:
-    # Uniform in [-1, 1): no zeros to hide unwritten outputs, no cancellation-free shortcut.
-    return (rng.random(shape, dtype=np.float64) * 2.0 - 1.0).astype(dtype)
+def _random(shape: tuple[int, ...], dtype: str, rng: Any) -> Any:
+    """Uniform in [-1, 1): no zeros to hide unwritten outputs. `rng` is a NumPy or CuPy Generator."""
+    return (rng.random(shape, dtype="float64") * 2.0 - 1.0).astype(dtype)
 
 
 # -- matmul ------------------------------------------------------------------------------------------
@@ -82,7 +88,7 @@ def _matmul_launch(config: Config, shape: tuple[int, ...], space: Space, dtype: 
     return Launch(grid, block, dyn, c["SPLIT_K"] > 1)
 
 
-def _matmul_inputs(shape, dtype, layout, rng):
+def _matmul_inputs(shape, dtype, layout, rng, xp=np):
     M, N, K = shape
     return _random((M, K), dtype, rng), _random((K, N), dtype, rng)
 
@@ -106,11 +112,11 @@ def _matvec_launch(config: Config, shape: tuple[int, ...], space: Space, dtype: 
     return Launch(grid, block, dyn, c["SPLIT_K"] > 1)
 
 
-def _matvec_inputs(shape, dtype, layout, rng):
+def _matvec_inputs(shape, dtype, layout, rng, xp=np):
     M, K = shape
     a = _random((M, K), dtype, rng)
     if layout == "col":
-        a = np.asfortranarray(a)
+        a = xp.asfortranarray(a)
     return a, _random((K,), dtype, rng)
 
 
@@ -133,13 +139,15 @@ KERNELS: dict[str, KernelSpec] = {
         flops=lambda s: 2.0 * s[0] * s[1] * s[2],
         min_bytes=lambda s, size: float(s[0] * s[2] + s[2] * s[1] + s[0] * s[1]) * size,
         make_inputs=_matmul_inputs, reference=_matmul_reference,
-        output_shape=lambda s: (s[0], s[1])),
+        output_shape=lambda s: (s[0], s[1]),
+        check_shapes=((131, 67, 257), (1, 97, 33), (61, 1, 7))),
     "matvec": KernelSpec(
         name="matvec", dims=("M", "K"), launch=_matvec_launch,
         flops=lambda s: 2.0 * s[0] * s[1],
         min_bytes=lambda s, size: float(s[0] * s[1] + s[1] + s[0]) * size,
         make_inputs=_matvec_inputs, reference=_matvec_reference,
-        output_shape=lambda s: (s[0],)),
+        output_shape=lambda s: (s[0],),
+        check_shapes=((1031, 2053), (1, 17), (29, 1))),
 }
 
 
@@ -158,3 +166,28 @@ def tolerance(dtype: str, k: int) -> float:
 
 
 __all__ = ["KERNELS", "KernelSpec", "Launch", "get", "tolerance", "DTYPE_SIZES"]
+
+
+def compat_hash(kernel: str, compiler: str = "") -> str:
+    """What makes a tuned config of `kernel` stale: its template (and the shared helpers), its search
+    space, and the compiler's major version. A change to another kernel's files leaves it alone."""
+    import hashlib
+
+    from .resources import search_space_path, templates_dir
+
+    spec = get(kernel)
+    h = hashlib.sha256()
+    for path in sorted(templates_dir().glob("*.j2")):
+        if path.name in (spec.space.template, "common.cuh.j2"):
+            h.update(path.name.encode() + b"\0" + path.read_bytes())
+    h.update(search_space_path(kernel).read_bytes())
+    h.update(compiler.split(".")[0].encode())  # "nvrtc-13.0" -> "nvrtc-13"
+    return h.hexdigest()[:12]
+
+
+def metric(kernel: str, shape: tuple[int, ...], dtype: str, time_ms: float) -> tuple[float, str]:
+    """GFLOP/s for matmul (compute-bound), GB/s of the minimum traffic for matvec (memory-bound)."""
+    spec = get(kernel)
+    if kernel == "matmul":
+        return spec.flops(shape) / (time_ms * 1e-3) / 1e9, "GFLOP/s"
+    return spec.min_bytes(shape, DTYPE_SIZES[dtype]) / (time_ms * 1e-3) / 1e9, "GB/s"

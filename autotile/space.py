@@ -291,8 +291,11 @@ class Space:
         """Raise `InfeasibleConfigError` naming the first constraint the config breaks."""
         broken = self.violations(config, problem)
         if broken:
+            # A device limit is the more useful news: report it before a structural constraint.
+            device_first = sorted(broken, key=lambda line: not any(
+                line.startswith(f"breaks '{c.name}'") for c in self.constraints if c.from_device))
             raise InfeasibleConfigError(
-                f"{self.kernel} config is infeasible on {problem.device.name} ({problem.dtype}): {broken[0]}")
+                f"{self.kernel} config is infeasible on {problem.device.name} ({problem.dtype}): {device_first[0]}")
 
     def is_feasible(self, config: Config, problem: Problem) -> bool:
         return not self.violations(config, problem)

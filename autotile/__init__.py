@@ -1,0 +1,35 @@
+"""autotile: a code-generating CUDA kernel autotuner.
+
+Importing autotile touches no GPU and does not need CuPy: rendering kernels and inspecting search spaces
+work anywhere. The tuned kernels (`matmul`, `matvec`) and `tune` import CuPy when first called.
+"""
+
+from __future__ import annotations
+
+from .device import PROFILES, DeviceLimits, live_device, profile
+from .errors import (AutotileError, ArgumentError, CacheError, CompileError, DeviceUnavailableError,
+                     InfeasibleConfigError, InvalidValueError, SpaceDefinitionError, UnknownNameError)
+from .kernels import KERNELS, get as get_kernel
+from .space import Config, Problem, Space, load_space
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AutotileError", "ArgumentError", "CacheError", "CompileError", "Config", "DeviceLimits",
+    "DeviceUnavailableError", "InfeasibleConfigError", "InvalidValueError", "KERNELS", "PROFILES", "Problem",
+    "Space", "SpaceDefinitionError", "UnknownNameError", "get_kernel", "live_device", "load_space", "profile",
+    "render",
+]
+
+
+def render(kernel: str, config: str | dict | None = None, dtype: str = "float32", layout: str = "row",
+           device: str | DeviceLimits | None = None, **overrides) -> str:
+    """The CUDA source of `kernel` for a named config or a mapping (checked against the device's limits)."""
+    from . import device as device_mod
+
+    spec = get_kernel(kernel)
+    space = spec.space
+    base = space.default_config(layout) if config is None else space.config(config)
+    cfg = space.with_overrides(base, overrides) if overrides else base
+    space.check(cfg, Problem(device_mod.resolve(device if device is not None else "h100"), dtype, layout))
+    return spec.render(cfg, dtype, layout)

@@ -1,0 +1,99 @@
+"""`autotile.tune`: what the `autotile tune` command does, for Python callers."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from . import kernels
+from .device import DeviceLimits
+from .errors import InvalidValueError
+from .tuner import Progress, ReplayEvaluator, TuneOptions, TuneResult, Tuner
+from .worker import IsolatedRunner, Setup
+
+
+def parse_shape(kernel: str, shape: str | tuple[int, ...]) -> tuple[int, ...]:
+    spec = kernels.get(kernel)
+    if isinstance(shape, str):
+        return spec.parse_shape(shape)
+    shape = tuple(int(s) for s in shape)
+    if len(shape) != len(spec.dims) or min(shape) < 1:
+        raise InvalidValueError(f"{kernel} shape {shape} must be {'x'.join(spec.dims)} with positive sizes")
+    return shape
+
+
+def to_record(result: TuneResult, compat: str) -> Any:
+    from .cache import Record
+
+    env = dict(result.environment)
+    env.pop("limits", None)
+    env.update(spread_rounds_ms=list(result.best.round_ms), trials=result.trials,
+               seconds=round(result.seconds, 1), study=result.study_name,
+               best_seed=result.best_seed.seed_name if result.best_seed else None,
+               best_seed_ms=result.best_seed.median_ms if result.best_seed else None)
+    return Record(kernel=result.kernel, dtype=result.dtype, layout=result.layout, shape=result.shape,
+                  compat=compat, config=dict(result.best.config), time_ms=result.best.median_ms,
+                  spread=result.best.spread, metric=result.metric, metric_unit=result.metric_unit,
+                  baseline_ms=result.baseline_ms, device=env["device"], environment=env)
+
+
+def tune(kernel: str, shape: str | tuple[int, ...], *, dtype: str = "float32", layout: str = "row",
+         trials: int = 100, timeout: float | None = None, sampler: str = "tpe", seed: int = 0,
+         storage: str | None = None, study_name: str | None = None, cache: Any = "default",
+         progress: bool | Callable[[Progress], None] = False, evaluator: Any = None,
+         candidate_timeout: float = 60.0, render_source: Callable[..., str] | None = None) -> TuneResult:
+    """Tune `kernel` for one problem on the current GPU and store the winner in the cache.
+
+    `shape` is 'MxNxK' (matmul) or 'MxK' (matvec) or a tuple. `storage` is an optuna storage URL
+    ('sqlite:///tune.db' resumes a stopped study); by default the study lives in memory. `cache=None`
+    skips the cache write. `evaluator` replaces the GPU worker (a `ReplayEvaluator`, in tests).
+    """
+    shape = parse_shape(kernel, shape)
+    options = TuneOptions(trials=trials, timeout_s=timeout, sampler=sampler, seed=seed, storage=storage,
+                          study_name=study_name, candidate_timeout_s=candidate_timeout)
+    tuner = Tuner(kernel, shape, dtype, layout, options, render_source=render_source)
+    callback = _progress_bar(trials) if progress is True else (progress or None)
+    owned = evaluator is None
+    if owned:
+        evaluator = IsolatedRunner(Setup(kernel, shape, dtype, layout, seed), timeout_s=candidate_timeout)
+        evaluator.start()
+    try:
+        limits = DeviceLimits(**{k: tuple(v) if k == "compute_capability" else v
+                                 for k, v in evaluator.environment["limits"].items()})
+        result = tuner.run(evaluator, limits, callback)
+    finally:
+        if owned:
+            evaluator.close()
+        if callback is not None and hasattr(callback, "close"):
+            callback.close()
+    if cache is not None:
+        from .cache import TuningCache
+
+        store = TuningCache() if cache == "default" else cache
+        store.put(to_record(result, kernels.compat_hash(kernel, result.environment.get("compiler", ""))))
+        from . import ops
+
+        ops.forget()
+    return result
+
+
+class _progress_bar:
+    """A tqdm bar: trial n of N, the best so far and its ratio to cuBLAS."""
+
+    def __init__(self, total: int):
+        from tqdm import tqdm
+
+        self.bar = tqdm(total=total, unit="trial", dynamic_ncols=True)
+        self.done = 0
+
+    def __call__(self, p: Progress) -> None:
+        self.bar.update(max(0, p.done - self.done))
+        self.done = p.done
+        if p.best_ms is not None:
+            ratio = f" {p.baseline_ms / p.best_ms:.2f}x cuBLAS" if p.baseline_ms else ""
+            self.bar.set_postfix_str(f"best {p.best_metric:,.0f} {p.metric_unit}{ratio}", refresh=False)
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+__all__ = ["tune", "parse_shape", "ReplayEvaluator", "TuneResult"]

@@ -1,0 +1,517 @@
+"""The per-device tuning cache: the fastest config found for each kernel, dtype, layout and problem shape.
+
+Layout on disk, one JSON file per entry so that a damaged file costs only itself::
+
+    <root>/<device fingerprint>/<kernel>-<dtype>-<layout>-<shape>-<compat>.json
+
+`shape` is like ``4096x4096x4096`` (or ``default`` for a device's fallback entry in the shipped cache) and
+`compat` is the first 12 characters of a compatibility hash that the caller computes from the template,
+the search space and the compiler version; an entry whose full hash differs from the caller's is stale and
+never returned.
+
+Two roots are read: the user's (`default_root()`, written by `TuningCache.put`) and the read-only cache
+that ships with autotile (`resources.shipped_cache_dir()`), which has the same layout. Writes are atomic
+(temporary file in the same folder, fsync, `os.replace`) and serialised between processes by a
+`filelock.FileLock` on ``<file>.lock``, so readers never take a lock and never see half a file.
+
+Bad files (not JSON, failing validation, or holding an entry that their name does not describe) are
+reported with a `CacheWarning` and in `TuningCache.problems`, then skipped: they never stop a lookup.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import operator
+import os
+import re
+import sys
+import tempfile
+import warnings
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import filelock
+import platformdirs
+
+from . import resources
+from .errors import CacheError
+
+SCHEMA = 1
+COMPAT_CHARS = 12  # how much of the compatibility hash goes into a file name
+DEFAULT_SHAPE = "default"  # the shape part of a device's fallback entry
+LOCK_TIMEOUT_S = 60.0  # a put waits this long for another process's write to the same entry
+ENV_VAR = "AUTOTILE_CACHE_DIR"
+
+# File-name parts may not contain "-" (it separates them) nor a path separator; the device folder may
+# contain "-" (fingerprints do). Anything else outside these sets becomes "_".
+_PART_UNSAFE = re.compile(r"[^A-Za-z0-9_.+]+")
+_DIR_UNSAFE = re.compile(r"[^A-Za-z0-9_.+-]+")
+_ALNUM = re.compile(r"[A-Za-z0-9]")
+
+_FIELDS = ("kernel", "dtype", "layout", "shape", "compat", "config", "time_ms", "spread", "metric",
+           "metric_unit", "baseline_ms", "device", "environment", "schema")
+
+
+class CacheWarning(UserWarning):
+    """A cache file was skipped or moved aside: corrupt, invalid, or holding another entry than its name."""
+
+
+def default_root() -> Path:
+    """The user cache root: ``$AUTOTILE_CACHE_DIR`` if set, else the platform's user cache folder."""
+    env = os.environ.get(ENV_VAR, "").strip()
+    if env:
+        return Path(os.path.expanduser(env))
+    return Path(platformdirs.user_cache_dir("autotile"))
+
+
+# --------------------------------------------------------------------------------------------- records
+
+def _check_str(name: str, value: Any) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise CacheError(f"record field {name!r} must be a non-empty string, not {value!r}")
+    return value
+
+
+def _check_number(name: str, value: Any, *, positive: bool) -> float:
+    # bool is an int subclass; True as a time is a bug, not 1 ms.
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise CacheError(f"record field {name!r} must be a number, not {value!r}")
+    value = float(value)
+    if not math.isfinite(value) or value < 0 or (positive and value == 0):
+        raise CacheError(f"record field {name!r} must be a finite number {'> 0' if positive else '>= 0'}, "
+                    f"not {value!r}")
+    return value
+
+
+def _check_shape(value: Any) -> tuple[int, ...]:
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence) or not value:
+        raise CacheError(f"shape must be a non-empty sequence of positive integers, not {value!r}")
+    dims: list[int] = []
+    for dim in value:
+        try:
+            if isinstance(dim, bool):
+                raise TypeError
+            n = operator.index(dim)  # accepts NumPy integers, rejects floats and strings
+        except TypeError:
+            raise CacheError(f"shape {value!r} must hold positive integers, not {dim!r}") from None
+        if n < 1:
+            raise CacheError(f"shape {value!r} must hold positive integers, not {n}")
+        dims.append(int(n))
+    return tuple(dims)
+
+
+def _check_config(value: Any) -> dict[str, str | int | bool]:
+    if not isinstance(value, Mapping):
+        raise CacheError(f"record field 'config' must be a dict of parameter values, not {value!r}")
+    config: dict[str, str | int | bool] = {}
+    for key, v in value.items():
+        if not isinstance(key, str) or not key:
+            raise CacheError(f"config parameter names must be non-empty strings, not {key!r}")
+        if isinstance(v, (str, bool, int)):
+            config[key] = v
+        else:
+            try:  # a NumPy integer from a sampler is still an integer
+                config[key] = int(operator.index(v))
+            except TypeError:
+                raise CacheError(f"config parameter {key!r} must be a str, int or bool, not {v!r}") from None
+    return config
+
+
+def _check_environment(value: Any) -> dict[str, Any]:
+    if not isinstance(value, Mapping) or not all(isinstance(k, str) for k in value):
+        raise CacheError(f"record field 'environment' must be a dict with string keys, not {value!r}")
+    env = dict(value)
+    try:  # it is written as JSON, so it must be JSON now rather than fail half-way through a put
+        json.dumps(env, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise CacheError(f"record field 'environment' is not JSON-serialisable: {exc}") from None
+    return env
+
+
+@dataclasses.dataclass(frozen=True)
+class Record:
+    """One tuned entry: the best config for a problem on a device, with its measurement.
+
+    Times in milliseconds (`time_ms` is the median); `spread` is relative (for example
+    (p75 - p25) / median); `metric` is in `metric_unit` (GFLOP/s or GB/s); `baseline_ms` is the cuBLAS time
+    measured in the same run, if any. Constructing an invalid record raises `CacheError`.
+    """
+
+    kernel: str
+    dtype: str
+    layout: str
+    shape: tuple[int, ...]
+    compat: str
+    config: dict[str, Any]
+    time_ms: float
+    spread: float
+    metric: float
+    metric_unit: str
+    baseline_ms: float | None
+    device: str
+    environment: dict[str, Any]
+    schema: int = SCHEMA
+
+    def __post_init__(self) -> None:
+        # Validate and normalise here so that a bad record fails when it is made, not when it is written
+        # or read back; frozen, so the normalised values go in through object.__setattr__.
+        if isinstance(self.schema, bool) or self.schema != SCHEMA:
+            raise CacheError(f"record schema {self.schema!r} is not supported (this autotile reads {SCHEMA})")
+        for name in ("kernel", "dtype", "layout", "compat", "metric_unit", "device"):
+            _check_str(name, getattr(self, name))
+        normalised = {
+            "shape": _check_shape(self.shape),
+            "config": _check_config(self.config),
+            "environment": _check_environment(self.environment),
+            "time_ms": _check_number("time_ms", self.time_ms, positive=True),
+            "spread": _check_number("spread", self.spread, positive=False),
+            "metric": _check_number("metric", self.metric, positive=False),
+            "baseline_ms": (None if self.baseline_ms is None
+                            else _check_number("baseline_ms", self.baseline_ms, positive=True)),
+        }
+        for name, value in normalised.items():
+            object.__setattr__(self, name, value)
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict (the shape as a list)."""
+        return {
+            "schema": self.schema, "kernel": self.kernel, "dtype": self.dtype, "layout": self.layout,
+            "shape": list(self.shape), "compat": self.compat, "config": dict(self.config),
+            "time_ms": self.time_ms, "spread": self.spread, "metric": self.metric,
+            "metric_unit": self.metric_unit, "baseline_ms": self.baseline_ms, "device": self.device,
+            "environment": dict(self.environment),
+        }
+
+    @classmethod
+    def from_json(cls, d: Any) -> Record:
+        """The record in a dict read from JSON. Raises `CacheError` on a missing, unknown or wrong field."""
+        if not isinstance(d, dict):
+            raise CacheError(f"a cache record must be a JSON object, not {type(d).__name__}")
+        missing = [f for f in _FIELDS if f not in d]
+        if missing:
+            raise CacheError(f"cache record lacks field(s) {', '.join(missing)}")
+        unknown = sorted(str(k) for k in d if k not in _FIELDS)
+        if unknown:  # a writer with another layout: the schema number should have said so
+            raise CacheError(f"cache record has unknown field(s) {', '.join(unknown)}")
+        if isinstance(d["schema"], bool) or not isinstance(d["schema"], int):
+            raise CacheError(f"record field 'schema' must be an integer, not {d['schema']!r}")
+        if not isinstance(d["shape"], list):  # JSON gives lists; a string would pass as a sequence
+            raise CacheError(f"record field 'shape' must be a list of integers, not {d['shape']!r}")
+        if not isinstance(d["config"], dict) or not isinstance(d["environment"], dict):
+            raise CacheError("record fields 'config' and 'environment' must be JSON objects")
+        return cls(**{f: d[f] for f in _FIELDS})
+
+
+# ------------------------------------------------------------------------------------------ file names
+
+def _safe(value: Any, what: str, unsafe: re.Pattern[str] = _PART_UNSAFE) -> str:
+    if not isinstance(value, str):
+        raise CacheError(f"cache key part {what} must be a string, not {value!r}")
+    # Dots at the ends are stripped so that no part can be "." or ".." and climb out of the root.
+    safe = unsafe.sub("_", value.strip()).strip(".")
+    if not _ALNUM.search(safe):
+        raise CacheError(f"cache key part {what} {value!r} is empty once made filename-safe")
+    return safe
+
+
+def _shape_part(shape: Any) -> str:
+    try:
+        dims = _check_shape(shape)
+    except CacheError as exc:
+        raise CacheError(f"cache key shape: {exc}") from None
+    return "x".join(str(n) for n in dims)
+
+
+def _device_dir(device: str) -> str:
+    return _safe(device, "device", _DIR_UNSAFE)
+
+
+def _file_name(kernel: str, dtype: str, layout: str, shape_part: str, compat: str) -> str:
+    parts = (_safe(kernel, "kernel"), _safe(dtype, "dtype"), _safe(layout, "layout"), shape_part,
+             _safe(compat, "compat")[:COMPAT_CHARS])
+    return "-".join(parts) + ".json"
+
+
+def _log_distance(a: tuple[int, ...], b: tuple[int, ...]) -> float:
+    """How far apart two shapes are: the sum over dimensions of |log2(a/b)|."""
+    return sum(abs(math.log2(x / y)) for x, y in zip(a, b))
+
+
+# ------------------------------------------------------------------------------------------ the cache
+
+class TuningCache:
+    """The tuned configs of every device, in a user root (read-write) and a shipped root (read-only).
+
+    `shipped_root="default"` uses the cache that ships with autotile, None uses none. Nothing is created
+    on disk until the first `put`. Problems with files are reported once per file and reason, as a
+    `CacheWarning` and a line in `problems`.
+    """
+
+    def __init__(self, root: str | Path | None = None,
+                 shipped_root: str | Path | None | Literal["default"] = "default") -> None:
+        self.root: Path = Path(root) if root is not None else default_root()
+        if isinstance(shipped_root, str) and shipped_root == "default":
+            shipped = resources.shipped_cache_dir()
+        else:
+            shipped = Path(shipped_root) if shipped_root is not None else None
+        # The same folder as both roots would list every entry twice.
+        if shipped is not None and _same_path(shipped, self.root):
+            shipped = None
+        self.shipped_root: Path | None = shipped
+        self.problems: list[str] = []
+        self._reported: set[tuple[str, str]] = set()
+
+    def __repr__(self) -> str:
+        shipped = None if self.shipped_root is None else str(self.shipped_root)
+        return f"TuningCache(root={str(self.root)!r}, shipped_root={shipped!r})"
+
+    # ----------------------------------------------------------------------------------------- paths
+
+    def path_for(self, device: str, kernel: str, dtype: str, layout: str, shape: Sequence[int],
+                 compat: str) -> Path:
+        """Where the entry for this key lives in the user root. Raises `CacheError` on an empty part."""
+        return self._path(self.root, device, kernel, dtype, layout, _shape_part(shape), compat)
+
+    @staticmethod
+    def _path(root: Path, device: str, kernel: str, dtype: str, layout: str, shape_part: str,
+              compat: str) -> Path:
+        return root / _device_dir(device) / _file_name(kernel, dtype, layout, shape_part, compat)
+
+    def _roots(self, include_shipped: bool = True) -> list[Path]:
+        roots = [self.root]
+        if include_shipped and self.shipped_root is not None:
+            roots.append(self.shipped_root)
+        return roots
+
+    # --------------------------------------------------------------------------------------- reading
+
+    def _report(self, path: Path, reason: str) -> None:
+        key = (str(path), reason)
+        if key in self._reported:  # a hot lookup must not repeat the same warning on every call
+            return
+        self._reported.add(key)
+        message = f"{path}: {reason}"
+        self.problems.append(message)
+        # Point the warning at the first caller outside this module.
+        level, frame = 1, sys._getframe(0)
+        while frame is not None and frame.f_globals.get("__name__") == __name__:
+            frame, level = frame.f_back, level + 1
+        warnings.warn(CacheWarning(message), stacklevel=level)
+
+    @staticmethod
+    def _parse(path: Path) -> tuple[Record | None, str | None]:
+        """(record, None) for a good file, (None, reason) for a bad one, (None, None) for a missing one."""
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:  # removed by clear() or moved aside by a put since it was listed
+            return None, None
+        except OSError as exc:
+            return None, f"cannot be read ({exc.strerror or exc})"
+        try:
+            record = Record.from_json(json.loads(data.decode("utf-8")))
+        except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+            return None, f"is not valid JSON ({type(exc).__name__}: {exc})"
+        except CacheError as exc:
+            return None, f"is not a valid record ({exc})"
+        # A file must hold the entry its name describes; anything else (copied or renamed by hand,
+        # another tool's file) would otherwise be served for the wrong problem.
+        names = {_file_name(record.kernel, record.dtype, record.layout, part, record.compat)
+                 for part in ("x".join(map(str, record.shape)), DEFAULT_SHAPE)}
+        if path.name not in names or path.parent.name != _device_dir(record.device):
+            return None, (f"holds the entry for {record.kernel} {record.dtype} {record.layout} "
+                          f"{'x'.join(map(str, record.shape))} on {record.device}, not what its name says")
+        return record, None
+
+    def _load(self, path: Path) -> Record | None:
+        record, reason = self._parse(path)
+        if reason is not None:
+            self._report(path, reason)
+        return record
+
+    @staticmethod
+    def _matches(record: Record, device: str, kernel: str, dtype: str, layout: str, compat: str) -> bool:
+        # The full compat hash, not just the 12 characters in the name: anything else is stale.
+        return (record.device == device and record.kernel == kernel and record.dtype == dtype
+                and record.layout == layout and record.compat == compat)
+
+    def get(self, device: str, kernel: str, dtype: str, layout: str, shape: Sequence[int],
+            compat: str) -> Record | None:
+        """The entry for exactly this key: from the user root, else the shipped root, else None."""
+        shape_part = _shape_part(shape)
+        dims = _check_shape(shape)
+        for root in self._roots():
+            record = self._load(self._path(root, device, kernel, dtype, layout, shape_part, compat))
+            if (record is not None and record.shape == dims
+                    and self._matches(record, device, kernel, dtype, layout, compat)):
+                return record
+        return None
+
+    def lookup(self, device: str, kernel: str, dtype: str, layout: str, shape: Sequence[int],
+               compat: str) -> tuple[Record, str] | None:
+        """The best entry for this problem and how it was found: ``"exact"``, ``"nearest"`` (same device,
+        kernel, dtype, layout and compat, the shape nearest in sum of |log2| ratios; ties go to the user
+        root, then the faster entry), ``"device default"`` (the shipped default for the device), or None."""
+        exact = self.get(device, kernel, dtype, layout, shape, compat)
+        if exact is not None:
+            return exact, "exact"
+        dims = _check_shape(shape)
+        name_default = _file_name(kernel, dtype, layout, DEFAULT_SHAPE, compat)
+        # Sanitised parts hold no "-" and no glob characters, so the shape is the one starred part.
+        pattern = _file_name(kernel, dtype, layout, "*", compat)
+        best: tuple[tuple[float, int, float, str], Record] | None = None
+        for rank, root in enumerate(self._roots()):
+            folder = root / _device_dir(device)
+            for path in sorted(folder.glob(pattern)):
+                if path.name == name_default:
+                    continue
+                record = self._load(path)
+                if (record is None or len(record.shape) != len(dims)
+                        or not self._matches(record, device, kernel, dtype, layout, compat)):
+                    continue
+                key = (_log_distance(record.shape, dims), rank, record.time_ms, str(path))
+                if best is None or key < best[0]:
+                    best = (key, record)
+        if best is not None:
+            return best[1], "nearest"
+        if self.shipped_root is not None:
+            path = self.shipped_root / _device_dir(device) / name_default
+            record = self._load(path)
+            if record is not None and self._matches(record, device, kernel, dtype, layout, compat):
+                return record, "device default"
+        return None
+
+    def _device_folders(self, root: Path, device: str | None) -> Iterator[Path]:
+        if device is not None:
+            folder = root / _device_dir(device)
+            if folder.is_dir():
+                yield folder
+            return
+        if root.is_dir():
+            yield from sorted(p for p in root.iterdir() if p.is_dir())
+
+    def entries(self, device: str | None = None, include_shipped: bool = False) -> list[tuple[Path, Record]]:
+        """Every valid entry (of one device, or all) in the user root, then the shipped root if asked.
+
+        Stale entries are listed too: without a compat hash to compare, staleness is unknown here."""
+        found: list[tuple[Path, Record]] = []
+        for root in self._roots(include_shipped):
+            for folder in self._device_folders(root, device):
+                for path in sorted(folder.glob("*.json")):
+                    record = self._load(path)
+                    if record is not None:
+                        found.append((path, record))
+        return found
+
+    # --------------------------------------------------------------------------------------- writing
+
+    def put(self, record: Record) -> bool:
+        """Store `record` unless a valid entry for the same key is already faster.
+
+        Returns True if written, False if the existing entry was kept. A corrupt or foreign file in the
+        way is renamed to ``<name>.corrupt`` and reported. Raises `CacheError` if the file cannot be written.
+        """
+        if not isinstance(record, Record):
+            raise CacheError(f"put() takes a Record, not {type(record).__name__}")
+        path = self.path_for(record.device, record.kernel, record.dtype, record.layout, record.shape,
+                             record.compat)
+        text = json.dumps(record.to_json(), indent=2, sort_keys=True, allow_nan=False) + "\n"
+        problem: str | None = None
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            if True:
+                existing, reason = self._parse(path)
+                if reason is not None:
+                    aside = self._move_aside(path)
+                    problem = f"{reason}; moved to {aside.name} and replaced"
+                elif (existing is not None and existing.shape == record.shape
+                      and self._matches(existing, record.device, record.kernel, record.dtype,
+                                        record.layout, record.compat)
+                      and existing.time_ms < record.time_ms):
+                    return False
+                self._write_atomic(path, text)
+        except filelock.Timeout:
+            raise CacheError(f"{path}: another process held its lock for over {LOCK_TIMEOUT_S:g} s") from None
+        except OSError as exc:
+            raise CacheError(f"{path}: cannot be written ({exc})") from exc
+        # Reported after the write, so that warnings turned into errors cannot leave the entry missing.
+        if problem is not None:
+            self._report(path, problem)
+        return True
+
+    @staticmethod
+    def _move_aside(path: Path) -> Path:
+        # Never overwrite an earlier casualty: .corrupt, then .corrupt.1, .corrupt.2, ...
+        aside = path.with_name(path.name + ".corrupt")
+        n = 0
+        while aside.exists():
+            n += 1
+            aside = path.with_name(f"{path.name}.corrupt.{n}")
+        os.replace(path, aside)
+        return aside
+
+    @staticmethod
+    def _write_atomic(path: Path, text: str) -> None:
+        # The temporary file is in the same folder, so os.replace is a rename within one file system:
+        # readers see the old file or the new one, never a part.
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                if hasattr(os, "fchmod"):  # mkstemp makes 0600; a cache may be shared read-only
+                    os.fchmod(f.fileno(), 0o644)
+                f.write(text)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise
+        _fsync_dir(path.parent)
+
+    def clear(self, device: str | None = None, kernel: str | None = None) -> int:
+        """Delete the user-root entries of one device and/or kernel (all if None); returns how many.
+
+        The shipped root is never touched; nor are ``.corrupt`` files (kept for inspection) or lock files
+        (removing one while another process holds it would let two writers in)."""
+        prefix = f"{_safe(kernel, 'kernel')}-" if kernel is not None else ""
+        removed = 0
+        for folder in self._device_folders(self.root, device):
+            for path in sorted(folder.glob(f"{prefix}*.json")):
+                try:
+                    with filelock.FileLock(str(path) + ".lock", timeout=LOCK_TIMEOUT_S):
+                        path.unlink()
+                except FileNotFoundError:
+                    continue
+                except filelock.Timeout:
+                    raise CacheError(f"{path}: another process held its lock for over "
+                                     f"{LOCK_TIMEOUT_S:g} s") from None
+                except OSError as exc:
+                    raise CacheError(f"{path}: cannot be deleted ({exc})") from exc
+                removed += 1
+        return removed
+
+
+def _same_path(a: Path, b: Path) -> bool:
+    try:
+        return a.resolve() == b.resolve()
+    except OSError:
+        return False
+
+
+def _fsync_dir(folder: Path) -> None:
+    """Make a rename durable; best effort (Windows cannot open a folder)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)

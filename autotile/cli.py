@@ -1,0 +1,155 @@
+"""The `autotile` command. The only module that prints; every command is a thin layer over the library."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any, Sequence
+
+from . import device as device_mod
+from . import kernels, resources
+from .errors import AutotileError, InvalidValueError
+from .space import Problem
+
+
+def _add_problem_options(p: argparse.ArgumentParser, with_device: bool = True) -> None:
+    p.add_argument("--dtype", default="float32", choices=["float32", "float64"], help="element type")
+    p.add_argument("--layout", choices=["row", "col"], default=None,
+                   help="storage of A (matvec only; matmul is row-major). Default: the named config's, else row")
+    if with_device:
+        p.add_argument("--device", default=None, metavar="PROFILE",
+                       help=f"offline device profile ({', '.join(device_mod.PROFILES)}); default: the live GPU, "
+                            f"else {device_mod.DEFAULT_OFFLINE_PROFILE}")
+
+
+def _parse_sets(items: Sequence[str]) -> dict[str, str]:
+    out = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name.strip():
+            raise InvalidValueError(f"--set {item!r} must look like PARAM=VALUE")
+        out[name.strip()] = value.strip()
+    return out
+
+
+def _layout(spec: kernels.KernelSpec, requested: str | None, config_name: str | None) -> str:
+    layout = requested or spec.space.named_layouts.get(config_name or "", None) or spec.space.layouts[0]
+    if layout not in spec.space.layouts:
+        raise InvalidValueError(f"{spec.name} supports layout(s) {list(spec.space.layouts)}, not {layout!r}")
+    return layout
+
+
+def cmd_render(args: argparse.Namespace) -> int:
+    spec = kernels.get(args.kernel)
+    space = spec.space
+    layout = _layout(spec, args.layout, args.config)
+    base = space.named(args.config) if args.config else space.default_config(layout)
+    config = space.with_overrides(base, _parse_sets(args.set or []))
+    problem = Problem(device_mod.resolve(args.device), args.dtype, layout)
+    space.check(config, problem)
+    sys.stdout.write(spec.render(config, args.dtype, layout))
+    return 0
+
+
+def cmd_space(args: argparse.Namespace) -> int:
+    spec = kernels.get(args.kernel)
+    space = spec.space
+    dev = device_mod.resolve(args.device)
+    layouts = [args.layout] if args.layout else list(space.layouts)
+    print(f"{space.kernel}: {space.description}")
+    print(f"\nparameters ({len(space.params)}):")
+    for p in space.params.values():
+        print(f"  {p.name:<14} {', '.join(str(c) for c in p.choices)}")
+    print(f"\nderived quantities:")
+    for name, expr in space.derived.items():
+        print(f"  {name:<18} = {expr.text}")
+    print(f"\nconstraints:")
+    for c in space.constraints:
+        tag = "device" if c.from_device else "space"
+        print(f"  [{tag}] {c.name}: {c.expr.text}")
+    print(f"\nnamed configs: {', '.join(space.named_configs)}")
+    for layout in layouts:
+        count = space.count(Problem(dev, args.dtype, layout))
+        print(f"\n{dev.name} ({dev.arch}{'' if dev.live else ', offline profile'}), {args.dtype}, layout {layout}:")
+        print(f"  {count.total:,} points, {count.feasible:,} feasible")
+        for name, n in count.excluded_by.items():
+            if n:
+                print(f"  {n:>12,} excluded by {name}")
+    return 0
+
+
+def _limits_rows(d: device_mod.DeviceLimits) -> list[tuple[str, str]]:
+    kib = lambda b: f"{b / 1024:g} KB"  # noqa: E731
+    return [
+        ("compute capability", f"{d.compute_capability[0]}.{d.compute_capability[1]} ({d.arch})"),
+        ("SMs", str(d.sm_count)),
+        ("threads per block / per SM", f"{d.max_threads_per_block} / {d.max_threads_per_sm}"),
+        ("blocks per SM", str(d.max_blocks_per_sm)),
+        ("shared memory: static per block", kib(d.static_smem_per_block)),
+        ("shared memory: opt-in per block", kib(d.optin_smem_per_block)),
+        ("shared memory: per SM (reserved per block)", f"{kib(d.smem_per_sm)} ({kib(d.reserved_smem_per_block)})"),
+        ("registers per block / per SM", f"{d.regs_per_block} / {d.regs_per_sm}"),
+        ("L2", f"{d.l2_bytes / 2**20:g} MB"),
+        ("cache key", d.fingerprint),
+    ]
+
+
+def cmd_devices(args: argparse.Namespace) -> int:
+    live = device_mod.live_devices()
+    if live:
+        for i, d in enumerate(live):
+            print(f"GPU {i}: {d.name}")
+            for k, v in _limits_rows(d):
+                print(f"  {k:<44} {v}")
+        return 0
+    print("no CUDA GPU visible (or CuPy not installed); offline profiles:")
+    for key, d in device_mod.PROFILES.items():
+        print(f"\n{key}: {d.name}")
+        for k, v in _limits_rows(d):
+            print(f"  {k:<44} {v}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="autotile", description="Generate, tune and cache CUDA matmul/matvec kernels.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("render", help="print the CUDA source of one config")
+    p.add_argument("kernel", help=f"one of {', '.join(kernels.KERNELS)}")
+    p.add_argument("--config", help="a named config of the space (default: the built-in default)")
+    p.add_argument("--set", action="append", metavar="PARAM=VALUE", help="override one parameter (repeatable)")
+    _add_problem_options(p)
+    p.set_defaults(func=cmd_render)
+
+    p = sub.add_parser("space", help="print a search space and how many configs the device allows")
+    p.add_argument("kernel")
+    _add_problem_options(p)
+    p.set_defaults(func=cmd_space)
+
+    p = sub.add_parser("devices", help="show the live GPUs' limits, or the offline profiles")
+    p.set_defaults(func=cmd_devices)
+
+    from . import cli_tune  # the GPU-side commands live apart; importing them touches no GPU
+
+    cli_tune.add_commands(sub, _add_problem_options)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except AutotileError as exc:
+        print(f"autotile: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("autotile: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

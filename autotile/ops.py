@@ -1,0 +1,213 @@
+"""The tuned-kernel library: `matmul(A, B)` and `matvec(A, x)` on CuPy arrays.
+
+The config for a call comes from the tuning cache (exact shape, else the nearest tuned shape, else the
+device's shipped default) or, failing all, from the space's built-in safe default. Everything a call
+needs after the first (compiled kernel, launch geometry) is memoized per device, dtype, layout and shape,
+so the host work per call is a dictionary lookup and one launch.
+
+Inputs: CuPy arrays, or any object CuPy takes without copying (``__cuda_array_interface__``, DLPack
+such as PyTorch CUDA tensors). Non-contiguous inputs are copied to a contiguous array first (one extra
+pass over the data); `out` must be contiguous, as the kernel writes it directly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from typing import Any
+
+from . import build, kernels
+from .errors import ArgumentError, DeviceUnavailableError
+from .space import Config
+
+_SUPPORTED = ("float32", "float64")
+
+
+@dataclasses.dataclass(frozen=True)
+class Selection:
+    """The config a call runs and where it came from: exact, nearest, device default or built-in."""
+
+    config: Config
+    source: str
+    tuned_shape: tuple[int, ...] | None
+
+
+@dataclasses.dataclass(frozen=True)
+class _Prepared:
+    kernel: Any
+    launch: kernels.Launch
+    selection: Selection
+
+
+_lock = threading.Lock()
+_prepared: dict[tuple[Any, ...], _Prepared] = {}
+_device_info: dict[int, tuple[str, Any]] = {}
+
+
+def _cupy() -> Any:
+    try:
+        import cupy
+    except ImportError as exc:
+        raise DeviceUnavailableError(
+            f"autotile.matmul/matvec need CuPy ({exc}); install autotile[cuda12] or autotile[cuda13]") from None
+    return cupy
+
+
+def _as_device_array(cupy: Any, value: Any, name: str) -> Any:
+    if isinstance(value, cupy.ndarray):
+        return value
+    if hasattr(value, "__cuda_array_interface__"):
+        return cupy.asarray(value)  # shares the memory
+    if hasattr(value, "__dlpack__") and hasattr(value, "__dlpack_device__"):
+        device_type = value.__dlpack_device__()[0]
+        if device_type in (2, 13):  # kDLCUDA, kDLCUDAManaged
+            return cupy.from_dlpack(value)
+    kind = type(value).__module__.split(".")[0] + "." + type(value).__name__
+    raise ArgumentError(f"{name} is a {kind} on the host; pass a CuPy array (cupy.asarray({name}) copies it "
+                        "to the GPU) or a CUDA tensor")
+
+
+def _check_dtype(name: str, arr: Any) -> str:
+    dtype = str(arr.dtype)
+    if dtype not in _SUPPORTED:
+        raise ArgumentError(f"{name} has dtype {dtype}; autotile supports {', '.join(_SUPPORTED)}")
+    return dtype
+
+
+def _device(cupy: Any) -> tuple[str, Any]:
+    dev_id = cupy.cuda.Device().id
+    info = _device_info.get(dev_id)
+    if info is None:
+        from .device import live_device
+
+        limits = live_device(dev_id)
+        info = _device_info[dev_id] = (limits.fingerprint, limits)
+    return info
+
+
+def select_config(kernel: str, dtype: str, layout: str, shape: tuple[int, ...], device: str | None = None,
+                  cache: Any = None) -> Selection:
+    """The config the library runs for this problem on this device (a cache lookup, then the default)."""
+    from .cache import TuningCache
+
+    spec = kernels.get(kernel)
+    if device is None:
+        device = _device(_cupy())[0]
+    cache = cache if cache is not None else TuningCache()
+    found = cache.lookup(device, kernel, dtype, layout, shape, kernels.compat_hash(kernel, build.compiler_version()))
+    if found is not None:
+        record, how = found
+        try:
+            return Selection(spec.space.config(record.config), how, tuple(record.shape))
+        except Exception:
+            pass  # a record whose config no longer parses: fall through to the default
+    return Selection(spec.space.default_config(layout), "built-in default", None)
+
+
+def _prepare(kernel: str, dtype: str, layout: str, shape: tuple[int, ...]) -> _Prepared:
+    cupy = _cupy()
+    fingerprint, limits = _device(cupy)
+    key = (fingerprint, cupy.cuda.Device().id, kernel, dtype, layout, shape)
+    prepared = _prepared.get(key)
+    if prepared is not None:
+        return prepared
+    spec = kernels.get(kernel)
+    selection = select_config(kernel, dtype, layout, shape, fingerprint)
+    config = selection.config
+    from .space import Problem
+
+    problem = Problem(limits, dtype, layout)
+    if not spec.space.is_feasible(config, problem):
+        config = spec.space.default_config(layout)
+        selection = Selection(config, "built-in default (cached config infeasible here)", None)
+    compiled = build.compile_kernel(spec.render(config, dtype, layout), "autotile_" + kernel)
+    launch = spec.launch(config, shape, spec.space, dtype, layout)
+    build.allow_dynamic_smem(compiled, launch.dynamic_smem_bytes)
+    prepared = _Prepared(compiled, launch, selection)
+    with _lock:
+        _prepared[key] = prepared
+    return prepared
+
+
+def _check_out(cupy: Any, out: Any, shape: tuple[int, ...], dtype: str) -> Any:
+    if out is None:
+        return cupy.empty(shape, dtype=dtype)
+    out = _as_device_array(cupy, out, "out")
+    if tuple(out.shape) != shape or str(out.dtype) != dtype:
+        raise ArgumentError(f"out has shape {tuple(out.shape)} and dtype {out.dtype}; expected {shape} {dtype}")
+    if not out.flags.c_contiguous:
+        raise ArgumentError("out must be C-contiguous: the kernel writes it in place")
+    return out
+
+
+def _run(prepared: _Prepared, args: tuple[Any, ...], out: Any) -> Any:
+    launch = prepared.launch
+    if launch.zero_output:
+        out.fill(0)
+    prepared.kernel(launch.grid, launch.block, args, shared_mem=launch.dynamic_smem_bytes)
+    return out
+
+
+def matmul(A: Any, B: Any, out: Any = None) -> Any:
+    """C = A @ B for 2-D float32 or float64 CuPy arrays A (M x K) and B (K x N); returns C (M x N)."""
+    cupy = _cupy()
+    A, B = _as_device_array(cupy, A, "A"), _as_device_array(cupy, B, "B")
+    if A.ndim != 2 or B.ndim != 2:
+        raise ArgumentError(f"matmul takes 2-D arrays; got A with {A.ndim} and B with {B.ndim} dimensions")
+    (M, K), (K2, N) = A.shape, B.shape
+    if K != K2:
+        raise ArgumentError(f"matmul shapes do not match: A is {M}x{K}, B is {K2}x{N} ({K} != {K2})")
+    dtype = _check_dtype("A", A)
+    if _check_dtype("B", B) != dtype:
+        raise ArgumentError(f"A is {dtype} and B is {B.dtype}; both must have the same dtype")
+    if min(M, N, K) == 0:
+        return cupy.zeros((M, N), dtype=dtype) if out is None else out.fill(0) or out
+    A, B = cupy.ascontiguousarray(A), cupy.ascontiguousarray(B)
+    out = _check_out(cupy, out, (M, N), dtype)
+    prepared = _prepare("matmul", dtype, "row", (M, N, K))
+    return _run(prepared, (A, B, out, _i32(M), _i32(N), _i32(K)), out)
+
+
+def matvec(A: Any, x: Any, out: Any = None) -> Any:
+    """y = A @ x for a 2-D A (M x K, C- or Fortran-ordered) and a 1-D x (K); returns y (M)."""
+    cupy = _cupy()
+    A, x = _as_device_array(cupy, A, "A"), _as_device_array(cupy, x, "x")
+    if A.ndim != 2 or x.ndim != 1:
+        raise ArgumentError(f"matvec takes a 2-D A and a 1-D x; got {A.ndim}-D and {x.ndim}-D")
+    M, K = A.shape
+    if x.shape[0] != K:
+        raise ArgumentError(f"matvec shapes do not match: A is {M}x{K}, x has {x.shape[0]} elements")
+    dtype = _check_dtype("A", A)
+    if _check_dtype("x", x) != dtype:
+        raise ArgumentError(f"A is {dtype} and x is {x.dtype}; both must have the same dtype")
+    if min(M, K) == 0:
+        return cupy.zeros((M,), dtype=dtype) if out is None else out.fill(0) or out
+    if A.flags.c_contiguous:
+        layout = "row"
+    elif A.flags.f_contiguous:
+        layout = "col"
+    else:
+        A, layout = cupy.ascontiguousarray(A), "row"
+    x = cupy.ascontiguousarray(x)
+    out = _check_out(cupy, out, (M,), dtype)
+    prepared = _prepare("matvec", dtype, layout, (M, K))
+    return _run(prepared, (A, x, out, _i32(M), _i32(K)), out)
+
+
+def _i32(n: int) -> Any:
+    import numpy as np
+
+    if n >= 2**31:
+        raise ArgumentError(f"size {n} exceeds the 32-bit index range of the generated kernels (2**31 - 1)")
+    return np.int32(n)
+
+
+def selection_for(kernel: str, dtype: str, layout: str, shape: tuple[int, ...]) -> Selection:
+    """Which config the library would run (compiling it, as a call would), for inspection and tests."""
+    return _prepare(kernel, dtype, layout, tuple(shape)).selection
+
+
+def forget() -> None:
+    """Drop memoized kernels and selections (after tuning in the same process)."""
+    with _lock:
+        _prepared.clear()

@@ -1,0 +1,52 @@
+"""Shared fixtures. GPU tests carry the `gpu` marker and skip, with the reason, where there is no GPU."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+
+def _gpu_reason() -> str | None:
+    try:
+        import cupy
+    except Exception as exc:  # ImportError, or a broken CUDA install
+        return f"CuPy is not importable ({type(exc).__name__}: {exc})"
+    try:
+        if cupy.cuda.runtime.getDeviceCount() < 1:
+            return "no CUDA GPU visible"
+        cupy.zeros(1).sum().item()
+    except Exception as exc:
+        return f"no usable CUDA GPU ({type(exc).__name__}: {str(exc).splitlines()[0]})"
+    return None
+
+
+_REASON: list[str | None] = []
+
+
+def gpu_skip_reason() -> str | None:
+    if not _REASON:
+        _REASON.append(_gpu_reason())
+    return _REASON[0]
+
+
+def pytest_collection_modifyitems(config, items):
+    needs_gpu = [item for item in items if "gpu" in item.keywords]
+    if not needs_gpu:
+        return
+    reason = gpu_skip_reason()
+    if reason:
+        marker = pytest.mark.skip(reason=f"needs a GPU: {reason}")
+        for item in needs_gpu:
+            item.add_marker(marker)
+
+
+@pytest.fixture
+def isolated_cache(tmp_path, monkeypatch):
+    """A private user cache directory for the test."""
+    root = tmp_path / "cache"
+    monkeypatch.setenv("AUTOTILE_CACHE_DIR", str(root))
+    return root

@@ -1,0 +1,497 @@
+"""The tuning cache: records, atomic and concurrent writes, bad files, lookup fallbacks, clearing. No GPU."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import multiprocessing
+import os
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from autotile import cache as cache_mod
+from autotile.cache import CacheWarning, Record, TuningCache, default_root
+from autotile.errors import CacheError
+
+DEV = "NVIDIA-H100-80GB-HBM3_sm_90"
+OTHER_DEV = "NVIDIA-A100_sm_80"
+COMPAT = "0123456789abcdef" * 4  # a sha256-long hash; only 12 characters reach the file name
+STALE = "fedcba9876543210" * 4
+REPO = Path(__file__).resolve().parents[1]
+
+
+def make(shape: tuple[int, ...] = (4096, 4096, 4096), time_ms: float = 1.0, **changes: Any) -> Record:
+    fields: dict[str, Any] = dict(
+        kernel="matmul", dtype="float32", layout="row", shape=shape, compat=COMPAT,
+        config={"BM": 128, "BN": 128, "smem": "dynamic", "swizzle": True}, time_ms=time_ms,
+        spread=0.02, metric=1000.0 / time_ms, metric_unit="GFLOP/s",
+        baseline_ms=0.9, device=DEV,
+        environment={"gpu": "NVIDIA H100 80GB HBM3", "driver": "550.54", "cuda": "12.4", "cupy": "13.1",
+                     "date": "2024-05-01"})
+    fields.update(changes)
+    return Record(**fields)
+
+
+def key(rec: Record) -> tuple[Any, ...]:
+    return (rec.device, rec.kernel, rec.dtype, rec.layout, rec.shape, rec.compat)
+
+
+@pytest.fixture
+def cache(tmp_path: Path) -> TuningCache:
+    return TuningCache(tmp_path / "user", shipped_root=None)
+
+
+@pytest.fixture
+def shipped(tmp_path: Path) -> Path:
+    return tmp_path / "shipped"
+
+
+def ship(root: Path, rec: Record, shape_part: str | None = None) -> Path:
+    """Write `rec` into a shipped-style root by hand (the shipped root is never written by TuningCache)."""
+    name_cache = TuningCache(root, shipped_root=None)
+    path = name_cache.path_for(*key(rec))
+    if shape_part is not None:
+        path = path.with_name(path.name.replace("x".join(map(str, rec.shape)), shape_part))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(rec.to_json()))
+    return path
+
+
+# ------------------------------------------------------------------------------------------ records
+
+def test_record_json_round_trip() -> None:
+    rec = make()
+    assert Record.from_json(json.loads(json.dumps(rec.to_json()))) == rec
+    assert rec.to_json()["shape"] == [4096, 4096, 4096] and rec.schema == 1
+
+
+@pytest.mark.parametrize("bad", [
+    [1, 2],
+    "text",
+    None,
+])
+def test_from_json_rejects_non_dict(bad: Any) -> None:
+    with pytest.raises(CacheError):
+        Record.from_json(bad)
+
+
+@pytest.mark.parametrize("change", [
+    {"schema": 2},
+    {"schema": True},
+    {"time_ms": "fast"},
+    {"time_ms": -1.0},
+    {"time_ms": float("nan")},
+    {"shape": "4096x4096"},
+    {"shape": [4096, 0]},
+    {"shape": [4096.0, 4096]},
+    {"shape": []},
+    {"config": {"BM": 1.5}},
+    {"config": [1, 2]},
+    {"kernel": ""},
+    {"device": 3},
+    {"baseline_ms": "none"},
+    {"environment": "h100"},
+    {"extra": 1},
+])
+def test_from_json_rejects_wrong_fields(change: dict[str, Any]) -> None:
+    d = make().to_json()
+    d.update(change)
+    with pytest.raises(CacheError):
+        Record.from_json(d)
+
+
+def test_from_json_rejects_missing_field() -> None:
+    d = make().to_json()
+    del d["metric_unit"]
+    with pytest.raises(CacheError, match="metric_unit"):
+        Record.from_json(d)
+
+
+def test_record_normalises_numpy_like_integers() -> None:
+    class Index:  # stands in for a NumPy integer: has __index__, is not an int
+        def __init__(self, n: int) -> None:
+            self.n = n
+
+        def __index__(self) -> int:
+            return self.n
+
+    rec = make(shape=[Index(64), 32, 16], config={"BM": Index(64)}, baseline_ms=None)
+    assert rec.shape == (64, 32, 16) and rec.config == {"BM": 64}
+    assert type(rec.config["BM"]) is int
+
+
+# ------------------------------------------------------------------------------------------- paths
+
+def test_path_layout(cache: TuningCache) -> None:
+    path = cache.path_for(DEV, "matmul", "float32", "row", (4096, 4096, 4096), COMPAT)
+    assert path == cache.root / DEV / f"matmul-float32-row-4096x4096x4096-{COMPAT[:12]}.json"
+
+
+def test_path_parts_are_sanitised(cache: TuningCache) -> None:
+    path = cache.path_for("../../etc", "mat/mul", "float 32", "row-col", (8, 8), COMPAT)
+    assert path.parent.parent == cache.root  # nothing climbs out of the root
+    assert "/" not in path.name and path.name.count("-") == 4
+
+
+@pytest.mark.parametrize("args", [
+    ("", "matmul", "float32", "row", (8,), COMPAT),
+    (DEV, "", "float32", "row", (8,), COMPAT),
+    (DEV, "matmul", "///", "row", (8,), COMPAT),
+    (DEV, "matmul", "float32", "..", (8,), COMPAT),
+    (DEV, "matmul", "float32", "row", (8,), ""),
+    (DEV, "matmul", "float32", "row", (), COMPAT),
+    (DEV, "matmul", "float32", "row", (8, 0), COMPAT),
+])
+def test_path_rejects_empty_parts(cache: TuningCache, args: tuple[Any, ...]) -> None:
+    with pytest.raises(CacheError):
+        cache.path_for(*args)
+
+
+def test_default_root(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("AUTOTILE_CACHE_DIR", str(tmp_path / "here"))
+    assert default_root() == tmp_path / "here"
+    assert TuningCache(shipped_root=None).root == tmp_path / "here"
+    monkeypatch.delenv("AUTOTILE_CACHE_DIR")
+    import platformdirs
+
+    assert default_root() == Path(platformdirs.user_cache_dir("autotile"))
+
+
+def test_shipped_root_default_is_the_package_one(tmp_path: Path) -> None:
+    from autotile import resources
+
+    assert TuningCache(tmp_path).shipped_root == resources.shipped_cache_dir()
+
+
+def test_import_and_reads_create_no_directory(tmp_path: Path) -> None:
+    env = dict(os.environ, AUTOTILE_CACHE_DIR=str(tmp_path / "cache"), HOME=str(tmp_path / "home"),
+               XDG_CACHE_HOME=str(tmp_path / "xdg"), PYTHONPATH=str(REPO))
+    code = ("import autotile.cache as c; t = c.TuningCache(); "
+            f"t.get({DEV!r}, 'matmul', 'float32', 'row', (8, 8, 8), 'abc'); "
+            f"t.lookup({DEV!r}, 'matmul', 'float32', 'row', (8, 8, 8), 'abc'); t.entries(); t.clear()")
+    subprocess.run([sys.executable, "-c", code], env=env, check=True, cwd=tmp_path)
+    assert list(tmp_path.iterdir()) == []
+
+
+# --------------------------------------------------------------------------------------- put / get
+
+def test_put_get_round_trip(cache: TuningCache) -> None:
+    rec = make()
+    assert not cache.root.exists()
+    assert cache.put(rec) is True
+    assert cache.get(*key(rec)) == rec
+    assert cache.get(DEV, "matmul", "float32", "row", (1024, 1024, 1024), COMPAT) is None
+    assert cache.problems == []
+
+
+def test_put_keeps_the_faster_record(cache: TuningCache) -> None:
+    assert cache.put(make(time_ms=1.0))
+    assert cache.put(make(time_ms=2.0)) is False
+    assert cache.get(*key(make())).time_ms == 1.0
+    assert cache.put(make(time_ms=0.5)) is True
+    assert cache.get(*key(make())).time_ms == 0.5
+
+
+def test_put_rejects_a_non_record(cache: TuningCache) -> None:
+    with pytest.raises(CacheError):
+        cache.put(make().to_json())  # type: ignore[arg-type]
+
+
+def test_put_leaves_no_temporary_files(cache: TuningCache) -> None:
+    for t in (3.0, 2.0, 1.0, 4.0):
+        cache.put(make(time_ms=t))
+    files = sorted(p.name for p in (cache.root / DEV).iterdir())
+    name = cache.path_for(*key(make())).name
+    assert files == [name, name + ".lock"]
+
+
+def test_put_writes_a_complete_file_then_replaces(cache: TuningCache, monkeypatch: pytest.MonkeyPatch) -> None:
+    cache.put(make(time_ms=2.0))
+    path = cache.path_for(*key(make()))
+    real_replace = os.replace
+    seen: list[tuple[str, str]] = []
+
+    def checked_replace(src: Any, dst: Any) -> None:
+        # At the moment of the rename the temporary file is complete, next to its target, and the old
+        # entry is still whole: a reader sees one or the other.
+        seen.append((str(src), str(dst)))
+        assert Path(src).parent == Path(dst).parent
+        assert Record.from_json(json.loads(Path(src).read_text())).time_ms == 1.0
+        assert Record.from_json(json.loads(Path(dst).read_text())).time_ms == 2.0
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", checked_replace)
+    assert cache.put(make(time_ms=1.0))
+    assert len(seen) == 1 and seen[0][1] == str(path)
+
+
+def test_failed_replace_keeps_the_old_file(cache: TuningCache, monkeypatch: pytest.MonkeyPatch) -> None:
+    cache.put(make(time_ms=2.0))
+    path = cache.path_for(*key(make()))
+    before = path.read_bytes()
+
+    def boom(src: Any, dst: Any) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", boom)
+    with pytest.raises(CacheError, match="No space left"):
+        cache.put(make(time_ms=1.0))
+    monkeypatch.undo()
+    assert path.read_bytes() == before
+    assert not [p for p in path.parent.iterdir() if p.name.endswith(".tmp")]
+    assert cache.get(*key(make())).time_ms == 2.0
+
+
+# ----------------------------------------------------------------------------------- concurrency
+
+CONTESTED = (2048, 2048, 2048)
+
+
+def _writer(root: str, worker: int, barrier: Any) -> None:
+    """One of the concurrent writers: 10 entries of its own and 10 puts to the contested key."""
+    cache = TuningCache(root, shipped_root=None)
+    barrier.wait()  # start together, so the writes really overlap
+    for i in range(20):
+        if i % 2 == 0:
+            # Every time differs; the fastest is worker 7's first put, and slower puts follow it from
+            # every worker, so a put that compared and wrote without the lock could bury it.
+            cache.put(make(shape=CONTESTED, time_ms=5.0 + i / 10 - worker / 100))
+        else:
+            cache.put(make(shape=(64 * (worker + 1), 64 * (i + 1), 32), time_ms=1.0 + i))
+
+
+def test_concurrent_writers(tmp_path: Path) -> None:
+    ctx = multiprocessing.get_context("spawn")
+    barrier = ctx.Barrier(8)
+    procs = [ctx.Process(target=_writer, args=(str(tmp_path), w, barrier)) for w in range(8)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+    assert [p.exitcode for p in procs] == [0] * 8
+
+    cache = TuningCache(tmp_path, shipped_root=None)
+    files = list((tmp_path / DEV).glob("*.json"))
+    assert len(files) == 8 * 10 + 1
+    for f in files:
+        Record.from_json(json.loads(f.read_text()))  # every file parses
+    assert len(cache.entries()) == 8 * 10 + 1 and cache.problems == []
+    assert not list((tmp_path / DEV).glob("*.tmp")) and not list((tmp_path / DEV).glob("*.corrupt"))
+    best = cache.get(DEV, "matmul", "float32", "row", CONTESTED, COMPAT)
+    assert best is not None and best.time_ms == pytest.approx(5.0 - 7 / 100)
+
+
+# ------------------------------------------------------------------------------------- bad files
+
+def _bad_files(cache: TuningCache) -> dict[str, Path]:
+    """A good entry, then three bad ones next to it: garbage, wrong schema, another kernel's content."""
+    cache.put(make(shape=(1024, 1024, 1024)))
+    garbage = cache.path_for(DEV, "matmul", "float32", "row", (8, 8, 8), COMPAT)
+    garbage.write_bytes(b"\x00\xff{not json")
+    schema = cache.path_for(DEV, "matmul", "float32", "row", (16, 16, 16), COMPAT)
+    d = make(shape=(16, 16, 16)).to_json()
+    d["schema"] = 2
+    schema.write_text(json.dumps(d))
+    foreign = cache.path_for(DEV, "matmul", "float32", "row", (32, 32, 32), COMPAT)
+    foreign.write_text(json.dumps(make(shape=(32, 32, 32), kernel="matvec").to_json()))
+    return {"garbage": garbage, "schema": schema, "foreign": foreign}
+
+
+def test_bad_files_are_reported_and_skipped(cache: TuningCache) -> None:
+    bad = _bad_files(cache)
+    with pytest.warns(CacheWarning) as caught:
+        entries = cache.entries()
+    assert [r.shape for _, r in entries] == [(1024, 1024, 1024)]
+    assert len(cache.problems) == 3
+    for what, reason in (("garbage", "not valid JSON"), ("schema", "schema 2"),
+                         ("foreign", "matvec")):
+        lines = [p for p in cache.problems if str(bad[what]) in p]
+        assert len(lines) == 1 and reason in lines[0], (what, cache.problems)
+    assert {str(w.message) for w in caught} == set(cache.problems)
+
+
+def test_bad_files_never_raise_from_get_or_lookup(cache: TuningCache) -> None:
+    bad = _bad_files(cache)
+    with pytest.warns(CacheWarning):
+        for shape in ((8, 8, 8), (16, 16, 16), (32, 32, 32)):
+            assert cache.get(DEV, "matmul", "float32", "row", shape, COMPAT) is None
+            found = cache.lookup(DEV, "matmul", "float32", "row", shape, COMPAT)
+            assert found is not None and found[1] == "nearest" and found[0].shape == (1024, 1024, 1024)
+    assert len(cache.problems) == 3  # each bad file reported once, however often it is read
+    assert all(p.exists() for p in bad.values())  # reading never moves or deletes anything
+
+
+def test_wrong_schema_alone_is_reported(cache: TuningCache) -> None:
+    path = cache.path_for(DEV, "matmul", "float32", "row", (16, 16, 16), COMPAT)
+    path.parent.mkdir(parents=True)
+    d = make(shape=(16, 16, 16)).to_json()
+    d["schema"] = 2
+    path.write_text(json.dumps(d))
+    with pytest.warns(CacheWarning, match="schema"):
+        assert cache.get(DEV, "matmul", "float32", "row", (16, 16, 16), COMPAT) is None
+    assert len(cache.problems) == 1 and str(path) in cache.problems[0]
+
+
+def test_file_in_the_wrong_device_folder_is_foreign(cache: TuningCache) -> None:
+    cache.put(make())
+    src = cache.path_for(*key(make()))
+    dst = cache.path_for(OTHER_DEV, "matmul", "float32", "row", (4096, 4096, 4096), COMPAT)
+    dst.parent.mkdir(parents=True)
+    dst.write_bytes(src.read_bytes())
+    with pytest.warns(CacheWarning, match="not what its name says"):
+        assert cache.get(OTHER_DEV, "matmul", "float32", "row", (4096, 4096, 4096), COMPAT) is None
+
+
+def test_put_over_a_corrupt_file_moves_it_aside(cache: TuningCache) -> None:
+    path = cache.path_for(*key(make()))
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b"garbage")
+    with pytest.warns(CacheWarning, match="corrupt"):
+        assert cache.put(make(time_ms=5.0)) is True
+    assert cache.get(*key(make())).time_ms == 5.0
+    assert path.with_name(path.name + ".corrupt").read_bytes() == b"garbage"
+    path.write_bytes(b"more garbage")  # a second casualty does not overwrite the first
+    with pytest.warns(CacheWarning):
+        cache.put(make(time_ms=5.0))
+    assert path.with_name(path.name + ".corrupt").read_bytes() == b"garbage"
+    assert path.with_name(path.name + ".corrupt.1").read_bytes() == b"more garbage"
+    assert len(cache.problems) == 2
+
+
+# ---------------------------------------------------------------------------------------- lookup
+
+def test_lookup_exact_and_none(cache: TuningCache) -> None:
+    cache.put(make())
+    assert cache.lookup(*key(make())) == (make(), "exact")
+    assert cache.lookup(DEV, "matvec", "float32", "row", (4096, 4096, 4096), COMPAT) is None
+    assert cache.lookup(DEV, "matmul", "float64", "row", (4096, 4096, 4096), COMPAT) is None
+    assert cache.lookup(DEV, "matmul", "float32", "col", (4096, 4096, 4096), COMPAT) is None
+    assert cache.lookup(OTHER_DEV, "matmul", "float32", "row", (4096, 4096, 4096), COMPAT) is None
+    assert cache.lookup(DEV, "matmul", "float32", "row", (4096, 4096), COMPAT) is None  # other rank
+
+
+@pytest.mark.parametrize("query, expected", [
+    ((3000, 3000, 3000), (4096, 4096, 4096)),
+    ((1100, 900, 1024), (1024, 1024, 1024)),
+    ((512, 8192, 2048), (512, 8192, 1024)),
+    ((256, 16384, 512), (512, 8192, 1024)),
+    ((2048, 2048, 2048), (1024, 1024, 1024)),  # tie at distance 3 with 4096^3: the faster one wins
+])
+def test_lookup_nearest(cache: TuningCache, query: tuple[int, ...], expected: tuple[int, ...]) -> None:
+    cache.put(make(shape=(1024, 1024, 1024), time_ms=0.5))
+    cache.put(make(shape=(4096, 4096, 4096), time_ms=3.0))
+    cache.put(make(shape=(512, 8192, 1024), time_ms=1.0))
+    found = cache.lookup(DEV, "matmul", "float32", "row", query, COMPAT)
+    assert found is not None and found[1] == "nearest" and found[0].shape == expected
+
+
+def test_lookup_nearest_prefers_the_user_root_on_a_tie(tmp_path: Path, shipped: Path) -> None:
+    cache = TuningCache(tmp_path / "user", shipped_root=shipped)
+    cache.put(make(shape=(1024, 1024, 1024), time_ms=9.0))
+    ship(shipped, make(shape=(4096, 4096, 4096), time_ms=0.1))
+    found = cache.lookup(DEV, "matmul", "float32", "row", (2048, 2048, 2048), COMPAT)
+    assert found is not None and found[0].shape == (1024, 1024, 1024) and found[1] == "nearest"
+    # ...but a shipped entry that is nearer wins over a user one.
+    found = cache.lookup(DEV, "matmul", "float32", "row", (4000, 4000, 4000), COMPAT)
+    assert found is not None and found[0].shape == (4096, 4096, 4096)
+
+
+def test_get_falls_back_to_the_shipped_root(tmp_path: Path, shipped: Path) -> None:
+    cache = TuningCache(tmp_path / "user", shipped_root=shipped)
+    ship(shipped, make(time_ms=2.0))
+    assert cache.get(*key(make())).time_ms == 2.0
+    cache.put(make(time_ms=3.0))  # the user root comes first, even when slower
+    assert cache.get(*key(make())).time_ms == 3.0
+    assert cache.lookup(*key(make()))[1] == "exact"
+
+
+def test_lookup_device_default(tmp_path: Path, shipped: Path) -> None:
+    cache = TuningCache(tmp_path / "user", shipped_root=shipped)
+    default = make(shape=(4096, 4096, 4096), dtype="float64", time_ms=7.0)
+    path = ship(shipped, default, shape_part="default")
+    assert path.name == f"matmul-float64-row-default-{COMPAT[:12]}.json"
+    assert cache.lookup(DEV, "matmul", "float64", "row", (100, 200, 300), COMPAT) == (default, "device default")
+    assert cache.lookup(DEV, "matmul", "float32", "row", (100, 200, 300), COMPAT) is None
+    assert cache.lookup(OTHER_DEV, "matmul", "float64", "row", (100, 200, 300), COMPAT) is None
+    assert cache.lookup(DEV, "matmul", "float64", "row", (100, 200, 300), STALE) is None
+    # A nearest entry beats the device default; the default file is a valid entry, not a foreign one.
+    cache.put(make(shape=(128, 256, 256), dtype="float64"))
+    assert cache.lookup(DEV, "matmul", "float64", "row", (100, 200, 300), COMPAT)[1] == "nearest"
+    assert len(cache.entries(include_shipped=True)) == 2 and cache.problems == []
+
+
+def test_a_user_default_file_is_not_a_device_default(cache: TuningCache) -> None:
+    ship(cache.root, make(dtype="float64"), shape_part="default")
+    assert cache.lookup(DEV, "matmul", "float64", "row", (100, 200, 300), COMPAT) is None
+
+
+def test_stale_compat_is_never_returned(tmp_path: Path, shipped: Path) -> None:
+    cache = TuningCache(tmp_path / "user", shipped_root=shipped)
+    cache.put(make(compat=STALE))
+    ship(shipped, make(shape=(1024, 1024, 1024), compat=STALE))
+    ship(shipped, make(compat=STALE), shape_part="default")
+    assert cache.get(*key(make())) is None
+    assert cache.lookup(*key(make())) is None
+    assert cache.lookup(DEV, "matmul", "float32", "row", (2000, 2000, 2000), COMPAT) is None
+    assert cache.problems == []  # stale is not broken
+
+
+def test_same_name_other_full_hash_is_stale(cache: TuningCache) -> None:
+    # Two hashes that share their first 12 characters share a file: the full hash decides.
+    twin = COMPAT[:12] + "0" * 52
+    cache.put(make(compat=twin, time_ms=0.1))
+    assert cache.path_for(*key(make(compat=twin))) == cache.path_for(*key(make()))
+    assert cache.get(*key(make())) is None and cache.lookup(*key(make())) is None
+    assert cache.put(make(time_ms=5.0)) is True  # a stale entry does not block a slower current one
+    assert cache.get(*key(make())).time_ms == 5.0
+
+
+# ------------------------------------------------------------------------------- entries / clear
+
+def test_entries_filters_and_shipped(tmp_path: Path, shipped: Path) -> None:
+    cache = TuningCache(tmp_path / "user", shipped_root=shipped)
+    assert cache.entries() == []
+    cache.put(make())
+    cache.put(make(device=OTHER_DEV))
+    ship(shipped, make(shape=(8, 8, 8)))
+    assert len(cache.entries()) == 2
+    assert [r.device for _, r in cache.entries(OTHER_DEV)] == [OTHER_DEV]
+    both = cache.entries(DEV, include_shipped=True)
+    assert [(p.is_relative_to(shipped), r.shape) for p, r in both] == [
+        (False, (4096, 4096, 4096)), (True, (8, 8, 8))]
+
+
+def test_clear(tmp_path: Path, shipped: Path) -> None:
+    cache = TuningCache(tmp_path / "user", shipped_root=shipped)
+    for dev in (DEV, OTHER_DEV):
+        for kernel in ("matmul", "matvec"):
+            cache.put(make(device=dev, kernel=kernel))
+            cache.put(make(device=dev, kernel=kernel, shape=(64, 64, 64)))
+    shipped_file = ship(shipped, make())
+    assert cache.clear(device=DEV, kernel="matvec") == 2
+    assert {(r.device, r.kernel) for _, r in cache.entries()} == {
+        (DEV, "matmul"), (OTHER_DEV, "matmul"), (OTHER_DEV, "matvec")}
+    assert cache.clear(kernel="matmul") == 4
+    assert cache.clear(device=DEV) == 0
+    assert cache.clear() == 2
+    assert cache.entries() == [] and shipped_file.exists()
+    assert cache.get(*key(make())) is not None  # still served from the shipped root
+
+
+def test_clear_removes_corrupt_entries_too(cache: TuningCache) -> None:
+    cache.put(make())
+    cache.path_for(*key(make(shape=(8, 8, 8)))).write_bytes(b"junk")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # clearing does not read the files, so it reports nothing
+        assert cache.clear(device=DEV, kernel="matmul") == 2
+
+
+def test_records_are_frozen() -> None:
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        make().time_ms = 0.0  # type: ignore[misc]
+    assert cache_mod.SCHEMA == 1

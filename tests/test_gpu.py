@@ -1,0 +1,188 @@
+"""Tests on a real GPU (`pytest -m gpu`): kernels against a float64 reference, a tune end to end, the
+library, and the isolation of crashing and hanging candidates. Skipped without a GPU."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from autotile import kernels
+from autotile.space import Problem
+
+pytestmark = pytest.mark.gpu
+
+MATMUL_SHAPES = [(1, 1, 1), (1, 97, 33), (61, 1, 7), (131, 67, 257), (257, 263, 1), (509, 521, 523)]
+MATVEC_SHAPES = [(1, 1), (1, 17), (29, 1), (1031, 2053), (4099, 509)]
+
+
+def _limits():
+    from autotile.device import live_device
+
+    return live_device()
+
+
+def _check_configs(kernel: str, dtype: str, layout: str, configs, shapes) -> list[str]:
+    """Run every config on every shape; return one line per failure."""
+    import cupy
+
+    from autotile import build
+    from autotile.timing import relative_error
+
+    spec = kernels.get(kernel)
+    sources = [spec.render(c, dtype, layout) for c in configs]
+    futures = build.compile_many([(s, f"autotile_{kernel}") for s in sources], workers=8)
+    rng = cupy.random.default_rng(1)
+    problems = []
+    for shape in shapes:
+        inputs = spec.make_inputs(shape, dtype, layout, rng, cupy)
+        ref = inputs[0].astype(cupy.float64) @ inputs[1].astype(cupy.float64)
+        tol = kernels.tolerance(dtype, shape[-1] if kernel == "matmul" else shape[1])
+        problems.append((shape, inputs, ref, tol))
+    failures = []
+    for config, fut in zip(configs, futures):
+        kernel_fn = fut.result()
+        for shape, inputs, ref, tol in problems:
+            launch = spec.launch(config, shape, spec.space, dtype, layout)
+            build.allow_dynamic_smem(kernel_fn, launch.dynamic_smem_bytes)
+            out = cupy.full(spec.output_shape(shape), cupy.nan, dtype=dtype)  # poisoned
+            if launch.zero_output:
+                out.fill(0)
+            kernel_fn(launch.grid, launch.block, spec.kernel_args(inputs, out, shape),
+                      shared_mem=launch.dynamic_smem_bytes)
+            err = relative_error(out, ref)
+            if not err <= tol:
+                failures.append(f"{config.key()} {shape}: error {err:.3g} > {tol:.3g}")
+    return failures
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_matmul_seeds_and_sample_match_reference(dtype):
+    space = kernels.get("matmul").space
+    problem = Problem(_limits(), dtype, "row")
+    configs = [c for n, c in space.named_configs.items() if space.is_feasible(c, problem)]
+    configs += space.sample(problem, 40 if dtype == "float32" else 20, seed=7)
+    assert not _check_configs("matmul", dtype, "row", configs, MATMUL_SHAPES)
+
+
+@pytest.mark.parametrize("layout", ["row", "col"])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_matvec_seeds_and_sample_match_reference(dtype, layout):
+    space = kernels.get("matvec").space
+    problem = Problem(_limits(), dtype, layout)
+    configs = [c for n, c in space.named_configs.items() if space.is_feasible(c, problem)]
+    configs += space.sample(problem, 30, seed=11)
+    assert not _check_configs("matvec", dtype, layout, configs, MATVEC_SHAPES)
+
+
+def test_seed_configs_are_named_and_feasible():
+    limits = _limits()
+    mm, mv = kernels.get("matmul").space, kernels.get("matvec").space
+    for name in ("seed-naive", "seed-tiled16", "seed-tiled32"):
+        assert mm.is_feasible(mm.named(name), Problem(limits))
+    assert mv.is_feasible(mv.named("seed-matvec-colmajor"), Problem(limits, "float32", "col"))
+
+
+def test_small_tune_lands_in_cache_and_library_uses_it(isolated_cache):
+    import cupy
+
+    import autotile
+    from autotile import ops
+
+    result = autotile.tune("matmul", "300x257x131", trials=10, seed=3)
+    assert result.trials >= 10 - 0 and result.best.median_ms > 0
+    assert result.best_seed is not None and result.baseline_ms
+    files = list(isolated_cache.rglob("matmul-float32-row-300x257x131-*.json"))
+    assert len(files) == 1
+    ops.forget()
+    sel = ops.selection_for("matmul", "float32", "row", (300, 257, 131))
+    assert sel.source == "exact" and sel.config == result.best.config
+    near = ops.selection_for("matmul", "float32", "row", (320, 250, 128))
+    assert near.source == "nearest" and near.config == result.best.config
+    a = cupy.random.default_rng(0).random((300, 131), dtype=cupy.float32) - 0.5
+    b = cupy.random.default_rng(1).random((131, 257), dtype=cupy.float32) - 0.5
+    c = autotile.matmul(a, b)
+    ref = a.astype(cupy.float64) @ b.astype(cupy.float64)
+    assert float(cupy.linalg.norm(c - ref) / cupy.linalg.norm(ref)) < 1e-5
+
+
+def test_library_matvec_layouts_and_errors():
+    import cupy
+
+    import autotile
+
+    rng = cupy.random.default_rng(5)
+    a = rng.random((1031, 517)) - 0.5
+    x = rng.random(517) - 0.5
+    ref = a @ x
+    for arr in (a, cupy.asfortranarray(a), a[:, ::1]):
+        y = autotile.matvec(arr, x)
+        assert float(cupy.linalg.norm(y - ref) / cupy.linalg.norm(ref)) < 1e-12
+    a32 = a.astype(cupy.float32)
+    y = autotile.matvec(a32[::2], x.astype(cupy.float32))  # non-contiguous rows: copied
+    ref32 = a32[::2].astype(cupy.float64) @ x
+    assert float(cupy.linalg.norm(y - ref32) / cupy.linalg.norm(ref32)) < 1e-5
+    with pytest.raises(autotile.ArgumentError, match="host"):
+        autotile.matvec(np.ones((3, 3)), x[:3])
+    with pytest.raises(autotile.ArgumentError, match="do not match"):
+        autotile.matvec(a, x[:5])
+    with pytest.raises(autotile.ArgumentError, match="dtype"):
+        autotile.matvec(a.astype(cupy.int32), x)
+    out = cupy.empty(1031)
+    assert autotile.matvec(a, x, out=out) is out
+
+
+def test_matmul_through_dlpack_and_out():
+    import cupy
+
+    import autotile
+
+    rng = cupy.random.default_rng(9)
+    a = rng.random((67, 45), dtype=cupy.float32)
+    b = rng.random((45, 31), dtype=cupy.float32)
+
+    class Foreign:  # exposes only the CUDA array interface, like a tensor from another framework
+        def __init__(self, arr):
+            self.__cuda_array_interface__ = arr.__cuda_array_interface__
+
+    out = cupy.empty((67, 31), dtype=cupy.float32)
+    c = autotile.matmul(Foreign(a), cupy.from_dlpack(b), out=out)
+    assert c is out
+    ref = a.astype(cupy.float64) @ b.astype(cupy.float64)
+    assert float(cupy.linalg.norm(c - ref) / cupy.linalg.norm(ref)) < 1e-5
+    with pytest.raises(autotile.ArgumentError, match="do not match"):
+        autotile.matmul(a, a)
+
+
+CRASH_SOURCE = """
+extern "C" __global__ void autotile_matmul(const float* A, const float* B, float* C, int M, int N, int K) {
+    // writes far outside any allocation: an illegal address that poisons the CUDA context
+    float* p = (float*)0x10;
+    p[threadIdx.x * 1024 * 1024] = 1.0f;
+}
+"""
+HANG_SOURCE = """
+extern "C" __global__ void autotile_matmul(const float* A, const float* B, float* C, int M, int N, int K) {
+    volatile int spin = 1;
+    while (spin) { }
+}
+"""
+
+
+def test_crashing_and_hanging_candidates_are_recorded_and_the_study_completes(isolated_cache):
+    from autotile import api
+
+    spec = kernels.get("matmul")
+
+    def render(config):
+        if config == spec.space.named("seed-tiled16"):
+            return CRASH_SOURCE
+        if config == spec.space.named("seed-tiled32"):
+            return HANG_SOURCE
+        return spec.render(config, "float32", "row")
+
+    result = api.tune("matmul", (256, 256, 256), trials=8, seed=1, candidate_timeout=15, render_source=render,
+                      cache=None)
+    assert result.failures.get("crash") == 1
+    assert result.failures.get("timeout") == 1
+    assert result.trials == 8
+    assert result.best.median_ms > 0
