@@ -9,7 +9,9 @@ from __future__ import annotations
 from .device import PROFILES, DeviceLimits, live_device, profile
 from .errors import (AutotileError, ArgumentError, CacheError, CompileError, DeviceUnavailableError,
                      InfeasibleConfigError, InvalidValueError, SpaceDefinitionError, UnknownNameError)
+from .api import tune
 from .kernels import KERNELS, get as get_kernel
+from .ops import matmul, matvec
 from .space import Config, Problem, Space, load_space
 
 __version__ = "0.1.0"
@@ -18,7 +20,7 @@ __all__ = [
     "AutotileError", "ArgumentError", "CacheError", "CompileError", "Config", "DeviceLimits",
     "DeviceUnavailableError", "InfeasibleConfigError", "InvalidValueError", "KERNELS", "PROFILES", "Problem",
     "Space", "SpaceDefinitionError", "UnknownNameError", "get_kernel", "live_device", "load_space", "profile",
-    "render",
+    "matmul", "matvec", "render", "tune",
 ]
 
 

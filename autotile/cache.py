@@ -120,15 +120,30 @@ def _check_config(value: Any) -> dict[str, str | int | bool]:
     return config
 
 
+def _plain(value: Any) -> Any:
+    """`value` as plain JSON data: NumPy scalars unwrapped, tuples as lists, NaN/inf as None, others str."""
+    if value is None or isinstance(value, (str, bool, int)):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if hasattr(value, "item"):  # a NumPy scalar
+        try:
+            return _plain(value.item())
+        except (TypeError, ValueError):
+            pass
+    return str(value)
+
+
 def _check_environment(value: Any) -> dict[str, Any]:
     if not isinstance(value, Mapping) or not all(isinstance(k, str) for k in value):
         raise CacheError(f"record field 'environment' must be a dict with string keys, not {value!r}")
-    env = dict(value)
-    try:  # it is written as JSON, so it must be JSON now rather than fail half-way through a put
-        json.dumps(env, allow_nan=False)
-    except (TypeError, ValueError) as exc:
-        raise CacheError(f"record field 'environment' is not JSON-serialisable: {exc}") from None
-    return env
+    # The environment only describes the run, so it is made writable rather than refused: a tuning
+    # result must not be lost at the end of a long run over a NumPy float among the versions.
+    return _plain(value)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -421,7 +436,7 @@ class TuningCache:
         problem: str | None = None
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            if True:
+            with filelock.FileLock(str(path) + ".lock", timeout=LOCK_TIMEOUT_S):
                 existing, reason = self._parse(path)
                 if reason is not None:
                     aside = self._move_aside(path)

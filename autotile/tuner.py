@@ -126,7 +126,7 @@ def make_sampler(name: str, seed: int) -> Any:
         "grid": lambda: optuna.samplers.RandomSampler(seed=seed),
         # CMA-ES and NSGA-II have no native categorical handling in optuna: CMA-ES samples
         # categorical parameters independently (at random); NSGA-II mutates them.
-        "cmaes": lambda: optuna.samplers.CmaEsSampler(seed=seed),
+        "cmaes": lambda: optuna.samplers.CmaEsSampler(seed=seed, warn_independent_sampling=False),
         "nsga2": lambda: optuna.samplers.NSGAIISampler(seed=seed),
     }
     if name not in samplers:

@@ -120,9 +120,16 @@ def test_record_normalises_numpy_like_integers() -> None:
         def __index__(self) -> int:
             return self.n
 
-    rec = make(shape=[Index(64), 32, 16], config={"BM": Index(64)}, baseline_ms=None)
+    class Scalar:  # a NumPy float in the environment
+        def item(self) -> float:
+            return 0.5
+
+    rec = make(shape=[Index(64), 32, 16], config={"BM": Index(64)}, baseline_ms=None,
+               environment={"rounds": (1.0, 2.0), "x": Scalar(), "bad": float("nan"), "p": Path("/a")})
     assert rec.shape == (64, 32, 16) and rec.config == {"BM": 64}
     assert type(rec.config["BM"]) is int
+    assert rec.environment == {"rounds": [1.0, 2.0], "x": 0.5, "bad": None, "p": "/a"}
+    assert Record.from_json(json.loads(json.dumps(rec.to_json(), allow_nan=False))) == rec
 
 
 # ------------------------------------------------------------------------------------------- paths
@@ -248,6 +255,24 @@ def test_failed_replace_keeps_the_old_file(cache: TuningCache, monkeypatch: pyte
 
 
 # ----------------------------------------------------------------------------------- concurrency
+
+def test_put_waits_for_the_entry_lock(cache: TuningCache) -> None:
+    import threading
+    import time
+
+    import filelock
+
+    path = cache.path_for(*key(make()))
+    path.parent.mkdir(parents=True)
+    result: list[bool] = []
+    with filelock.FileLock(str(path) + ".lock"):  # another writer holds this entry
+        writer = threading.Thread(target=lambda: result.append(cache.put(make())))
+        writer.start()
+        time.sleep(0.2)
+        assert writer.is_alive() and not path.exists()
+    writer.join(10)
+    assert result == [True] and cache.get(*key(make())) == make()
+
 
 CONTESTED = (2048, 2048, 2048)
 
