@@ -1,0 +1,199 @@
+"""The benchmark suite: `python -m autotile.bench` (needs a GPU).
+
+For every shape, in one run on one GPU: cuBLAS through CuPy, the seed kernels, and autotile's tuned
+kernel (the config the library would pick: exact, nearest or default), each verified against float64
+and timed the same way (CUDA events, warm-up, L2 flushed, median). Ratios are to cuBLAS measured in the
+same run and to the measured ceilings (device-to-device copy, a full read, the FP32 peak from SM count
+and clock). Writes the table as Markdown and JSON, with the GPU, date, driver, CUDA and CuPy versions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from . import build, kernels, ops
+from .space import Problem
+
+MATMUL_SHAPES = [(1024, 1024, 1024), (2048, 2048, 2048), (4096, 4096, 4096), (8192, 8192, 8192),
+                 (4095, 4095, 4095), (3000, 3000, 3000), (1000, 3000, 500), (8192, 8192, 128),
+                 (4096, 4096, 64), (128, 8192, 8192), (16384, 64, 16384)]
+MATVEC_SHAPES = [(1000, 1000), (4096, 4096), (8192, 8192), (16384, 16384), (32768, 32768), (65536, 4096),
+                 (4096, 65536)]
+QUICK_MATMUL = [(4096, 4096, 4096), (4095, 4095, 4095), (1000, 3000, 500), (8192, 8192, 128)]
+QUICK_MATVEC = [(8192, 8192), (16384, 16384), (4096, 65536)]
+MATMUL_SEEDS = ("seed-naive", "seed-tiled16", "seed-tiled32")
+MATVEC_SEEDS = ("seed-matvec-colmajor",)
+
+
+@dataclasses.dataclass
+class Row:
+    kernel: str
+    layout: str
+    shape: tuple[int, ...]
+    name: str  # cuBLAS, a seed, or autotile (with where its config came from)
+    time_ms: float
+    spread: float
+    metric: float
+    unit: str
+    vs_cublas: float
+    vs_ceiling: float
+    error: float | None
+    config: str = ""
+
+
+def measure_ceilings(limits: Any) -> dict[str, float]:
+    """Device-to-device copy and full-read bandwidth (GB/s) of 1 GiB buffers; FP32 peak (TFLOP/s)."""
+    import cupy
+
+    from .timing import time_launch
+
+    n = (1 << 30) // 4
+    a = cupy.ones(n, dtype=cupy.float32)
+    b = cupy.empty_like(a)
+    copy = time_launch(lambda: cupy.copyto(b, a), None, min_reps=10, target_ms=100)
+    out = cupy.empty((), dtype=cupy.float32)
+    read = time_launch(lambda: cupy.sum(a, out=out), None, min_reps=10, target_ms=100)
+    clock_khz = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id).get("clockRate", 0)
+    lanes = 128 if limits.compute_capability[0] >= 8 else 64  # FP32 lanes per SM (sm_80/sm_90: 128)
+    del a, b
+    return {
+        "copy_gbps": 2 * n * 4 / (copy.median_ms * 1e-3) / 1e9,
+        "read_gbps": n * 4 / (read.median_ms * 1e-3) / 1e9,
+        "fp32_peak_tflops": limits.sm_count * lanes * 2 * clock_khz * 1e3 / 1e12,
+        "clock_mhz": clock_khz / 1e3,
+    }
+
+
+def _bench_problem(kernel: str, shape: tuple[int, ...], layout: str, dtype: str, seeds: tuple[str, ...],
+                   limits: Any, ceilings: dict[str, float], flush: Any, rng: Any) -> list[Row]:
+    import cupy
+
+    from .timing import relative_error, time_launch
+
+    spec = kernels.get(kernel)
+    inputs = spec.make_inputs(shape, dtype, layout, rng, cupy)
+    ref = inputs[0].astype(cupy.float64) @ inputs[1].astype(cupy.float64)
+    out = cupy.empty(spec.output_shape(shape), dtype=dtype)
+    tol = kernels.tolerance(dtype, shape[-1] if kernel == "matmul" else shape[1])
+    ceiling = ceilings["fp32_peak_tflops"] * 1e3 if kernel == "matmul" else ceilings["read_gbps"]
+
+    def row(name: str, run: Any, config: str = "") -> Row:
+        out.fill(float("nan"))
+        run()
+        err = relative_error(out, ref)
+        timing = time_launch(run, flush)
+        metric, unit = kernels.metric(kernel, shape, dtype, timing.median_ms)
+        return Row(kernel, layout, shape, name, timing.median_ms, timing.spread, metric, unit, 0.0,
+                   metric / ceiling, err if err <= tol else float("nan"), config)
+
+    a, b = inputs
+    rows = [row("cuBLAS", lambda: cupy.matmul(a, b, out=out))]
+    problem = Problem(limits, dtype, layout)
+    for name in seeds:
+        config = spec.space.named(name)
+        if not spec.space.is_feasible(config, problem):
+            continue
+        rows.append(row(name, _launcher(spec, config, shape, dtype, layout, inputs, out), config.key()))
+    selection = ops.select_config(kernel, dtype, layout, shape, limits.fingerprint)
+    rows.append(row(f"autotile ({selection.source})",
+                    _launcher(spec, selection.config, shape, dtype, layout, inputs, out),
+                    selection.config.key()))
+    base = rows[0].time_ms
+    for r in rows:
+        r.vs_cublas = base / r.time_ms
+    return rows
+
+
+def _launcher(spec: kernels.KernelSpec, config: Any, shape: tuple[int, ...], dtype: str, layout: str,
+              inputs: tuple[Any, ...], out: Any) -> Any:
+    kernel = build.compile_kernel(spec.render(config, dtype, layout), "autotile_" + spec.name)
+    launch = spec.launch(config, shape, spec.space, dtype, layout)
+    build.allow_dynamic_smem(kernel, launch.dynamic_smem_bytes)
+    args = spec.kernel_args(inputs, out, shape)
+
+    def run() -> None:
+        if launch.zero_output:
+            out.fill(0)
+        kernel(launch.grid, launch.block, args, shared_mem=launch.dynamic_smem_bytes)
+
+    return run
+
+
+def environment(limits: Any) -> dict[str, Any]:
+    import cupy
+
+    rt = cupy.cuda.runtime
+    return {"gpu": limits.name, "device": limits.fingerprint, "date": time.strftime("%Y-%m-%d"),
+            "driver": rt.driverGetVersion(), "cuda_runtime": rt.runtimeGetVersion(), "cupy": cupy.__version__,
+            "compiler": build.compiler_version()}
+
+
+def to_markdown(rows: list[Row], env: dict[str, Any], ceilings: dict[str, float]) -> str:
+    lines = [f"## {env['gpu']}, {env['date']}",
+             "",
+             f"CuPy {env['cupy']}, CUDA runtime {env['cuda_runtime']}, driver {env['driver']}, {env['compiler']}. "
+             f"Ceilings measured in the same run: copy {ceilings['copy_gbps']:,.0f} GB/s, read "
+             f"{ceilings['read_gbps']:,.0f} GB/s, FP32 peak {ceilings['fp32_peak_tflops']:.1f} TFLOP/s "
+             f"({ceilings['clock_mhz']:.0f} MHz). Times are medians with L2 flushed; ratios within this run.",
+             "",
+             "| kernel | layout | shape | implementation | ms | TFLOP/s or GB/s | x cuBLAS | x ceiling |",
+             "| --- | --- | --- | --- | ---: | ---: | ---: | ---: |"]
+    for r in rows:
+        value = f"{r.metric / 1e3:.1f} TFLOP/s" if r.unit == "GFLOP/s" else f"{r.metric:,.0f} GB/s"
+        bad = "" if r.error == r.error else " (WRONG)"
+        lines.append(f"| {r.kernel} | {r.layout} | {'x'.join(map(str, r.shape))} | {r.name}{bad} | "
+                     f"{r.time_ms:.4f} | {value} | {r.vs_cublas:.2f} | {r.vs_ceiling:.2f} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m autotile.bench", description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="a few representative shapes only")
+    parser.add_argument("--kernels", default="matmul,matvec")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "float64"])
+    parser.add_argument("--out", default="bench-results", help="folder for results.md and results.json")
+    args = parser.parse_args(argv)
+
+    import cupy
+
+    from .device import live_device
+    from .timing import L2Flusher
+
+    limits = live_device()
+    env = environment(limits)
+    ceilings = measure_ceilings(limits)
+    flush = L2Flusher(limits.l2_bytes)
+    rng = cupy.random.default_rng(2026)
+    rows: list[Row] = []
+    todo = []
+    if "matmul" in args.kernels:
+        todo += [("matmul", s, "row", MATMUL_SEEDS) for s in (QUICK_MATMUL if args.quick else MATMUL_SHAPES)]
+    if "matvec" in args.kernels:
+        for s in (QUICK_MATVEC if args.quick else MATVEC_SHAPES):
+            todo += [("matvec", s, layout, MATVEC_SEEDS) for layout in ("row", "col")]
+    for kernel, shape, layout, seeds in todo:
+        new = _bench_problem(kernel, shape, layout, args.dtype, seeds, limits, ceilings, flush, rng)
+        rows += new
+        for r in new:
+            print(f"{r.kernel:<6} {r.layout:<3} {'x'.join(map(str, r.shape)):<17} {r.name:<28} {r.time_ms:9.4f} ms "
+                  f"{r.metric:>10,.0f} {r.unit:<7} {r.vs_cublas:5.2f}x cuBLAS {r.vs_ceiling:5.2f}x ceiling"
+                  + ("" if r.error == r.error else "  WRONG RESULT"), flush=True)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    markdown = to_markdown(rows, env, ceilings)
+    (out / "results.md").write_text(markdown)
+    (out / "results.json").write_text(json.dumps(
+        {"environment": env, "ceilings": ceilings, "rows": [dataclasses.asdict(r) for r in rows]}, indent=1))
+    print()
+    print(markdown)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
