@@ -26,6 +26,8 @@ def add_commands(sub: Any, add_problem_options: Callable[..., None]) -> None:
     p.add_argument("--study-name", default=None)
     p.add_argument("--candidate-timeout", type=float, default=60.0, metavar="SECONDS",
                    help="a candidate silent this long is recorded as a hang and its worker replaced")
+    p.add_argument("--fix", action="append", metavar="PARAM=VALUE[,VALUE...]",
+                   help="narrow the space: PARAM takes only these values (repeatable)")
     p.add_argument("--no-cache", action="store_true", help="do not write the winner to the cache")
     p.set_defaults(func=cmd_tune)
 
@@ -56,13 +58,21 @@ def cmd_tune(args: argparse.Namespace) -> int:
         raise InvalidValueError(f"{spec.name} supports layout(s) {list(spec.space.layouts)}, not {layout!r}")
     if args.trials < 1:
         raise InvalidValueError(f"--trials must be at least 1, got {args.trials}")
+    fix = {}
+    for item in args.fix or []:
+        name, sep, values = item.partition("=")
+        if not sep or not values:
+            raise InvalidValueError(f"--fix {item!r} must look like PARAM=VALUE or PARAM=V1,V2")
+        fix[name.strip()] = [v.strip() for v in values.split(",")]
+    if fix:
+        spec.space.restricted(fix)  # unknown names and values fail here, before the GPU is touched
     from .device import live_device
 
     live_device()  # a clear one-line error here when there is no GPU
     result = tune(args.kernel, shape, dtype=args.dtype, layout=layout, trials=args.trials, timeout=args.timeout,
                   sampler=args.sampler, seed=args.seed, storage=args.storage, study_name=args.study_name,
                   cache=None if args.no_cache else "default", progress=True,
-                  candidate_timeout=args.candidate_timeout)
+                  candidate_timeout=args.candidate_timeout, fix=fix or None)
     print(format_result(result))
     return 0
 

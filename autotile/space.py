@@ -141,6 +141,8 @@ class Space:
 
     def __init__(self, data: Mapping[str, Any], source: str = "<space>"):
         where = source
+        self._data = dict(data)
+        self._source = source
         try:
             self.kernel: str = str(data["kernel"])
             self.template: str = str(data["template"])
@@ -193,6 +195,31 @@ class Space:
             if name not in self.named_configs:
                 raise SpaceDefinitionError(f"{where}: default {name!r} for layout {layout} is not a named config")
         self._plan = self._make_plan()
+
+    def restricted(self, choices: Mapping[str, Any]) -> "Space":
+        """This space with some parameters narrowed to the given values (one value or a list of them).
+        Named configs that fall outside the narrowed choices are dropped."""
+        data = dict(self._data)
+        params = {name: dict(spec) if isinstance(spec, Mapping) else {"choices": list(spec)}
+                  for name, spec in data["params"].items()}
+        for name, values in choices.items():
+            if name not in self.params:
+                raise UnknownNameError(
+                    f"{self.kernel}: unknown parameter {name!r}; parameters: {', '.join(self.params)}")
+            values = values if isinstance(values, (list, tuple)) else [values]
+            params[name]["choices"] = [self._coerce(self.params[name], v) for v in values]
+        data["params"] = params
+        allowed = {name: set(map(repr, spec["choices"])) for name, spec in params.items()}
+        configs = {}
+        for cname, values in dict(data.get("configs", {})).items():
+            if all(repr(self._coerce(self.params[k], v)) in allowed[k] for k, v in values.items() if k in allowed):
+                configs[cname] = values
+        data["configs"] = configs
+        defaults = data.get("default")
+        if isinstance(defaults, str):
+            defaults = {layout: defaults for layout in self.layouts}
+        data["default"] = {k: v for k, v in dict(defaults or {}).items() if v in configs}
+        return Space(data, f"{self._source} (narrowed)")
 
     @classmethod
     def load(cls, path: str | Path) -> "Space":

@@ -186,10 +186,13 @@ class Tuner:
                 known[key] = (value, t.user_attrs.get("seed"))
         counted_before = len(known)
 
-        # The seeds run first: they are the baselines every result is reported against.
-        for name, config in self.space.named_configs.items():
-            if name.startswith(SEED_PREFIX) and config.key() not in known and self.space.is_feasible(config, problem):
-                study.enqueue_trial(dict(config), user_attrs={"seed": name}, skip_if_exists=True)
+        # The seeds run first: they are the baselines every result is reported against. The space's
+        # other named configs (hand-picked starting points) follow, then the sampler's own draws.
+        named = sorted(self.space.named_configs.items(), key=lambda item: not item[0].startswith(SEED_PREFIX))
+        for name, config in named:
+            if config.key() not in known and self.space.is_feasible(config, problem):
+                attrs = {"seed": name} if name.startswith(SEED_PREFIX) else {"named": name}
+                study.enqueue_trial(dict(config), user_attrs=attrs, skip_if_exists=True)
         if opts.sampler == "grid":
             for config in self.space.feasible(problem, limit=opts.trials + counted_before):
                 if config.key() not in known:
