@@ -31,7 +31,8 @@ def render(kernel: str, config: str | dict | None = None, dtype: str = "float32"
 
     spec = get_kernel(kernel)
     space = spec.space
-    base = space.default_config(layout) if config is None else space.config(config)
+    problem = Problem(device_mod.resolve(device if device is not None else "h100"), dtype, layout)
+    base = space.default_config(layout, problem) if config is None else space.config(config)
     cfg = space.with_overrides(base, overrides) if overrides else base
-    space.check(cfg, Problem(device_mod.resolve(device if device is not None else "h100"), dtype, layout))
+    space.check(cfg, problem)
     return spec.render(cfg, dtype, layout)

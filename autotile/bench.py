@@ -100,7 +100,7 @@ def _bench_problem(kernel: str, shape: tuple[int, ...], layout: str, dtype: str,
         if not spec.space.is_feasible(config, problem):
             continue
         rows.append(row(name, _launcher(spec, config, shape, dtype, layout, inputs, out), config.key()))
-    selection = ops.select_config(kernel, dtype, layout, shape, limits.fingerprint)
+    selection = ops.select_config(kernel, dtype, layout, shape, limits.fingerprint, limits=limits)
     rows.append(row(f"autotile ({selection.source})",
                     _launcher(spec, selection.config, shape, dtype, layout, inputs, out),
                     selection.config.key()))
@@ -158,6 +158,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kernels", default="matmul,matvec")
     parser.add_argument("--dtype", default="float32", choices=["float32", "float64"])
     parser.add_argument("--out", default="bench-results", help="folder for results.md and results.json")
+    parser.add_argument("--tune", type=int, default=0, metavar="TRIALS",
+                        help="first tune every shape that has no exact cache entry, with this many trials")
+    parser.add_argument("--retune", action="store_true", help="with --tune: tune shapes that have an entry too")
+    parser.add_argument("--only", default=None, metavar="SHAPE[,SHAPE]", help="only these shapes (MxNxK or MxK)")
     args = parser.parse_args(argv)
 
     import cupy
@@ -177,6 +181,20 @@ def main(argv: list[str] | None = None) -> int:
     if "matvec" in args.kernels:
         for s in (QUICK_MATVEC if args.quick else MATVEC_SHAPES):
             todo += [("matvec", s, layout, MATVEC_SEEDS) for layout in ("row", "col")]
+    if args.only:
+        wanted = {tuple(int(x) for x in item.split("x")) for item in args.only.split(",")}
+        todo = [t for t in todo if t[1] in wanted]
+    if args.tune:
+        from .api import tune
+
+        for kernel, shape, layout, _ in todo:
+            sel = ops.select_config(kernel, args.dtype, layout, shape, limits.fingerprint, limits=limits)
+            if sel.source == "exact" and not args.retune:
+                continue
+            t0 = time.time()
+            result = tune(kernel, shape, dtype=args.dtype, layout=layout, trials=args.tune)
+            print(f"tuned {kernel} {layout} {'x'.join(map(str, shape))}: {result.best.median_ms:.4f} ms, "
+                  f"{result.vs_baseline or 0:.2f}x cuBLAS, {time.time() - t0:.0f} s", flush=True)
     for kernel, shape, layout, seeds in todo:
         new = _bench_problem(kernel, shape, layout, args.dtype, seeds, limits, ceilings, flush, rng)
         rows += new

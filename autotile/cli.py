@@ -43,9 +43,9 @@ def cmd_render(args: argparse.Namespace) -> int:
     spec = kernels.get(args.kernel)
     space = spec.space
     layout = _layout(spec, args.layout, args.config)
-    base = space.named(args.config) if args.config else space.default_config(layout)
-    config = space.with_overrides(base, _parse_sets(args.set or []))
     problem = Problem(device_mod.resolve(args.device), args.dtype, layout)
+    base = space.named(args.config) if args.config else space.default_config(layout, problem)
+    config = space.with_overrides(base, _parse_sets(args.set or []))
     space.check(config, problem)
     sys.stdout.write(spec.render(config, args.dtype, layout))
     return 0
@@ -55,6 +55,8 @@ def cmd_space(args: argparse.Namespace) -> int:
     spec = kernels.get(args.kernel)
     space = spec.space
     dev = device_mod.resolve(args.device)
+    if args.layout and args.layout not in space.layouts:
+        raise InvalidValueError(f"{spec.name} supports layout(s) {list(space.layouts)}, not {args.layout!r}")
     layouts = [args.layout] if args.layout else list(space.layouts)
     print(f"{space.kernel}: {space.description}")
     print(f"\nparameters ({len(space.params)}):")

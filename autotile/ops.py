@@ -86,13 +86,13 @@ def _device(cupy: Any) -> tuple[str, Any]:
 
 
 def select_config(kernel: str, dtype: str, layout: str, shape: tuple[int, ...], device: str | None = None,
-                  cache: Any = None) -> Selection:
+                  cache: Any = None, limits: Any = None) -> Selection:
     """The config the library runs for this problem on this device (a cache lookup, then the default)."""
     from .cache import TuningCache
 
     spec = kernels.get(kernel)
     if device is None:
-        device = _device(_cupy())[0]
+        device, limits = _device(_cupy())
     cache = cache if cache is not None else TuningCache()
     found = cache.lookup(device, kernel, dtype, layout, shape, kernels.compat_hash(kernel, build.compiler_version()))
     if found is not None:
@@ -101,7 +101,10 @@ def select_config(kernel: str, dtype: str, layout: str, shape: tuple[int, ...], 
             return Selection(spec.space.config(record.config), how, tuple(record.shape))
         except Exception:
             pass  # a record whose config no longer parses: fall through to the default
-    return Selection(spec.space.default_config(layout), "built-in default", None)
+    from .space import Problem
+
+    limits = _device(_cupy())[1] if limits is None else limits
+    return Selection(spec.space.default_config(layout, Problem(limits, dtype, layout)), "built-in default", None)
 
 
 def _prepare(kernel: str, dtype: str, layout: str, shape: tuple[int, ...]) -> _Prepared:
@@ -112,13 +115,13 @@ def _prepare(kernel: str, dtype: str, layout: str, shape: tuple[int, ...]) -> _P
     if prepared is not None:
         return prepared
     spec = kernels.get(kernel)
-    selection = select_config(kernel, dtype, layout, shape, fingerprint)
+    selection = select_config(kernel, dtype, layout, shape, fingerprint, limits=limits)
     config = selection.config
     from .space import Problem
 
     problem = Problem(limits, dtype, layout)
     if not spec.space.is_feasible(config, problem):
-        config = spec.space.default_config(layout)
+        config = spec.space.default_config(layout, problem)
         selection = Selection(config, "built-in default (cached config infeasible here)", None)
     compiled = build.compile_kernel(spec.render(config, dtype, layout), "autotile_" + kernel)
     launch = spec.launch(config, shape, spec.space, dtype, layout)

@@ -188,12 +188,16 @@ class Space:
             if "layout" in values:
                 self.named_layouts[str(name)] = str(values.pop("layout"))
             self.named_configs[str(name)] = self.config(values)
+        # The built-in default per layout: a name, or a list of names tried in order until one is
+        # feasible for the dtype and device at hand.
         default = data.get("default")
-        self.defaults: dict[str, str] = (
-            {layout: default for layout in self.layouts} if isinstance(default, str) else dict(default or {}))
-        for layout, name in self.defaults.items():
-            if name not in self.named_configs:
-                raise SpaceDefinitionError(f"{where}: default {name!r} for layout {layout} is not a named config")
+        by_layout = {layout: default for layout in self.layouts} if isinstance(default, (str, list)) else dict(default or {})
+        self.defaults: dict[str, list[str]] = {
+            layout: [names] if isinstance(names, str) else list(names) for layout, names in by_layout.items()}
+        for layout, names in self.defaults.items():
+            for name in names:
+                if name not in self.named_configs:
+                    raise SpaceDefinitionError(f"{where}: default {name!r} for layout {layout} is not a named config")
         self._plan = self._make_plan()
 
     def restricted(self, choices: Mapping[str, Any]) -> "Space":
@@ -215,10 +219,8 @@ class Space:
             if all(repr(self._coerce(self.params[k], v)) in allowed[k] for k, v in values.items() if k in allowed):
                 configs[cname] = values
         data["configs"] = configs
-        defaults = data.get("default")
-        if isinstance(defaults, str):
-            defaults = {layout: defaults for layout in self.layouts}
-        data["default"] = {k: v for k, v in dict(defaults or {}).items() if v in configs}
+        data["default"] = {layout: [n for n in names if n in configs] for layout, names in self.defaults.items()
+                           if any(n in configs for n in names)}
         return Space(data, f"{self._source} (narrowed)")
 
     @classmethod
@@ -272,9 +274,17 @@ class Space:
                 f"{self.kernel}: unknown config {name!r}; named configs: {', '.join(self.named_configs)}"
             ) from None
 
-    def default_config(self, layout: str = "row") -> Config:
-        """The built-in config that is feasible everywhere, the library's last fallback."""
-        return self.named_configs[self.defaults[layout]]
+    def default_config(self, layout: str = "row", problem: "Problem | None" = None) -> Config:
+        """The built-in fallback config: the first of the layout's defaults that is feasible for `problem`
+        (float32 on the default offline profile when None)."""
+        names = self.defaults.get(layout)
+        if not names:
+            raise UnknownNameError(f"{self.kernel} has no default config for layout {layout!r}")
+        problem = problem or Problem(PROFILES[DEFAULT_OFFLINE_PROFILE], "float32", layout)
+        for name in names:
+            if self.is_feasible(self.named_configs[name], problem):
+                return self.named_configs[name]
+        return self.named_configs[names[0]]
 
     @staticmethod
     def _coerce(param: Param, value: Any) -> Any:

@@ -195,8 +195,8 @@ class Tuner:
                 study.enqueue_trial(dict(config), user_attrs=attrs, skip_if_exists=True)
         if opts.sampler == "grid":
             for config in self.space.feasible(problem, limit=opts.trials + counted_before):
-                if config.key() not in known:
-                    study.enqueue_trial(dict(config), skip_if_exists=True)
+                if config.key() not in known:  # already filtered: optuna's own check is quadratic
+                    study.enqueue_trial(dict(config))
 
         started = time.monotonic()
         ran = pruned = duplicates = skips = 0
@@ -206,7 +206,8 @@ class Tuner:
         baseline_ms = evaluator.baseline.median_ms if evaluator.baseline else None
 
         def out_of_time() -> bool:
-            return opts.timeout_s is not None and time.monotonic() - started > opts.timeout_s
+            # The first batch (the seeds) always runs, so that a result can be named.
+            return ran > 0 and opts.timeout_s is not None and time.monotonic() - started > opts.timeout_s
 
         while len(known) < opts.trials and not out_of_time() and skips < MAX_SKIPS:
             batch: list[tuple[Any, Config]] = []
