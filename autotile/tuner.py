@@ -189,14 +189,18 @@ class Tuner:
         # The seeds run first: they are the baselines every result is reported against. The space's
         # other named configs (hand-picked starting points) follow, then the sampler's own draws.
         named = sorted(self.space.named_configs.items(), key=lambda item: not item[0].startswith(SEED_PREFIX))
+        enqueued: set[str] = set()
         for name, config in named:
             if config.key() not in known and self.space.is_feasible(config, problem):
                 attrs = {"seed": name} if name.startswith(SEED_PREFIX) else {"named": name}
                 study.enqueue_trial(dict(config), user_attrs=attrs, skip_if_exists=True)
+                enqueued.add(config.key())
         if opts.sampler == "grid":
-            for config in self.space.feasible(problem, limit=opts.trials + counted_before):
-                if config.key() not in known:  # already filtered: optuna's own check is quadratic
+            for config in self.space.feasible(problem, limit=opts.trials + counted_before + len(enqueued)):
+                # Filtered here: optuna's own skip_if_exists check is quadratic in the number of trials.
+                if config.key() not in known and config.key() not in enqueued:
                     study.enqueue_trial(dict(config))
+                    enqueued.add(config.key())
 
         started = time.monotonic()
         ran = pruned = duplicates = skips = 0

@@ -37,9 +37,15 @@ _TABLE: dict = {}
 
 
 def load_table() -> dict:
-    """A fresh deep copy of the recorded table (tests may edit their copy)."""
+    """A fresh deep copy of the recorded table (tests may edit their copy), cut to the configs the
+    current constraint model admits: it was recorded for 256 configs, 48 of which the 'staging
+    registers' constraint added since excludes."""
     if not _TABLE:
-        _TABLE.update(json.loads(TABLE_PATH.read_text()))
+        raw = json.loads(TABLE_PATH.read_text())
+        admitted = {c.key() for c in replay_space().feasible(Problem(limits_of(raw)))}
+        assert admitted <= set(raw["results"]) and len(raw["results"]) == 256
+        raw["results"] = {k: v for k, v in raw["results"].items() if k in admitted}
+        _TABLE.update(raw)
     return copy.deepcopy(_TABLE)
 
 
@@ -117,12 +123,12 @@ def grid_all(space, table, limits, feasible):
 
 # -- the table and the helpers -------------------------------------------------------------------------------
 
-def test_table_covers_exactly_the_feasible_replay_space(table, limits, space, feasible, seed_keys):
+def test_table_covers_the_feasible_replay_space(table, limits, space, feasible, seed_keys):
     assert table["problem"] == {"kernel": "matmul", "shape": list(SHAPE), "dtype": "float32", "layout": "row"}
     assert limits.compute_capability == (9, 0) and limits.name == "NVIDIA H200"
     assert set(space.named_configs) == set(SEEDS)
-    assert len(feasible) == len(table["results"])  # 256 on the H200
     assert {c.key() for c in feasible} == set(table["results"])
+    assert len(feasible) == 208
     assert set(seed_keys) <= set(table["results"])
     evaluator = ReplayEvaluator(table)
     assert evaluator.baseline.median_ms == table["baseline"]["median_ms"]
@@ -203,7 +209,7 @@ def test_budget_counts_distinct_feasible_configs(studies, space, table, limits, 
     finished = [t for t in trials_ if t.state != optuna.trial.TrialState.WAITING]
     assert len(finished) == result.trials + result.pruned + result.duplicates
     if sampler == "random":
-        # Uniform draws over 1152 points of which 256 are feasible: both paths are exercised
+        # Uniform draws over 1152 points of which 208 are feasible: both paths are exercised
         # (seed 0 measured: 261 infeasible draws, 7 repeats).
         assert result.pruned > 0 and result.duplicates > 0
     if sampler == "grid":

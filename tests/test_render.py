@@ -1,0 +1,231 @@
+"""Rendering: golden files of the seed kernels, what the seeds look like, every sampled config renders,
+rendering is pure, and a missing template variable is an error. No GPU.
+
+Regenerate the golden files after an intended template change with::
+
+    AUTOTILE_UPDATE_GOLDEN=1 python -m pytest tests/test_render.py
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import os
+import re
+from pathlib import Path
+
+import jinja2
+import pytest
+
+import autotile
+from autotile import kernels
+from autotile.device import PROFILES
+from autotile.space import Problem
+
+# `autotile.render` is the package's top-level function, which hides the submodule of the same name.
+render_mod = importlib.import_module("autotile.render")
+
+GOLDEN = Path(__file__).parent / "golden"
+UPDATE = os.environ.get("AUTOTILE_UPDATE_GOLDEN") == "1"
+
+SEEDS = [("matmul", "seed-naive", "float32", "row"), ("matmul", "seed-tiled16", "float32", "row"),
+         ("matmul", "seed-tiled32", "float32", "row"), ("matvec", "seed-matvec-colmajor", "float32", "col")]
+
+
+def golden_name(kernel: str, config: str, dtype: str, layout: str) -> str:
+    return f"{kernel}-{config}-{dtype}-{layout}.cu"
+
+
+def seed_source(kernel: str, name: str, dtype: str = "float32", layout: str = "row") -> str:
+    spec = kernels.get(kernel)
+    return spec.render(spec.space.named(name), dtype, layout)
+
+
+def check_golden(name: str, text: str) -> None:
+    path = GOLDEN / name
+    if UPDATE:
+        GOLDEN.mkdir(exist_ok=True)
+        path.write_text(text)
+        return
+    if not path.is_file():
+        pytest.fail(f"golden file {path} is missing; create it with AUTOTILE_UPDATE_GOLDEN=1", pytrace=False)
+    expected = path.read_text()
+    if text != expected:
+        diff = "".join(difflib.unified_diff(expected.splitlines(keepends=True), text.splitlines(keepends=True),
+                                            fromfile=f"golden/{name}", tofile="rendered now"))
+        pytest.fail(f"{name} differs from its golden file (AUTOTILE_UPDATE_GOLDEN=1 accepts the change):\n{diff}",
+                    pytrace=False)
+
+
+@pytest.mark.parametrize("kernel,name,dtype,layout", SEEDS, ids=[s[1] for s in SEEDS])
+def test_seed_matches_golden_file(kernel, name, dtype, layout):
+    check_golden(golden_name(kernel, name, dtype, layout), seed_source(kernel, name, dtype, layout))
+
+
+def test_golden_comparison_reports_a_unified_diff(monkeypatch):
+    # The comparison itself: a changed line fails with a diff that shows it (skipped while regenerating).
+    if UPDATE:
+        pytest.skip("regenerating golden files")
+    text = seed_source("matmul", "seed-tiled16").replace("__syncthreads();  // the tile", "/* gone */  // the tile")
+    with pytest.raises(pytest.fail.Exception) as info:
+        check_golden(golden_name("matmul", "seed-tiled16", "float32", "row"), text)
+    message = str(info.value)
+    assert "--- golden/matmul-seed-tiled16-float32-row.cu" in message and "+++ rendered now" in message
+    assert re.search(r"^-\s+__syncthreads\(\);  // the tile", message, re.M)
+    assert re.search(r"^\+\s+/\* gone \*/", message, re.M)
+
+
+def test_golden_files_are_the_only_ones():
+    if UPDATE:
+        pytest.skip("regenerating golden files")
+    expected = {golden_name(*s) for s in SEEDS}
+    assert {p.name for p in GOLDEN.glob("*.cu")} == expected
+
+
+# -- what the seeds look like ----------------------------------------------------------------------
+
+def test_seed_naive_uses_no_shared_memory():
+    src = seed_source("matmul", "seed-naive")
+    assert "__shared__" not in src
+    assert "__syncthreads" not in src
+    assert re.search(r"for \(int k = k_begin; k < k_end; \+\+k\)", src)  # the plain loop over K
+    assert "A[(size_t)row * K + k]" in src and "B[(size_t)k * N + col]" in src
+    assert "__launch_bounds__(256)" in src
+
+
+@pytest.mark.parametrize("name,tile", [("seed-tiled16", 16), ("seed-tiled32", 32)])
+def test_seed_tiled_uses_static_shared_tiles(name, tile):
+    src = seed_source("matmul", name)
+    assert "extern __shared__" not in src
+    assert re.search(r"__shared__ __align__\(16\) float As\[STAGES \* A_TILE\];", src)
+    assert re.search(r"__shared__ __align__\(16\) float Bs\[STAGES \* B_TILE\];", src)
+    assert src.count("__syncthreads()") == 2  # after the store and after the multiply
+    assert re.search(r"for \(int t = 0; t < n_tiles; \+\+t\) \{", src)  # the loop over K tiles
+    assert f"constexpr int BM = {tile}, BN = {tile}, TM = 1, TN = 1;" in src
+    assert f"constexpr int BK = {tile}, VEC = 1, STAGES = 1;" in src
+    assert f"__launch_bounds__({tile * tile})" in src
+    assert "atomicAdd" not in src  # no split-K
+
+
+def test_seed_matvec_colmajor_uses_dynamic_shared_memory():
+    src = seed_source("matvec", "seed-matvec-colmajor", layout="col")
+    assert "extern __shared__" in src
+    assert "column-major" in src
+    assert "a_shared[i] = (gr < M && c < len) ? A[(size_t)(kt + c) * M + gr]" in src  # the staged A tile
+    assert "x_shared[i] = x[kt + i]" in src
+    assert "__launch_bounds__(256)" in src
+    assert "__shfl_xor_sync" not in src  # the row-major reduction is not there
+
+
+def test_float64_renders_double():
+    src = seed_source("matmul", "seed-tiled16", "float64")
+    assert "const double* __restrict__ A" in src
+    assert "__shared__ __align__(16) double As" in src
+    assert not re.search(r"\bfloat\b", src)
+
+
+# -- every config renders --------------------------------------------------------------------------
+
+CASES = [(k, lay, dt) for k, layouts in (("matmul", ("row",)), ("matvec", ("row", "col")))
+         for lay in layouts for dt in ("float32", "float64")]
+
+
+@pytest.mark.parametrize("kernel,layout,dtype", CASES)
+def test_sampled_configs_render(kernel, layout, dtype):
+    spec = kernels.get(kernel)
+    space = spec.space
+    prob = Problem(PROFILES["h100"], dtype, layout)
+    configs = space.sample(prob, 60, seed=2024)
+    assert len(configs) == 60
+    kinds = set()
+    for cfg in configs:
+        src = spec.render(cfg, dtype, layout)
+        d = space.derive(cfg, prob)
+        kinds.add(cfg["smem"])
+        assert f'extern "C" __global__ void __launch_bounds__({d["threads"]})\nautotile_{kernel}(' in src
+        assert f"// config: {cfg.key()}\n" in src
+        assert src.count("{") == src.count("}")
+        assert "Undefined" not in src and "None" not in src
+        assert ("extern __shared__" in src) == (cfg["smem"] == "dynamic")
+        assert ("__shared__" in src) == (cfg["smem"] != "none")
+        assert ("atomicAdd" in src) == (cfg["SPLIT_K"] > 1)
+        assert re.search(r"\bdouble\b", src) if dtype == "float64" else not re.search(r"\bdouble\b", src)
+    assert {"static", "dynamic"} <= kinds  # (column-major configs without shared memory are rare)
+
+
+def _dynamic_bytes(kernel: str, src: str, cfg, dtype_size: int) -> int:
+    """The dynamic shared memory the rendered kernel indexes, read from its constants."""
+    if kernel == "matmul":
+        a = re.search(r"constexpr int A_STRIDE = (\d+), A_TILE = (\d+) \* A_STRIDE;", src)
+        b = re.search(r"constexpr int B_STRIDE = BN \+ (\d+), B_TILE = BK \* B_STRIDE;", src)
+        stages = re.search(r"STAGES = (\d+);", src)
+        assert a and b and stages, src
+        elems = int(a.group(1)) * int(a.group(2)) + cfg["BK"] * (cfg["BN"] + int(b.group(1)))
+        return int(stages.group(1)) * elems * dtype_size
+    x = re.search(r"a_shared = x_shared \+ (\d+);", src)
+    a = re.search(r"partial = a_shared \+ (\d+);", src)
+    r = re.search(r"reduction \[(\d+)\]", src)
+    assert x and a, src
+    return (int(x.group(1)) + int(a.group(1)) + (int(r.group(1)) if r else 0)) * dtype_size
+
+
+@pytest.mark.parametrize("kernel,layout,dtype", CASES)
+def test_dynamic_shared_memory_matches_model_and_launch(kernel, layout, dtype):
+    """ptxas cannot see dynamic shared memory: the size the kernel indexes must be what the model computes
+    and what the launch requests."""
+    spec = kernels.get(kernel)
+    space = spec.space
+    prob = Problem(PROFILES["h100"], dtype, layout)
+    shape = (1000, 900, 800)[:len(spec.dims)]
+    dynamic = [c for c in space.sample(prob, 400, seed=99) if c["smem"] == "dynamic"][:40]
+    assert len(dynamic) >= 10
+    for cfg in dynamic:
+        src = spec.render(cfg, dtype, layout)
+        model = space.derive(cfg, prob)["smem_bytes"]
+        assert _dynamic_bytes(kernel, src, cfg, prob.names()["dtype_size"]) == model, cfg.key()
+        assert spec.launch(cfg, shape, space, dtype, layout).dynamic_smem_bytes == model
+    for cfg in space.sample(prob, 20, seed=98):
+        if cfg["smem"] != "dynamic":
+            assert spec.launch(cfg, shape, space, dtype, layout).dynamic_smem_bytes == 0
+
+
+def test_top_level_render_checks_and_matches():
+    assert autotile.render("matmul", "seed-tiled32") == seed_source("matmul", "seed-tiled32")
+    assert (autotile.render("matvec", "seed-matvec-colmajor", layout="col", device="p100")
+            == seed_source("matvec", "seed-matvec-colmajor", layout="col"))
+    src = autotile.render("matmul", "seed-tiled16", BM="32", TM="2")
+    assert "constexpr int BM = 32, BN = 16, TM = 2, TN = 1;" in src
+    with pytest.raises(autotile.InfeasibleConfigError, match="static shared memory per block"):
+        autotile.render("matmul", "seed-tiled32", device="p100", BM=256, BN=256, BK=64, TM=8, TN=8)
+
+
+# -- purity and strictness -------------------------------------------------------------------------
+
+def test_render_is_pure():
+    spec = kernels.get("matmul")
+    a, b = spec.space.named("seed-tiled16"), spec.space.named("regtile-128")
+    first = spec.render(a)
+    other = spec.render(b, "float64")
+    assert first != other
+    assert spec.render(a) == first  # the same text, also after another config and dtype
+    assert spec.render(b, "float64") == other
+    assert render_mod.render("matmul.cu.j2", "matmul", dict(a)) == first  # a plain dict is as good as a Config
+    assert dict(a) == dict(spec.space.named("seed-tiled16"))  # rendering changed nothing
+
+
+def test_missing_template_variable_is_an_error():
+    cfg = dict(kernels.get("matmul").space.named("seed-tiled16"))
+    for name in ("BN", "smem", "SPLIT_K", "UNROLL", "PAD"):
+        partial = {k: v for k, v in cfg.items() if k != name}
+        with pytest.raises(jinja2.UndefinedError, match=f"'{name}' is undefined"):
+            render_mod.render("matmul.cu.j2", "matmul", partial)
+    mv = dict(kernels.get("matvec").space.named("seed-matvec-colmajor"))
+    del mv["TILE_K"]
+    with pytest.raises(jinja2.UndefinedError, match="TILE_K"):
+        render_mod.render("matvec.cu.j2", "matvec", mv, "float32", "col")
+
+
+def test_environment_is_strict():
+    env = render_mod.environment()
+    assert env.undefined is jinja2.StrictUndefined
+    assert env is render_mod.environment()

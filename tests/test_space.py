@@ -1,0 +1,527 @@
+"""Search spaces: the expression allow-list, loading, counting and enumeration, device limits, occupancy,
+the seeds, config parsing, and the optuna bridge. No GPU."""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import random
+from pathlib import Path
+
+import pytest
+import yaml
+
+from autotile import resources
+from autotile.device import PROFILES
+from autotile.errors import (InfeasibleConfigError, InvalidValueError, SpaceDefinitionError,
+                             UnknownNameError)
+from autotile.expr import Expr
+from autotile.space import DEVICE_CONSTRAINTS, Config, Problem, Space, load_space
+
+SEEDS = [("matmul", "seed-naive", "row"), ("matmul", "seed-tiled16", "row"), ("matmul", "seed-tiled32", "row"),
+         ("matvec", "seed-matvec-colmajor", "col")]
+DTYPES = ("float32", "float64")
+
+
+@pytest.fixture(scope="module")
+def matmul() -> Space:
+    return load_space("matmul")
+
+
+@pytest.fixture(scope="module")
+def matvec() -> Space:
+    return load_space("matvec")
+
+
+def spaces() -> dict[str, Space]:
+    return {"matmul": load_space("matmul"), "matvec": load_space("matvec")}
+
+
+def problem(profile: str = "h100", dtype: str = "float32", layout: str = "row") -> Problem:
+    return Problem(PROFILES[profile], dtype, layout)
+
+
+def raw(kernel: str) -> dict:
+    return yaml.safe_load(resources.search_space_path(kernel).read_text())
+
+
+def failed(space: Space, config: Config, prob: Problem) -> list[str]:
+    """The names of the constraints a config breaks, parsed from `violations()`."""
+    names = []
+    for line in space.violations(config, prob):
+        match = [c.name for c in space.constraints if line.startswith(f"breaks '{c.name}' ({c.expr.text}) with ")]
+        assert len(match) == 1, line
+        names.append(match[0])
+    return names
+
+
+# -- expressions -----------------------------------------------------------------------------------
+
+UNSAFE = [
+    ("().__class__", "Attribute"),
+    ("BM.bit_length()", "only calls"),  # the call is met first: its callee is not a bare allowed name
+    ("__import__('os').system('true')", "only calls"),
+    ("__import__('os')", "only calls"),
+    ("lambda: 1", "Lambda"),
+    ("(lambda x: x)(1)", "only calls"),
+    ("BM[0]", "Subscript"),
+    ("'abc'[1:]", "Subscript"),
+    ("open('/etc/passwd')", "only calls"),
+    ("eval('1')", "only calls"),
+    ("getattr(BM, 'real')", "only calls"),
+    ("len([1, 2])", "only calls"),
+    ("max(BM, key=abs)", "only calls"),  # keyword arguments are refused too
+    ("max(*[1, 2])", "Starred"),
+    ("[x for x in (1, 2)]", "ListComp"),
+    ("{1: 2}", "Dict"),
+    ("f'{BM}'", "JoinedStr"),
+    ("(y := 3)", "NamedExpr"),
+    ("min(1, 2)(3)", "only calls"),  # the callee must be a bare allowed name
+    ("BM +", "cannot parse"),
+]
+
+
+@pytest.mark.parametrize("text,why", UNSAFE, ids=[t for t, _ in UNSAFE])
+def test_expr_rejects_unsafe_text(text, why):
+    with pytest.raises(SpaceDefinitionError) as info:
+        Expr(text, "test")
+    assert why in str(info.value)
+    assert str(info.value).startswith("test: ")
+
+
+def test_expr_accepts_the_allowed_language_and_evaluates_it():
+    e = Expr("ceil_div(a, 8) * 8 + max(b, 2) if layout == 'row' and not flag else -1", "ok")
+    assert e.names == {"a", "b", "layout", "flag"}  # the functions are not names the space must supply
+    assert e({"a": 33, "b": 1, "layout": "row", "flag": False}) == 42
+    assert e({"a": 33, "b": 1, "layout": "col", "flag": False}) == -1
+    assert Expr("x in (1, 2) and y not in [3]")({"x": 2, "y": 4}) is True
+    assert Expr("is_pow2(n) and floor(n / 3) == 5 and abs(-n) == 16 and int(2.5) == 2")({"n": 16}) is True
+
+
+def test_expr_evaluates_without_builtins():
+    # A bare name passes the parser (the space then checks it is known), but no builtin is reachable.
+    with pytest.raises(NameError):
+        Expr("len")({})
+    with pytest.raises(NameError):
+        Expr("print")({})
+
+
+# -- loading ---------------------------------------------------------------------------------------
+
+def _write(tmp_path: Path, data: dict) -> Path:
+    path = tmp_path / f"{data['kernel']}.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def test_shipped_space_loads_through_a_file_copy(tmp_path):
+    # The control for the failures below: an unchanged copy loads.
+    space = Space.load(_write(tmp_path, raw("matmul")))
+    assert list(space.params) == list(load_space("matmul").params)
+
+
+@pytest.mark.parametrize("where", ["constraint", "derived"])
+def test_space_with_unknown_name_fails_to_load(tmp_path, where):
+    data = raw("matmul")
+    if where == "constraint":
+        data["constraints"].append({"name": "typo", "expr": "BM % BX == 0"})
+    else:
+        data["derived"]["wasted"] = "BM * BZZ"
+    with pytest.raises(SpaceDefinitionError) as info:
+        Space.load(_write(tmp_path, data))
+    assert ("BX" if where == "constraint" else "BZZ") in str(info.value)
+    assert "unknown names" in str(info.value)
+
+
+def test_space_with_unsafe_expression_fails_to_load(tmp_path):
+    data = raw("matvec")
+    data["constraints"].append({"name": "evil", "expr": "__import__('os').getcwd() != ''"})
+    with pytest.raises(SpaceDefinitionError, match="evil"):
+        Space.load(_write(tmp_path, data))
+
+
+def test_space_definition_errors(tmp_path):
+    data = raw("matmul")
+    del data["params"]["smem"]
+    with pytest.raises(SpaceDefinitionError, match="smem"):
+        Space(data)
+    data = raw("matmul")
+    del data["derived"]["smem_bytes"]
+    data["derived"]["loads_per_thread"] = "0"
+    with pytest.raises(SpaceDefinitionError, match="smem_bytes"):
+        Space(data)
+    data = raw("matmul")
+    data["default"] = "no-such-config"
+    with pytest.raises(SpaceDefinitionError, match="no-such-config"):
+        Space(data)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("kernel: [unclosed\n")
+    with pytest.raises(SpaceDefinitionError, match="not valid YAML"):
+        Space.load(bad)
+
+
+# -- counting and enumeration ----------------------------------------------------------------------
+
+COUNT_CASES = [(k, lay, dt, prof) for k, layouts in (("matmul", ("row",)), ("matvec", ("row", "col")))
+               for lay in layouts for dt in DTYPES for prof in ("p100", "h100")]
+
+
+@pytest.mark.parametrize("kernel,layout,dtype,profile", COUNT_CASES)
+def test_count_accounts_for_every_point(kernel, layout, dtype, profile):
+    space = spaces()[kernel]
+    prob = problem(profile, dtype, layout)
+    c = space.count(prob)
+    product = 1
+    for p in space.params.values():
+        product *= len(p.choices)
+    assert c.total == product
+    assert 0 < c.feasible < c.total
+    assert set(c.excluded_by) == {con.name for con in space.constraints}
+    assert all(n >= 0 for n in c.excluded_by.values())
+    assert c.feasible + sum(c.excluded_by.values()) == c.total
+
+    first = space.feasible(prob, limit=300)
+    assert len(first) == 300 and len(set(first)) == 300
+    drawn = space.sample(prob, 80, seed=7)
+    assert len(drawn) == 80 and len(set(drawn)) == 80
+    for cfg in first + drawn:
+        assert list(cfg) == list(space.params)
+        assert space.violations(cfg, prob) == []
+        assert space.is_feasible(cfg, prob)
+        space.check(cfg, prob)  # does not raise
+
+    # Uniform random points of the whole product: most are infeasible and each of those names a reason.
+    rng = random.Random(11)
+    infeasible = 0
+    for _ in range(300):
+        cfg = space.config({p.name: rng.choice(p.choices) for p in space.params.values()})
+        broken = failed(space, cfg, prob)
+        assert space.is_feasible(cfg, prob) == (not broken)
+        if broken:
+            infeasible += 1
+            assert set(broken) <= set(c.excluded_by)
+            with pytest.raises(InfeasibleConfigError, match="infeasible on"):
+                space.check(cfg, prob)
+    assert infeasible > 100
+
+
+def test_matvec_feasible_list_matches_count(matvec):
+    prob = problem("a100", "float64", "row")
+    everything = matvec.feasible(prob)
+    assert len(everything) == matvec.count(prob).feasible
+    assert len(set(everything)) == len(everything)
+    assert matvec.feasible(prob, limit=10) == everything[:10]
+
+
+def _reduced(kernel: str, keep: dict[str, list]) -> Space:
+    data = copy.deepcopy(raw(kernel))
+    for name, choices in keep.items():
+        data["params"][name]["choices"] = choices
+    data["configs"] = {}
+    data.pop("default", None)
+    return Space(data, f"reduced {kernel}")
+
+
+REDUCED = {
+    "matmul": {"BM": [16, 64, 256], "BN": [16, 128], "TM": [1, 8], "TN": [1, 4], "BK": [8, 64], "VEC": [1, 4],
+               "PAD": [0, 4], "SPLIT_K": [1], "SWIZZLE": [1], "UNROLL": ["full"]},
+    "matvec": {"ROWS": [1, 4, 32, 512], "THREADS_K": [1, 8, 64, 256], "TILE_K": [16, 256, 2048],
+               "SPLIT_K": [1], "UNROLL": [1]},
+}
+
+
+@pytest.mark.parametrize("kernel,layout,dtype,profile", [
+    ("matmul", "row", "float32", "p100"), ("matmul", "row", "float64", "h100"),
+    ("matvec", "row", "float32", "l4"), ("matvec", "col", "float64", "p100"), ("matvec", "col", "float32", "h100")])
+def test_pruned_enumeration_equals_brute_force(kernel, layout, dtype, profile):
+    """The depth-first walk prunes whole subtrees; it must find exactly the points that pass every check."""
+    space = _reduced(kernel, REDUCED[kernel])
+    prob = problem(profile, dtype, layout)
+    params = list(space.params.values())
+    brute = [Config(dict(zip(space.params, values)))
+             for values in itertools.product(*(p.choices for p in params))]
+    good = [c for c in brute if space.is_feasible(c, prob)]
+    assert 0 < len(good) < len(brute)
+    assert space.feasible(prob) == good  # same set, same (declared) order
+    c = space.count(prob)
+    assert (c.total, c.feasible) == (len(brute), len(good))
+    # Each infeasible point is charged to one constraint it really breaks: no constraint is charged with
+    # more points than break it.
+    breaking = {name: 0 for name in c.excluded_by}
+    for cfg in brute:
+        for name in set(failed(space, cfg, prob)):
+            breaking[name] += 1
+    for name, n in c.excluded_by.items():
+        assert n <= breaking[name], name
+    assert sum(c.excluded_by.values()) == len(brute) - len(good)
+
+
+# -- device limits ---------------------------------------------------------------------------------
+
+def _matmul_cfg(space: Space, **values) -> Config:
+    return space.with_overrides(space.named("seed-tiled16"), values)
+
+
+def test_static_smem_over_48k_is_infeasible(matmul):
+    cfg = _matmul_cfg(matmul, smem="static", BM=128, BN=128, TM=8, TN=8, BK=32, VEC=4, A_TRANSPOSED=True,
+                      PAD=4, STAGES=2)
+    smem = matmul.derive(cfg, problem("p100"))["smem_bytes"]
+    assert smem == 2 * (32 * 132 + 32 * 132) * 4 > 48 * 1024
+    for profile in ("p100", "h100"):  # the 48 KB static cap holds on every device
+        assert "static shared memory per block" in failed(matmul, cfg, problem(profile))
+        with pytest.raises(InfeasibleConfigError, match="static shared memory per block"):
+            matmul.check(cfg, problem(profile))
+    # The same tiles as dynamic shared memory fit the H100's opt-in limit.
+    dyn = matmul.with_overrides(cfg, {"smem": "dynamic"})
+    assert matmul.is_feasible(dyn, problem("h100"))
+    assert "dynamic shared memory per block (opt-in)" in failed(matmul, dyn, problem("p100"))
+
+
+def test_dynamic_smem_between_p100_and_h100_optin(matmul):
+    cfg = _matmul_cfg(matmul, smem="dynamic", BM=128, BN=128, TM=8, TN=8, BK=32, VEC=4, A_TRANSPOSED=True,
+                      PAD=4, STAGES=2)
+    smem = matmul.derive(cfg, problem("h100"))["smem_bytes"]
+    assert PROFILES["p100"].optin_smem_per_block == 48 * 1024 < smem <= PROFILES["h100"].optin_smem_per_block
+    assert PROFILES["h100"].optin_smem_per_block == 227 * 1024
+    assert "dynamic shared memory per block (opt-in)" in failed(matmul, cfg, problem("p100"))
+    assert not matmul.is_feasible(cfg, problem("p100"))
+    assert matmul.violations(cfg, problem("h100")) == []
+    # As static shared memory the same tiles break the 48 KB cap even on the H100.
+    static = matmul.with_overrides(cfg, {"smem": "static"})
+    assert failed(matmul, static, problem("h100")) == ["static shared memory per block"]
+
+
+def test_smem_just_at_the_static_cap_is_feasible(matmul):
+    # 2 stages of A (64 x (32 + 0)) and B (32 x (64 + 0)) floats: 2 * 4096 * 4 bytes = 32 KB; float64: 64 KB.
+    cfg = _matmul_cfg(matmul, smem="static", BM=64, BN=64, TM=4, TN=4, BK=32, VEC=4, STAGES=2)
+    assert matmul.derive(cfg, problem())["smem_bytes"] == 32 * 1024
+    assert matmul.is_feasible(cfg, problem("p100"))
+    cfg = _matmul_cfg(matmul, smem="static", BM=64, BN=128, TM=8, TN=4, BK=32, VEC=4, STAGES=1, PAD=0)
+    smem = matmul.derive(cfg, problem())["smem_bytes"]
+    assert smem == (64 * 32 + 32 * 128) * 4 == 24 * 1024
+    assert matmul.is_feasible(cfg, problem("p100", "float32"))
+    assert matmul.derive(cfg, problem("p100", "float64"))["smem_bytes"] == 48 * 1024  # exactly the cap
+    assert "static shared memory per block" not in failed(matmul, cfg, problem("p100", "float64"))
+
+
+def test_more_than_1024_threads_is_infeasible(matmul, matvec):
+    cfg = _matmul_cfg(matmul, smem="none", BM=64, BN=64, TM=1, TN=2)
+    assert matmul.derive(cfg, problem())["threads"] == 2048
+    assert failed(matmul, cfg, problem())[0] == "threads per block"
+    with pytest.raises(InfeasibleConfigError, match="threads per block"):
+        matmul.check(cfg, problem())
+    ok = matmul.with_overrides(cfg, {"TN": 4})
+    assert matmul.derive(ok, problem())["threads"] == 1024 and matmul.is_feasible(ok, problem())
+    mv = matvec.with_overrides(matvec.named("warp-per-row"), {"ROWS": 64})
+    assert matvec.derive(mv, problem())["threads"] == 2048
+    assert "threads per block" in failed(matvec, mv, problem())
+
+
+def test_check_reports_a_device_limit_first(matmul):
+    # Breaks a structural rule of the space (BK=32 without shared memory) and a device limit (2048 threads).
+    cfg = _matmul_cfg(matmul, smem="none", BM=64, BN=64, TM=1, TN=2, BK=32)
+    names = failed(matmul, cfg, problem())
+    assert names[0] == "one canonical form without shared memory" and "threads per block" in names
+    with pytest.raises(InfeasibleConfigError) as info:
+        matmul.check(cfg, problem("v100"))
+    message = str(info.value)
+    assert message.startswith("matmul config is infeasible on Tesla V100 (float32): breaks 'threads per block'")
+    assert "threads=2048" in message and "max_threads_per_block=1024" in message and "canonical" not in message
+
+
+def test_register_limits(matmul):
+    cfg = _matmul_cfg(matmul, smem="none", BM=64, BN=64, TM=16, TN=8)
+    d32, d64 = (matmul.derive(cfg, problem(dtype=dt))["regs_per_thread"] for dt in DTYPES)
+    assert d32 == 16 * 8 + 16 + 8 + 40 and d64 == 2 * (16 * 8 + 16 + 8) + 40
+    assert matmul.is_feasible(cfg, problem(dtype="float32"))
+    assert "registers per thread" in failed(matmul, cfg, problem(dtype="float64"))
+
+
+def test_occupancy_of_seed_tiled16_on_h100(matmul):
+    d = matmul.derive(matmul.named("seed-tiled16"), problem("h100"))
+    assert d["threads"] == 256
+    assert d["smem_bytes"] == 2 * 16 * 16 * 4
+    assert d["regs_per_thread"] == 1 + 1 + 1 + 2 + 40  # acc, fragments, 2 staged elements, overhead
+    assert d["regs_per_block"] == 48 * 256  # rounded up to 8 registers per thread
+    assert d["blocks_by_threads"] == 8
+    assert d["blocks_by_smem"] == (228 * 1024) // (2048 + 1024)
+    assert d["blocks_by_regs"] == 65536 // (48 * 256) == 5
+    assert d["blocks_per_sm"] == 5
+
+
+def test_occupancy_figures_are_consistent(matmul, matvec):
+    naive = matmul.derive(matmul.named("seed-naive"), problem("p100"))
+    assert naive["smem_bytes"] == 0 and naive["blocks_by_smem"] == PROFILES["p100"].max_blocks_per_sm
+    for space, prob in ((matmul, problem("a100")), (matvec, problem("l4", "float64", "col"))):
+        dev = prob.device
+        for cfg in space.sample(prob, 40, seed=3):
+            d = space.derive(cfg, prob)
+            assert 1 <= d["blocks_per_sm"] <= dev.max_blocks_per_sm
+            assert d["blocks_per_sm"] * d["threads"] <= dev.max_threads_per_sm
+            assert d["blocks_per_sm"] * d["regs_per_block"] <= dev.regs_per_sm
+            assert d["blocks_per_sm"] * (d["smem_bytes"] + dev.reserved_smem_per_block) <= dev.smem_per_sm
+            assert d["blocks_per_sm"] == min(dev.max_blocks_per_sm, d["blocks_by_threads"], d["blocks_by_smem"],
+                                             d["blocks_by_regs"])
+
+
+def test_device_constraints_are_added_to_every_space():
+    for space in spaces().values():
+        device = [c.name for c in space.constraints if c.from_device]
+        assert device == [name for name, _, _ in DEVICE_CONSTRAINTS]
+
+
+# -- seeds and named configs -----------------------------------------------------------------------
+
+@pytest.mark.parametrize("kernel,name,layout", SEEDS, ids=[s[1] for s in SEEDS])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_seeds_are_feasible_on_every_profile(kernel, name, layout, dtype):
+    space = spaces()[kernel]
+    cfg = space.named(name)
+    assert space.named_layouts.get(name, "row") == layout
+    for profile in PROFILES:
+        assert space.violations(cfg, problem(profile, dtype, layout)) == [], profile
+
+
+def test_seed_shapes():
+    mm, mv = spaces()["matmul"], spaces()["matvec"]
+    assert mm.named("seed-naive")["smem"] == "none"
+    for name, tile in (("seed-tiled16", 16), ("seed-tiled32", 32)):
+        cfg = mm.named(name)
+        assert (cfg["smem"], cfg["BM"], cfg["BN"], cfg["BK"], cfg["TM"], cfg["TN"]) == ("static", tile, tile, tile,
+                                                                                        1, 1)
+    cfg = mv.named("seed-matvec-colmajor")
+    assert (cfg["smem"], cfg["ROWS"], cfg["THREADS_K"], cfg["STAGE_A"], cfg["X_SHARED"]) == ("dynamic", 16, 16,
+                                                                                             True, True)
+
+
+DEFAULT_CASES = [(k, lay, dt) for k, layouts in (("matmul", ("row",)), ("matvec", ("row", "col")))
+                 for lay in layouts for dt in DTYPES]
+
+
+@pytest.mark.parametrize("kernel,layout,dtype", DEFAULT_CASES)
+def test_default_config_is_feasible_everywhere(kernel, layout, dtype):
+    # The library's last fallback: for every dtype and device there must be a feasible default
+    # (matvec's first defaults load 4 elements at once, too wide for float64: a second one takes over).
+    space = spaces()[kernel]
+    broken = {}
+    for profile in PROFILES:
+        prob = problem(profile, dtype, layout)
+        cfg = space.default_config(layout, prob)
+        assert cfg in space.named_configs.values()
+        assert space.named_layouts.get(next(n for n, c in space.named_configs.items() if c == cfg), layout) == layout
+        broken[profile] = space.violations(cfg, prob)
+    assert broken == {p: [] for p in PROFILES}
+
+
+def test_default_config_prefers_the_first_feasible_name(matvec):
+    row32 = matvec.default_config("row", problem(dtype="float32", layout="row"))
+    row64 = matvec.default_config("row", problem(dtype="float64", layout="row"))
+    assert row32 == matvec.default_config("row")  # no problem: float32 on the default profile
+    assert (row32["VEC"], row64["VEC"]) == (4, 2)
+    assert matvec.default_config("col", problem(dtype="float64", layout="col"))["VEC"] * 8 <= 16
+    with pytest.raises(UnknownNameError):
+        spaces()["matmul"].default_config("col")
+
+
+# -- config parsing --------------------------------------------------------------------------------
+
+def test_config_rejects_unknown_params_and_values(matmul):
+    base = dict(matmul.named("seed-tiled16"))
+    with pytest.raises(UnknownNameError, match="'BQ'"):
+        matmul.config({**base, "BQ": 16})
+    with pytest.raises(InvalidValueError, match="BM=17"):
+        matmul.config({**base, "BM": 17})
+    with pytest.raises(InvalidValueError, match="smem"):
+        matmul.config({**base, "smem": "shared"})
+    with pytest.raises(InvalidValueError):
+        matmul.config({**base, "A_TRANSPOSED": 1})  # an int is not a bool choice
+    with pytest.raises(InvalidValueError):
+        matmul.config({**base, "PAD": True})  # nor a bool an int choice
+    missing = dict(base)
+    del missing["BK"]
+    with pytest.raises(InvalidValueError, match="BK"):
+        matmul.config(missing)
+    with pytest.raises(UnknownNameError, match="no-such"):
+        matmul.config("no-such")
+    with pytest.raises(UnknownNameError):
+        matmul.with_overrides(matmul.named("seed-tiled16"), {"bm": "16"})  # names are case-sensitive
+
+
+def test_with_overrides_coerces_command_line_text(matmul):
+    base = matmul.named("seed-tiled16")
+    cfg = matmul.with_overrides(base, {"BM": "128", "TM": " 8 ", "A_TRANSPOSED": "true", "smem": "static",
+                                       "UNROLL": "4", "STAGES": "2"})
+    assert cfg["BM"] == 128 and type(cfg["BM"]) is int
+    assert cfg["TM"] == 8
+    assert cfg["A_TRANSPOSED"] is True
+    assert cfg["smem"] == "static"
+    assert cfg["UNROLL"] == 4 and type(cfg["UNROLL"]) is int
+    assert matmul.with_overrides(cfg, {"UNROLL": "FULL", "A_TRANSPOSED": "False"})["UNROLL"] == "full"
+    assert matmul.with_overrides(cfg, {"smem": "Dynamic"})["smem"] == "dynamic"
+    assert list(cfg) == list(matmul.params)  # declared order, whatever the override order
+    assert base["BM"] == 16  # the base is untouched
+    with pytest.raises(InvalidValueError, match="BM='100'"):
+        matmul.with_overrides(base, {"BM": "100"})
+    with pytest.raises(InvalidValueError):
+        matmul.with_overrides(base, {"A_TRANSPOSED": "yes"})
+
+
+@pytest.mark.parametrize("kernel,layout", [("matmul", "row"), ("matvec", "row"), ("matvec", "col")])
+def test_config_key_round_trips_through_text(kernel, layout):
+    space = spaces()[kernel]
+    for cfg in space.sample(problem("a100", "float32", layout), 30, seed=5):
+        text = dict(item.split("=", 1) for item in cfg.key().split(","))
+        again = space.with_overrides(space.default_config("row"), text)
+        assert again == cfg and hash(again) == hash(cfg) and again.key() == cfg.key()
+        assert [type(v) for v in again.values()] == [type(v) for v in cfg.values()]
+
+
+def test_config_is_a_frozen_ordered_mapping(matmul):
+    cfg = matmul.named("seed-tiled32")
+    assert cfg.key().startswith("smem=static,BM=32,BN=32,")
+    assert cfg == dict(cfg) and len(cfg) == len(matmul.params)
+    assert cfg != matmul.named("seed-tiled16")
+    assert {cfg: 1}[Config(dict(cfg))] == 1
+    with pytest.raises(TypeError):
+        cfg["BM"] = 64  # type: ignore[index]
+
+
+def test_problem_rejects_unknown_dtype_and_layout(matmul):
+    with pytest.raises(InvalidValueError, match="float16"):
+        matmul.is_feasible(matmul.named("seed-naive"), problem(dtype="float16"))
+    with pytest.raises(InvalidValueError, match="diag"):
+        matmul.derive(matmul.named("seed-naive"), problem(layout="diag"))
+
+
+# -- optuna ----------------------------------------------------------------------------------------
+
+def test_suggest_with_fixed_trial(matmul, matvec):
+    optuna = pytest.importorskip("optuna")
+    for space, name in ((matmul, "seed-tiled16"), (matvec, "seed-matvec-colmajor")):
+        seed = space.named(name)
+        cfg = space.suggest(optuna.trial.FixedTrial(dict(seed)))
+        assert isinstance(cfg, Config)
+        assert list(cfg) == list(space.params)
+        assert cfg == seed
+
+
+def test_suggest_in_a_real_study(matvec):
+    optuna = pytest.importorskip("optuna")
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=3), storage=None)
+    seen: list[Config] = []
+    prob = problem("h100", "float32", "col")
+
+    def objective(trial):
+        cfg = matvec.suggest(trial)
+        seen.append(cfg)
+        return 0.0 if matvec.is_feasible(cfg, prob) else 1.0
+
+    study.optimize(objective, n_trials=12)
+    assert len(seen) == 12 and len(study.trials) == 12
+    for cfg, trial in zip(seen, study.trials):
+        assert isinstance(cfg, Config)
+        assert list(cfg) == list(matvec.params)
+        assert dict(cfg) == trial.params
+        assert all(cfg[p.name] in p.choices for p in matvec.params.values())
+    assert len(set(seen)) > 1  # the sampler really varies the point
