@@ -162,8 +162,10 @@ extern "C" __global__ void autotile_matmul(const float* A, const float* B, float
 """
 HANG_SOURCE = """
 extern "C" __global__ void autotile_matmul(const float* A, const float* B, float* C, int M, int N, int K) {
-    volatile int spin = 1;
-    while (spin) { }
+    // spins on the clock for about a year: the compiler cannot prove the loop ends, the GPU never returns
+    const long long start = clock64();
+    while (clock64() - start < (1LL << 62)) { }
+    C[0] = 0.0f;
 }
 """
 
