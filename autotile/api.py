@@ -21,11 +21,15 @@ def parse_shape(kernel: str, shape: str | tuple[int, ...]) -> tuple[int, ...]:
     return shape
 
 
-def to_record(result: TuneResult, compat: str) -> Any:
+def to_record(result: TuneResult, compat: str, source: str | None = None) -> Any:
+    """The cache record of a tuning result; `source` is the winner's CUDA source (rendered if None)."""
     from .cache import Record
 
+    if source is None:
+        source = kernels.get(result.kernel).render(result.best.config, result.dtype, result.layout)
     env = dict(result.environment)
     env.pop("limits", None)
+    env["source_sha"] = kernels.source_hash(source)
     env.update(spread_rounds_ms=list(result.best.round_ms), trials=result.trials,
                seconds=round(result.seconds, 1), study=result.study_name,
                best_seed=result.best_seed.seed_name if result.best_seed else None,
@@ -72,7 +76,8 @@ def tune(kernel: str, shape: str | tuple[int, ...], *, dtype: str = "float32", l
         from .cache import TuningCache
 
         store = TuningCache() if cache == "default" else cache
-        store.put(to_record(result, kernels.compat_hash(kernel, result.environment.get("compiler", ""))))
+        store.put(to_record(result, kernels.compat_hash(kernel, result.environment.get("compiler", "")),
+                            tuner.render(result.best.config)))
         from . import ops
 
         ops.forget()

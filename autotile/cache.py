@@ -31,7 +31,7 @@ import tempfile
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Callable, Any, Literal
 
 import filelock
 import platformdirs
@@ -365,12 +365,15 @@ class TuningCache:
         return None
 
     def lookup(self, device: str, kernel: str, dtype: str, layout: str, shape: Sequence[int],
-               compat: str) -> tuple[Record, str] | None:
+               compat: str, accept: Callable[[Record], bool] | None = None) -> tuple[Record, str] | None:
         """The best entry for this problem and how it was found: ``"exact"``, ``"nearest"`` (same device,
         kernel, dtype, layout and compat, the shape nearest in sum of |log2| ratios; ties go to the user
-        root, then the faster entry), ``"device default"`` (the shipped default for the device), or None."""
+        root, then the faster entry), ``"device default"`` (the shipped default for the device), or None.
+        `accept` filters records at every stage (the library uses it to skip a record whose kernel source
+        has changed since it was tuned)."""
+        ok = accept or (lambda record: True)
         exact = self.get(device, kernel, dtype, layout, shape, compat)
-        if exact is not None:
+        if exact is not None and ok(exact):
             return exact, "exact"
         dims = _check_shape(shape)
         name_default = _file_name(kernel, dtype, layout, DEFAULT_SHAPE, compat)
@@ -384,7 +387,7 @@ class TuningCache:
                     continue
                 record = self._load(path)
                 if (record is None or len(record.shape) != len(dims)
-                        or not self._matches(record, device, kernel, dtype, layout, compat)):
+                        or not self._matches(record, device, kernel, dtype, layout, compat) or not ok(record)):
                     continue
                 key = (_log_distance(record.shape, dims), rank, record.time_ms, str(path))
                 if best is None or key < best[0]:
@@ -394,7 +397,7 @@ class TuningCache:
         if self.shipped_root is not None:
             path = self.shipped_root / _device_dir(device) / name_default
             record = self._load(path)
-            if record is not None and self._matches(record, device, kernel, dtype, layout, compat):
+            if record is not None and self._matches(record, device, kernel, dtype, layout, compat) and ok(record):
                 return record, "device default"
         return None
 

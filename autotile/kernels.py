@@ -169,20 +169,22 @@ __all__ = ["KERNELS", "KernelSpec", "Launch", "get", "tolerance", "DTYPE_SIZES"]
 
 
 def compat_hash(kernel: str, compiler: str = "") -> str:
-    """What makes a tuned config of `kernel` stale: its template (and the shared helpers), its search
-    space, and the compiler's major version. A change to another kernel's files leaves it alone."""
+    """The part of a cache key that says whether a stored config can still be read: the kernel, the names
+    of its parameters and the compiler's major version. Whether the stored config still renders the
+    kernel that was timed is checked per record, by `source_hash` (kept in the record): a template
+    change that leaves a config's source alone keeps its entry, one that changes it retires the entry."""
     import hashlib
 
-    from .resources import search_space_path, templates_dir
-
     spec = get(kernel)
-    h = hashlib.sha256()
-    for path in sorted(templates_dir().glob("*.j2")):
-        if path.name in (spec.space.template, "common.cuh.j2"):
-            h.update(path.name.encode() + b"\0" + path.read_bytes())
-    h.update(search_space_path(kernel).read_bytes())
-    h.update(compiler.split(".")[0].encode())  # "nvrtc-13.0" -> "nvrtc-13"
-    return h.hexdigest()[:12]
+    text = kernel + "\0" + ",".join(spec.space.params) + "\0" + compiler.split(".")[0]  # "nvrtc-13.0" -> "nvrtc-13"
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def source_hash(source: str) -> str:
+    """A short hash of a rendered kernel, kept with a tuned record to tell when the template changed."""
+    import hashlib
+
+    return hashlib.sha256(source.encode()).hexdigest()[:16]
 
 
 def metric(kernel: str, shape: tuple[int, ...], dtype: str, time_ms: float) -> tuple[float, str]:

@@ -94,7 +94,18 @@ def select_config(kernel: str, dtype: str, layout: str, shape: tuple[int, ...], 
     if device is None:
         device, limits = _device(_cupy())
     cache = cache if cache is not None else TuningCache()
-    found = cache.lookup(device, kernel, dtype, layout, shape, kernels.compat_hash(kernel, build.compiler_version()))
+
+    def still_current(record: Any) -> bool:
+        # The record's kernel must render to the source that was timed: after a template change that
+        # touches this config, the entry is stale and the next candidate (or the default) is used.
+        try:
+            config = spec.space.config(record.config)
+        except Exception:
+            return False
+        return record.environment.get("source_sha") == kernels.source_hash(spec.render(config, dtype, layout))
+
+    found = cache.lookup(device, kernel, dtype, layout, shape,
+                         kernels.compat_hash(kernel, build.compiler_version()), accept=still_current)
     if found is not None:
         record, how = found
         try:

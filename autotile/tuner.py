@@ -157,6 +157,10 @@ class Tuner:
 
     # -- candidates --------------------------------------------------------------------------------------
 
+    def render(self, config: Config) -> str:
+        """The CUDA source this tuner runs for `config`."""
+        return self._render(config)
+
     def candidate(self, config: Config) -> Candidate:
         self._next_id += 1
         shapes = [self.shape] + [s for s in self.spec.check_shapes if s != self.shape]
