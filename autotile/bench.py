@@ -181,6 +181,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tune", type=int, default=0, metavar="TRIALS",
                         help="first tune every shape that has no exact cache entry, with this many trials")
     parser.add_argument("--retune", action="store_true", help="with --tune: tune shapes that have an entry too")
+    parser.add_argument("--tune-timeout", type=float, default=None, metavar="SECONDS",
+                        help="with --tune: stop drawing candidates for a shape after this long")
     parser.add_argument("--only", default=None, metavar="SHAPE[,SHAPE]", help="only these shapes (MxNxK or MxK)")
     args = parser.parse_args(argv)
 
@@ -212,7 +214,8 @@ def main(argv: list[str] | None = None) -> int:
             if sel.source == "exact" and not args.retune:
                 continue
             t0 = time.time()
-            result = tune(kernel, shape, dtype=args.dtype, layout=layout, trials=args.tune)
+            result = tune(kernel, shape, dtype=args.dtype, layout=layout, trials=args.tune,
+                          timeout=args.tune_timeout)
             print(f"tuned {kernel} {layout} {'x'.join(map(str, shape))}: {result.best.median_ms:.4f} ms, "
                   f"{result.vs_baseline or 0:.2f}x cuBLAS, {time.time() - t0:.0f} s", flush=True)
     for kernel, shape, layout, seeds in todo:
