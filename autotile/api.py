@@ -76,8 +76,7 @@ def tune(kernel: str, shape: str | tuple[int, ...], *, dtype: str = "float32", l
         from .cache import TuningCache
 
         store = TuningCache() if cache == "default" else cache
-        store.put(to_record(result, kernels.compat_hash(kernel, result.environment.get("compiler", "")),
-                            tuner.render(result.best.config)))
+        store.put(to_record(result, kernels.compat_hash(kernel), tuner.render(result.best.config)))
         from . import ops
 
         ops.forget()

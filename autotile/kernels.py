@@ -168,16 +168,23 @@ def tolerance(dtype: str, k: int) -> float:
 __all__ = ["KERNELS", "KernelSpec", "Launch", "get", "tolerance", "DTYPE_SIZES"]
 
 
-def compat_hash(kernel: str, compiler: str = "") -> str:
-    """The part of a cache key that says whether a stored config can still be read: the kernel, the names
-    of its parameters and the compiler's major version. Whether the stored config still renders the
-    kernel that was timed is checked per record, by `source_hash` (kept in the record): a template
-    change that leaves a config's source alone keeps its entry, one that changes it retires the entry."""
+def compat_hash(kernel: str) -> str:
+    """The part of a cache key that says whether a stored config can still be read: the kernel and the
+    names of its parameters. Two finer checks are made per record by the library: whether the config
+    still renders the kernel that was timed (`source_hash`, kept in the record: a template change that
+    leaves a config's source alone keeps its entry, one that changes it retires the entry), and whether
+    it was tuned with the same compiler (preferred; a record from another compiler is the fallback, as
+    the kernel is the same and only its speed may differ)."""
     import hashlib
 
     spec = get(kernel)
-    text = kernel + "\0" + ",".join(spec.space.params) + "\0" + compiler.split(".")[0]  # "nvrtc-13.0" -> "nvrtc-13"
+    text = kernel + "\0" + ",".join(spec.space.params)
     return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def compiler_major(compiler: str) -> str:
+    """'nvrtc-13.0' -> 'nvrtc-13'."""
+    return compiler.split(".")[0]
 
 
 def source_hash(source: str) -> str:

@@ -104,8 +104,17 @@ def select_config(kernel: str, dtype: str, layout: str, shape: tuple[int, ...], 
             return False
         return record.environment.get("source_sha") == kernels.source_hash(spec.render(config, dtype, layout))
 
-    found = cache.lookup(device, kernel, dtype, layout, shape,
-                         kernels.compat_hash(kernel, build.compiler_version()), accept=still_current)
+    compiler = kernels.compiler_major(build.compiler_version())
+
+    def same_compiler(record: Any) -> bool:
+        return kernels.compiler_major(str(record.environment.get("compiler", ""))) == compiler and still_current(record)
+
+    compat = kernels.compat_hash(kernel)
+    found = cache.lookup(device, kernel, dtype, layout, shape, compat, accept=same_compiler)
+    if found is None:
+        found = cache.lookup(device, kernel, dtype, layout, shape, compat, accept=still_current)
+        if found is not None:
+            found = (found[0], f"{found[1]}, tuned with {found[0].environment.get('compiler', 'another compiler')}")
     if found is not None:
         record, how = found
         try:

@@ -10,11 +10,11 @@ from autotile.space import Problem
 H100 = PROFILES["h100"]
 
 
-def _record(config, shape, source_sha, time_ms=1.0):
+def _record(config, shape, source_sha, time_ms=1.0, compiler="nvrtc-13.0"):
     return Record(kernel="matmul", dtype="float32", layout="row", shape=shape,
-                  compat=kernels.compat_hash("matmul", "nvrtc-13.0"), config=dict(config), time_ms=time_ms,
+                  compat=kernels.compat_hash("matmul"), config=dict(config), time_ms=time_ms,
                   spread=0.01, metric=1.0, metric_unit="GFLOP/s", baseline_ms=1.0, device=H100.fingerprint,
-                  environment={"gpu": H100.name, "source_sha": source_sha})
+                  environment={"gpu": H100.name, "source_sha": source_sha, "compiler": compiler})
 
 
 def _select(cache, shape, monkeypatch):
@@ -46,10 +46,44 @@ def test_exact_nearest_stale_and_default(tmp_path, monkeypatch):
     assert default.config == space.default_config("row", Problem(H100))
 
 
-def test_compat_hash_ignores_template_and_named_config_edits_but_not_parameters(monkeypatch):
-    before = kernels.compat_hash("matmul", "nvrtc-13.0")
-    assert kernels.compat_hash("matmul", "nvrtc-13.4") == before  # same major version
-    assert kernels.compat_hash("matmul", "nvrtc-12.8") != before
-    assert kernels.compat_hash("matvec", "nvrtc-13.0") != before
+def test_same_compiler_preferred_other_compiler_as_fallback(tmp_path, monkeypatch):
+    spec = kernels.get("matmul")
+    space = spec.space
+    cache = TuningCache(root=tmp_path, shipped_root=None)
+    a, b = space.named("regtile-128"), space.named("regtile-256x128")
+    sha = lambda c: kernels.source_hash(spec.render(c, "float32", "row"))  # noqa: E731
+    cache.put(_record(a, (4096, 4096, 4096), sha(a), compiler="nvrtc-12.8"))
+    other = _select(cache, (4096, 4096, 4096), monkeypatch)  # runs with nvrtc-13.0
+    assert other.config == a and other.source == "exact, tuned with nvrtc-12.8"
+    cache.put(_record(b, (2048, 2048, 2048), sha(b), compiler="nvrtc-13.2"))
+    same = _select(cache, (4096, 4096, 4096), monkeypatch)
+    assert same.config == b and same.source == "nearest"  # same compiler beats the exact shape of another
+
+
+def test_compat_hash_depends_on_parameter_names_only():
     space = kernels.get("matmul").space
+    assert kernels.compat_hash("matmul") != kernels.compat_hash("matvec")
     assert list(space.restricted({"BM": 128}).params) == list(space.params)
+    assert kernels.compiler_major("nvrtc-13.0") == kernels.compiler_major("nvrtc-13.4") == "nvrtc-13"
+
+
+def test_shipped_configs_are_current_and_feasible():
+    """Every shipped record renders the kernel that was timed (else the library would skip it), is
+    feasible on its GPU's profile, and beats nothing it should not: its time and cuBLAS's are recorded."""
+    from autotile.resources import shipped_cache_dir
+
+    cache = TuningCache(root=shipped_cache_dir(), shipped_root=None)
+    entries = cache.entries()
+    assert not cache.problems
+    assert len(entries) >= 25
+    profiles = {p.fingerprint: p for p in PROFILES.values()}
+    for path, record in entries:
+        spec = kernels.get(record.kernel)
+        config = spec.space.config(record.config)
+        source = spec.render(config, record.dtype, record.layout)
+        assert record.environment["source_sha"] == kernels.source_hash(source), f"{path.name} is stale: re-tune"
+        assert record.compat == kernels.compat_hash(record.kernel)
+        limits = profiles.get(record.device)
+        assert limits is not None, f"{record.device} has no offline profile"
+        assert spec.space.is_feasible(config, Problem(limits, record.dtype, record.layout)), path.name
+        assert record.baseline_ms and record.time_ms > 0

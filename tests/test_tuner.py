@@ -463,7 +463,7 @@ def test_make_sampler_rejects_unknown_names():
 
 def test_winner_goes_to_the_cache_and_comes_back(isolated_cache, space, table, limits):
     evaluator, result = tune(space, table, limits, sampler="tpe", trials=16)
-    compat = kernels.compat_hash("matmul", table["environment"]["compiler"])
+    compat = kernels.compat_hash("matmul")
     record = api.to_record(result, compat)
     cache = TuningCache(root=isolated_cache, shipped_root=None)
     assert cache.put(record) is True
@@ -509,7 +509,7 @@ def test_api_tune_narrowed_to_the_replay_space_stores_its_winner(isolated_cache,
     assert evaluator.evaluated[:2] == seed_keys and len(set(evaluator.evaluated)) == 16
     assert result.best.median_ms == min(medians(table)[k] for k in evaluator.evaluated)
 
-    compat = kernels.compat_hash("matmul", table["environment"]["compiler"])
+    compat = kernels.compat_hash("matmul")
     found = TuningCache(root=isolated_cache, shipped_root=None).lookup(
         table["environment"]["device"], "matmul", "float32", "row", SHAPE, compat)
     assert found is not None and found[1] == "exact"
