@@ -84,7 +84,6 @@ def measure_ceilings(limits: Any) -> dict[str, float]:
     read = time_launch(lambda: reader(grid, (256,), args), None, min_reps=10, target_ms=100)
     clock_khz = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id).get("clockRate", 0)
     lanes = 128 if limits.compute_capability[0] >= 8 else 64  # FP32 lanes per SM (sm_80/sm_90: 128)
-    del a, b
     return {
         "copy_gbps": 2 * n * 4 / (copy.median_ms * 1e-3) / 1e9,
         "read_gbps": n * 4 / (read.median_ms * 1e-3) / 1e9,
@@ -93,78 +92,78 @@ def measure_ceilings(limits: Any) -> dict[str, float]:
     }
 
 
+class _Problem:
+    """Inputs, float64 reference and output of one benchmark problem, and how to measure a launch on it."""
+
+    def __init__(self, kernel: str, shape: tuple[int, ...], layout: str, dtype: str, ceilings: dict[str, float],
+                 flush: Any, rng: Any):
+        import cupy
+
+        self.spec = kernels.get(kernel)
+        self.kernel, self.shape, self.layout, self.dtype, self.flush = kernel, shape, layout, dtype, flush
+        self.inputs = self.spec.make_inputs(shape, dtype, layout, rng, cupy)
+        self.ref = self.inputs[0].astype(cupy.float64) @ self.inputs[1].astype(cupy.float64)
+        self.out = cupy.empty(self.spec.output_shape(shape), dtype=dtype)
+        self.tol = kernels.tolerance(dtype, shape[-1] if kernel == "matmul" else shape[1])
+        self.ceiling = ceilings["fp32_peak_tflops"] * 1e3 if kernel == "matmul" else ceilings["read_gbps"]
+
+    def cublas(self) -> Any:
+        import cupy
+
+        a, b, out = *self.inputs, self.out
+        return lambda: cupy.matmul(a, b, out=out)
+
+    def launcher(self, config: Any) -> Any:
+        return _launcher(self.spec, config, self.shape, self.dtype, self.layout, self.inputs, self.out)
+
+    def measure(self, name: str, run: Any, config: str = "") -> Row:
+        """Verify (output poisoned first), then time. A wrong result is kept, with its error as NaN."""
+        from .timing import relative_error, time_launch
+
+        self.out.fill(float("nan"))
+        run()
+        err = relative_error(self.out, self.ref)
+        timing = time_launch(run, self.flush)
+        metric, unit = kernels.metric(self.kernel, self.shape, self.dtype, timing.median_ms)
+        return Row(self.kernel, self.layout, self.shape, name, timing.median_ms, timing.spread, metric, unit, 0.0,
+                   metric / self.ceiling, err if err <= self.tol else float("nan"), config)
+
+
+def _relative_to_first(rows: list[Row]) -> list[Row]:
+    for r in rows:
+        r.vs_cublas = rows[0].time_ms / r.time_ms
+    return rows
+
+
 def _bench_problem(kernel: str, shape: tuple[int, ...], layout: str, dtype: str, seeds: tuple[str, ...],
                    limits: Any, ceilings: dict[str, float], flush: Any, rng: Any) -> list[Row]:
-    import cupy
-
-    from .timing import relative_error, time_launch
-
-    spec = kernels.get(kernel)
-    inputs = spec.make_inputs(shape, dtype, layout, rng, cupy)
-    ref = inputs[0].astype(cupy.float64) @ inputs[1].astype(cupy.float64)
-    out = cupy.empty(spec.output_shape(shape), dtype=dtype)
-    tol = kernels.tolerance(dtype, shape[-1] if kernel == "matmul" else shape[1])
-    ceiling = ceilings["fp32_peak_tflops"] * 1e3 if kernel == "matmul" else ceilings["read_gbps"]
-
-    def row(name: str, run: Any, config: str = "") -> Row:
-        out.fill(float("nan"))
-        run()
-        err = relative_error(out, ref)
-        timing = time_launch(run, flush)
-        metric, unit = kernels.metric(kernel, shape, dtype, timing.median_ms)
-        return Row(kernel, layout, shape, name, timing.median_ms, timing.spread, metric, unit, 0.0,
-                   metric / ceiling, err if err <= tol else float("nan"), config)
-
-    a, b = inputs
-    rows = [row("cuBLAS", lambda: cupy.matmul(a, b, out=out))]
+    """cuBLAS, the seeds, and the config the library picks, on one problem."""
+    p = _Problem(kernel, shape, layout, dtype, ceilings, flush, rng)
+    rows = [p.measure("cuBLAS", p.cublas())]
     problem = Problem(limits, dtype, layout)
     for name in seeds:
-        config = spec.space.named(name)
-        if not spec.space.is_feasible(config, problem):
-            continue
-        rows.append(row(name, _launcher(spec, config, shape, dtype, layout, inputs, out), config.key()))
+        config = p.spec.space.named(name)
+        if p.spec.space.is_feasible(config, problem):
+            rows.append(p.measure(name, p.launcher(config), config.key()))
     selection = ops.select_config(kernel, dtype, layout, shape, limits.fingerprint, limits=limits)
-    rows.append(row(f"autotile ({selection.source})",
-                    _launcher(spec, selection.config, shape, dtype, layout, inputs, out),
-                    selection.config.key()))
-    base = rows[0].time_ms
-    for r in rows:
-        r.vs_cublas = base / r.time_ms
-    return rows
+    rows.append(p.measure(f"autotile ({selection.source})", p.launcher(selection.config), selection.config.key()))
+    return _relative_to_first(rows)
 
 
 def _fallback_problem(kernel: str, shape: tuple[int, ...], layout: str, dtype: str, trials: int, limits: Any,
                       ceilings: dict[str, float], flush: Any, rng: Any) -> list[Row]:
     """The nearest tuned shape's config against a config tuned for this very shape, in one run."""
-    import cupy
-
     from .api import tune
-    from .timing import relative_error, time_launch
 
-    spec = kernels.get(kernel)
     nearest = ops.select_config(kernel, dtype, layout, shape, limits.fingerprint, limits=limits)
     tuned = tune(kernel, shape, dtype=dtype, layout=layout, trials=trials, cache=None).best.config
-    inputs = spec.make_inputs(shape, dtype, layout, rng, cupy)
-    ref = inputs[0].astype(cupy.float64) @ inputs[1].astype(cupy.float64)
-    out = cupy.empty(spec.output_shape(shape), dtype=dtype)
-    ceiling = ceilings["fp32_peak_tflops"] * 1e3 if kernel == "matmul" else ceilings["read_gbps"]
-    a, b = inputs
-    runs = [("cuBLAS", lambda: cupy.matmul(a, b, out=out), ""),
-            (f"autotile {nearest.source} ({'x'.join(map(str, nearest.tuned_shape or ()))})",
-             _launcher(spec, nearest.config, shape, dtype, layout, inputs, out), nearest.config.key()),
-            ("autotile tuned for this shape", _launcher(spec, tuned, shape, dtype, layout, inputs, out), tuned.key())]
-    rows = []
-    for name, run, key in runs:
-        out.fill(float("nan"))
-        run()
-        err = relative_error(out, ref)
-        timing = time_launch(run, flush)
-        metric, unit = kernels.metric(kernel, shape, dtype, timing.median_ms)
-        rows.append(Row(kernel, layout, shape, name, timing.median_ms, timing.spread, metric, unit, 0.0,
-                        metric / ceiling, err, key))
-    for r in rows:
-        r.vs_cublas = rows[0].time_ms / r.time_ms
-    return rows
+    p = _Problem(kernel, shape, layout, dtype, ceilings, flush, rng)
+    source = f"autotile {nearest.source} ({'x'.join(map(str, nearest.tuned_shape or ()))})"
+    return _relative_to_first([
+        p.measure("cuBLAS", p.cublas()),
+        p.measure(source, p.launcher(nearest.config), nearest.config.key()),
+        p.measure("autotile tuned for this shape", p.launcher(tuned), tuned.key()),
+    ])
 
 
 def _launcher(spec: kernels.KernelSpec, config: Any, shape: tuple[int, ...], dtype: str, layout: str,

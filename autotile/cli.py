@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any, Sequence
+from typing import Sequence
 
 from . import device as device_mod
-from . import kernels, resources
+from . import kernels
 from .errors import AutotileError, InvalidValueError
 from .space import Problem
 
@@ -62,10 +62,10 @@ def cmd_space(args: argparse.Namespace) -> int:
     print(f"\nparameters ({len(space.params)}):")
     for p in space.params.values():
         print(f"  {p.name:<14} {', '.join(str(c) for c in p.choices)}")
-    print(f"\nderived quantities:")
+    print("\nderived quantities:")
     for name, expr in space.derived.items():
         print(f"  {name:<18} = {expr.text}")
-    print(f"\nconstraints:")
+    print("\nconstraints:")
     for c in space.constraints:
         tag = "device" if c.from_device else "space"
         print(f"  [{tag}] {c.name}: {c.expr.text}")

@@ -113,7 +113,8 @@ def _report_problems(cache: Any) -> None:
         print(f"autotile: warning: {problem}", file=sys.stderr)
 
 
-def cmd_cache_list(args: argparse.Namespace) -> int:
+def _entries(args: argparse.Namespace) -> tuple[Any, list[Any]]:
+    """The cache and its entries; unreadable files are reported on stderr (once each), not raised."""
     import warnings
 
     cache = _cache(args)
@@ -121,6 +122,11 @@ def cmd_cache_list(args: argparse.Namespace) -> int:
         warnings.simplefilter("ignore")
         entries = cache.entries(args.device, include_shipped=args.shipped)
     _report_problems(cache)
+    return cache, entries
+
+
+def cmd_cache_list(args: argparse.Namespace) -> int:
+    cache, entries = _entries(args)
     if not entries:
         print(f"no cached entries under {cache.root}")
         return 0
@@ -133,13 +139,7 @@ def cmd_cache_list(args: argparse.Namespace) -> int:
 
 
 def cmd_cache_show(args: argparse.Namespace) -> int:
-    import warnings
-
-    cache = _cache(args)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        entries = cache.entries(args.device, include_shipped=args.shipped)
-    _report_problems(cache)
+    _, entries = _entries(args)
     for path, rec in entries:
         if args.kernel and rec.kernel != args.kernel:
             continue
