@@ -166,6 +166,35 @@ def _fallback_problem(kernel: str, shape: tuple[int, ...], layout: str, dtype: s
     ])
 
 
+def host_overhead(calls: int = 2000) -> dict[str, float]:
+    """Microseconds of host time per call, without synchronizing, on small problems where launch cost is
+    all there is: autotile's library calls against cupy.matmul on the same arrays."""
+    import cupy
+
+    a = cupy.random.random((64, 64), dtype=cupy.float32)
+    b = cupy.random.random((64, 64), dtype=cupy.float32)
+    x = cupy.random.random(64, dtype=cupy.float32)
+    out_mm, out_mv = cupy.empty((64, 64), dtype=cupy.float32), cupy.empty(64, dtype=cupy.float32)
+    cases = {
+        "cupy.matmul (64x64x64)": lambda: cupy.matmul(a, b, out=out_mm),
+        "autotile.matmul (64x64x64)": lambda: ops.matmul(a, b, out=out_mm),
+        "cupy.matmul (64x64 @ 64)": lambda: cupy.matmul(a, x, out=out_mv),
+        "autotile.matvec (64x64 @ 64)": lambda: ops.matvec(a, x, out=out_mv),
+    }
+    result = {}
+    for name, call in cases.items():
+        for _ in range(50):
+            call()
+        cupy.cuda.Device().synchronize()
+        start = time.perf_counter()
+        for _ in range(calls):
+            call()
+        elapsed = time.perf_counter() - start
+        cupy.cuda.Device().synchronize()
+        result[name] = elapsed / calls * 1e6
+    return result
+
+
 def _launcher(spec: kernels.KernelSpec, config: Any, shape: tuple[int, ...], dtype: str, layout: str,
               inputs: tuple[Any, ...], out: Any) -> Any:
     kernel = build.compile_kernel(spec.render(config, dtype, layout), "autotile_" + spec.name)
@@ -220,6 +249,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tune-timeout", type=float, default=None, metavar="SECONDS",
                         help="with --tune: stop drawing candidates for a shape after this long")
     parser.add_argument("--only", default=None, metavar="SHAPE[,SHAPE]", help="only these shapes (MxNxK or MxK)")
+    parser.add_argument("--overhead", action="store_true", help="measure host time per library call")
     parser.add_argument("--fallback", type=int, default=0, metavar="TRIALS",
                         help="also time untuned shapes: the nearest tuned config against one tuned for the shape")
     args = parser.parse_args(argv)
@@ -270,12 +300,16 @@ def main(argv: list[str] | None = None) -> int:
             print(f"fallback {kernel} {layout} {'x'.join(map(str, shape))}: {new[1].name} runs at "
                   f"{new[2].time_ms / new[1].time_ms:.2f}x the speed of a config tuned for the shape "
                   f"({new[1].vs_cublas:.2f} vs {new[2].vs_cublas:.2f} x cuBLAS)", flush=True)
+    overhead = host_overhead() if args.overhead else {}
+    for name, us in overhead.items():
+        print(f"host time per call: {name:<30} {us:6.1f} us", flush=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     markdown = to_markdown(rows, env, ceilings)
     (out / "results.md").write_text(markdown)
     (out / "results.json").write_text(json.dumps(
-        {"environment": env, "ceilings": ceilings, "rows": [dataclasses.asdict(r) for r in rows]}, indent=1))
+        {"environment": env, "ceilings": ceilings, "host_overhead_us": overhead,
+         "rows": [dataclasses.asdict(r) for r in rows]}, indent=1))
     print()
     print(markdown)
     return 0
