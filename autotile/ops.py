@@ -16,6 +16,8 @@ import dataclasses
 import threading
 from typing import Any
 
+import numpy as np
+
 from . import build, kernels
 from .errors import ArgumentError, DeviceUnavailableError
 from .space import Config
@@ -37,6 +39,7 @@ class _Prepared:
     kernel: Any
     launch: kernels.Launch
     selection: Selection
+    sizes: tuple[Any, ...]  # the shape as the kernel's 32-bit int arguments
 
 
 _lock = threading.Lock()
@@ -44,13 +47,19 @@ _prepared: dict[tuple[Any, ...], _Prepared] = {}
 _device_info: dict[int, tuple[str, Any]] = {}
 
 
+_cupy_module: Any = None
+
+
 def _cupy() -> Any:
-    try:
-        import cupy
-    except ImportError as exc:
-        raise DeviceUnavailableError(
-            f"autotile.matmul/matvec need CuPy ({exc}); install autotile[cuda12] or autotile[cuda13]") from None
-    return cupy
+    global _cupy_module
+    if _cupy_module is None:
+        try:
+            import cupy
+        except ImportError as exc:
+            raise DeviceUnavailableError(
+                f"autotile.matmul/matvec need CuPy ({exc}); install autotile[cuda12] or autotile[cuda13]") from None
+        _cupy_module = cupy
+    return _cupy_module
 
 
 def _as_device_array(cupy: Any, value: Any, name: str) -> Any:
@@ -67,10 +76,13 @@ def _as_device_array(cupy: Any, value: Any, name: str) -> Any:
                         "to the GPU) or a CUDA tensor")
 
 
+_DTYPE_NAMES = {np.dtype(name): name for name in _SUPPORTED}
+
+
 def _check_dtype(name: str, arr: Any) -> str:
-    dtype = str(arr.dtype)
-    if dtype not in _SUPPORTED:
-        raise ArgumentError(f"{name} has dtype {dtype}; autotile supports {', '.join(_SUPPORTED)}")
+    dtype = _DTYPE_NAMES.get(arr.dtype)
+    if dtype is None:
+        raise ArgumentError(f"{name} has dtype {arr.dtype}; autotile supports {', '.join(_SUPPORTED)}")
     return dtype
 
 
@@ -128,12 +140,13 @@ def select_config(kernel: str, dtype: str, layout: str, shape: tuple[int, ...], 
 
 
 def _prepare(kernel: str, dtype: str, layout: str, shape: tuple[int, ...]) -> _Prepared:
+    # The per-call path: one cheap runtime query and a dictionary lookup.
     cupy = _cupy()
-    fingerprint, limits = _device(cupy)
-    key = (fingerprint, cupy.cuda.Device().id, kernel, dtype, layout, shape)
+    key = (cupy.cuda.runtime.getDevice(), kernel, dtype, layout, shape)
     prepared = _prepared.get(key)
     if prepared is not None:
         return prepared
+    fingerprint, limits = _device(cupy)
     spec = kernels.get(kernel)
     selection = select_config(kernel, dtype, layout, shape, fingerprint, limits=limits)
     config = selection.config
@@ -146,7 +159,7 @@ def _prepare(kernel: str, dtype: str, layout: str, shape: tuple[int, ...]) -> _P
     compiled = build.compile_kernel(spec.render(config, dtype, layout), "autotile_" + kernel)
     launch = spec.launch(config, shape, spec.space, dtype, layout)
     build.allow_dynamic_smem(compiled, launch.dynamic_smem_bytes)
-    prepared = _Prepared(compiled, launch, selection)
+    prepared = _Prepared(compiled, launch, selection, tuple(_i32(d) for d in shape))
     with _lock:
         _prepared[key] = prepared
     return prepared
@@ -163,11 +176,12 @@ def _check_out(cupy: Any, out: Any, shape: tuple[int, ...], dtype: str) -> Any:
     return out
 
 
-def _run(prepared: _Prepared, args: tuple[Any, ...], out: Any) -> Any:
+def _run(prepared: _Prepared, arrays: tuple[Any, ...], out: Any) -> Any:
     launch = prepared.launch
     if launch.zero_output:
         out.fill(0)
-    prepared.kernel(launch.grid, launch.block, args, shared_mem=launch.dynamic_smem_bytes)
+    prepared.kernel(launch.grid, launch.block, (*arrays, out, *prepared.sizes),
+                    shared_mem=launch.dynamic_smem_bytes)
     return out
 
 
@@ -185,10 +199,12 @@ def matmul(A: Any, B: Any, out: Any = None) -> Any:
         raise ArgumentError(f"A is {dtype} and B is {B.dtype}; both must have the same dtype")
     if min(M, N, K) == 0:
         return cupy.zeros((M, N), dtype=dtype) if out is None else out.fill(0) or out
-    A, B = cupy.ascontiguousarray(A), cupy.ascontiguousarray(B)
+    if not A.flags.c_contiguous:
+        A = cupy.ascontiguousarray(A)
+    if not B.flags.c_contiguous:
+        B = cupy.ascontiguousarray(B)
     out = _check_out(cupy, out, (M, N), dtype)
-    prepared = _prepare("matmul", dtype, "row", (M, N, K))
-    return _run(prepared, (A, B, out, _i32(M), _i32(N), _i32(K)), out)
+    return _run(_prepare("matmul", dtype, "row", (M, N, K)), (A, B), out)
 
 
 def matvec(A: Any, x: Any, out: Any = None) -> Any:
@@ -211,15 +227,13 @@ def matvec(A: Any, x: Any, out: Any = None) -> Any:
         layout = "col"
     else:
         A, layout = cupy.ascontiguousarray(A), "row"
-    x = cupy.ascontiguousarray(x)
+    if not x.flags.c_contiguous:
+        x = cupy.ascontiguousarray(x)
     out = _check_out(cupy, out, (M,), dtype)
-    prepared = _prepare("matvec", dtype, layout, (M, K))
-    return _run(prepared, (A, x, out, _i32(M), _i32(K)), out)
+    return _run(_prepare("matvec", dtype, layout, (M, K)), (A, x), out)
 
 
 def _i32(n: int) -> Any:
-    import numpy as np
-
     if n >= 2**31:
         raise ArgumentError(f"size {n} exceeds the 32-bit index range of the generated kernels (2**31 - 1)")
     return np.int32(n)
