@@ -211,3 +211,23 @@ def test_python_m_autotile(tmp_path):
     assert "static shared memory per block" in proc.stderr
     proc = _python_m("render", cwd=tmp_path)  # argparse's own usage error keeps status 2
     assert proc.returncode == 2 and "usage: autotile render" in proc.stderr
+
+
+def test_importing_autotile_needs_no_gpu_and_loads_neither_cupy_nor_optuna(tmp_path):
+    """Importing the package and rendering a kernel touch no GPU and import neither CuPy nor optuna."""
+    code = (
+        "import sys, autotile\n"
+        "src = autotile.render('matmul', 'seed-tiled16')\n"
+        "assert '__syncthreads' in src\n"
+        "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('cupy', 'cupy_backends', 'optuna'))\n"
+        "print(heavy)\n"
+    )
+    import autotile
+
+    package_root = str(Path(autotile.__file__).resolve().parents[1])
+    env = dict(os.environ, AUTOTILE_CACHE_DIR=str(tmp_path / "cache"), HOME=str(tmp_path),
+               PYTHONPATH=package_root + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=tmp_path,
+                          check=True)
+    assert done.stdout.strip() == "[]"
+    assert not (tmp_path / "cache").exists()  # no directory is created on import
