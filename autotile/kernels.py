@@ -159,7 +159,8 @@ def get(kernel: str) -> KernelSpec:
 
 
 def tolerance(dtype: str, k: int) -> float:
-    """Largest accepted ||out - ref|| / ||ref||: rounding grows about like sqrt(K) ulps for random data;
+    """Largest accepted ||out - ref|| / ||ref|| for a reduction of length `k` (the last dimension of both
+    kernels' shapes, MxNxK and MxK): rounding grows about like sqrt(K) ulps for random data;
     the bound leaves a wide margin over that and stays far below what a wrong index gives (order 1)."""
     eps = float(np.finfo(dtype).eps)
     return max(64.0, 8.0 * float(np.sqrt(k))) * eps

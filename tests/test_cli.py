@@ -103,7 +103,7 @@ def test_space_on_p100(capsys):
     for c in space.constraints:
         assert f"] {c.name}: {c.expr.text}" in out
     count = space.count(Problem(PROFILES["p100"], "float32", "row"))
-    assert f"Tesla P100 (sm_60, offline profile), float32, layout row:" in out
+    assert "Tesla P100 (sm_60, offline profile), float32, layout row:" in out
     assert f"{count.total:,} points, {count.feasible:,} feasible" in out
     for name, n in count.excluded_by.items():
         if n:
@@ -127,7 +127,7 @@ def test_devices_prints_offline_profiles(capsys):
     assert out.startswith("no CUDA GPU visible")
     for key, d in PROFILES.items():
         assert f"\n{key}: {d.name}\n" in out
-        assert f"cache key" in out and d.fingerprint in out
+        assert "cache key" in out and d.fingerprint in out
     assert "shared memory: opt-in per block" in out and "227 KB" in out and "48 KB" in out
 
 
