@@ -169,17 +169,19 @@ def tolerance(dtype: str, k: int) -> float:
 __all__ = ["KERNELS", "KernelSpec", "Launch", "get", "tolerance", "DTYPE_SIZES"]
 
 
-def compat_hash(kernel: str) -> str:
+def compat_hash(kernel: str, space: Space | None = None) -> str:
     """The part of a cache key that says whether a stored config can still be read: the kernel and the
-    names of its parameters. Two finer checks are made per record by the library: whether the config
+    names of its parameters (those without a default). Two finer checks are made per record by the library: whether the config
     still renders the kernel that was timed (`source_hash`, kept in the record: a template change that
     leaves a config's source alone keeps its entry, one that changes it retires the entry), and whether
     it was tuned with the same compiler (preferred; a record from another compiler is the fallback, as
     the kernel is the same and only its speed may differ)."""
     import hashlib
 
-    spec = get(kernel)
-    text = kernel + "\0" + ",".join(spec.space.params)
+    space = space or get(kernel).space
+    # Parameters with a default were added later; records made before them still read, so they stay out.
+    required = [name for name, p in space.params.items() if not p.has_default]
+    text = kernel + "\0" + ",".join(required)
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 

@@ -87,9 +87,14 @@ class Config(Mapping[str, Any]):
 
 @dataclasses.dataclass(frozen=True)
 class Param:
+    """One tunable parameter. A parameter added after configs were tuned carries a `default`: the value
+    that reproduces the kernel from before it existed, so that older records still read as configs."""
+
     name: str
     choices: tuple[Any, ...]
     doc: str = ""
+    has_default: bool = False
+    default: Any = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -157,7 +162,14 @@ class Space:
             choices = tuple(spec.get("choices", ()))
             if not choices:
                 raise SpaceDefinitionError(f"{where}: parameter {name!r} has no choices")
-            self.params[name] = Param(name, choices, str(spec.get("doc", "")))
+            param = Param(name, choices, str(spec.get("doc", "")))
+            if "default" in spec:
+                try:
+                    param = dataclasses.replace(param, has_default=True, default=self._coerce(param, spec["default"]))
+                except InvalidValueError:
+                    raise SpaceDefinitionError(
+                        f"{where}: default {spec['default']!r} of {name!r} is not among its choices") from None
+            self.params[name] = param
         if "smem" not in self.params:
             raise SpaceDefinitionError(f"{where}: every space needs the parameter 'smem' (none/static/dynamic)")
 
@@ -248,12 +260,12 @@ class Space:
         if unknown:
             raise UnknownNameError(
                 f"{self.kernel}: unknown parameter {unknown[0]!r}; parameters: {', '.join(self.params)}")
-        missing = [k for k in self.params if k not in values]
+        missing = [k for k, p in self.params.items() if k not in values and not p.has_default]
         if missing:
             raise InvalidValueError(f"{self.kernel}: config lacks parameter(s) {', '.join(missing)}")
         ordered = {}
         for name, param in self.params.items():
-            ordered[name] = self._coerce(param, values[name])
+            ordered[name] = self._coerce(param, values[name]) if name in values else param.default
         return Config(ordered)
 
     def with_overrides(self, base: Config, overrides: Mapping[str, Any]) -> Config:

@@ -320,7 +320,15 @@ class ReplayEvaluator:
     table lacks raises KeyError: a test that reaches one has drawn outside the recorded space.
     """
 
-    def __init__(self, table: dict[str, Any]):
+    def __init__(self, table: dict[str, Any], space: Space | None = None):
+        """`space`, if given, re-keys the table through it: a parameter added since the recording (with
+        a default) then appears in the keys with its default value, as in the tuner's candidates."""
+        if space is not None:
+            results = {}
+            for key, entry in table["results"].items():
+                values = dict(item.split("=", 1) for item in key.split(","))
+                results[space.config(values).key()] = entry
+            table = dict(table, results=results)
         self.table = table
         b = table["baseline"]
         self.baseline = Timing(b["median_ms"], b["p25_ms"], b["p75_ms"], b["min_ms"], b["reps"])

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from autotile import kernels, ops
 from autotile.cache import Record, TuningCache
 from autotile.device import PROFILES
@@ -87,3 +89,56 @@ def test_shipped_configs_are_current_and_feasible():
         assert limits is not None, f"{record.device} has no offline profile"
         assert spec.space.is_feasible(config, Problem(limits, record.dtype, record.layout)), path.name
         assert record.baseline_ms and record.time_ms > 0
+
+
+def _with_new_knob(data: dict, default="0") -> dict:
+    data = dict(data)
+    data["params"] = dict(data["params"], NEW_KNOB={"choices": [0, 1], "default": default,
+                                                    "doc": "added after tuning; 0 renders the old kernel"})
+    return data
+
+
+def test_a_parameter_added_with_a_default_keeps_old_records_and_tables_readable(tmp_path):
+    """Adding a knob with a default must not orphan the shipped configs or the recorded timings."""
+    import json
+
+    import yaml
+    from replay_space import DATA, replay_space
+
+    from autotile.errors import SpaceDefinitionError
+    from autotile.resources import search_space_path, shipped_cache_dir
+    from autotile.space import Space
+    from autotile.tuner import ReplayEvaluator, TuneOptions, Tuner
+
+    base = yaml.safe_load(search_space_path("matmul").read_text())
+    extended = Space(_with_new_knob(base))
+    assert extended.params["NEW_KNOB"].default == 0
+    assert kernels.compat_hash("matmul", extended) == kernels.compat_hash("matmul")  # same cache key
+    with pytest.raises(SpaceDefinitionError, match="not among its choices"):
+        Space(_with_new_knob(base, default="7"))
+
+    # A shipped record, written before the knob existed, reads as a config with the default filled in.
+    shipped = TuningCache(root=shipped_cache_dir(), shipped_root=None).entries()
+    record = next(r for _, r in shipped if r.kernel == "matmul")
+    config = extended.config(record.config)
+    assert config["NEW_KNOB"] == 0 and all(config[k] == v for k, v in kernels.get("matmul").space.config(
+        record.config).items())
+
+    # A table recorded before the knob replays through a space that has it.
+    narrow = replay_space()
+    narrowed = Space(_with_new_knob(narrow._data))
+    table = json.loads((DATA / "matmul_replay_h200.json").read_text())
+    evaluator = ReplayEvaluator(table, space=narrowed)
+    assert all(key.endswith(",NEW_KNOB=0") for key in evaluator.table["results"])
+    limits = DeviceLimitsFromTable(table)
+    result = Tuner("matmul", (1024, 1024, 1024), options=TuneOptions(trials=12, sampler="grid"),
+                   space=narrowed.restricted({"NEW_KNOB": 0})).run(evaluator, limits)
+    assert result.trials == 12 and result.best.config["NEW_KNOB"] == 0
+
+
+def DeviceLimitsFromTable(table: dict):  # noqa: N802 (reads like the constructor it stands for)
+    """The recorded GPU's limits."""
+    from autotile.device import DeviceLimits
+
+    raw = table["environment"]["limits"]
+    return DeviceLimits(**{k: tuple(v) if k == "compute_capability" else v for k, v in raw.items()})
