@@ -45,17 +45,19 @@ def tune(kernel: str, shape: str | tuple[int, ...], *, dtype: str = "float32", l
          storage: str | None = None, study_name: str | None = None, cache: Any = "default",
          progress: bool | Callable[[Progress], None] = False, evaluator: Any = None,
          candidate_timeout: float = 60.0, render_source: Callable[..., str] | None = None,
-         fix: dict[str, Any] | None = None) -> TuneResult:
+         fix: dict[str, Any] | None = None, start: dict[str, Any] | None = None) -> TuneResult:
     """Tune `kernel` for one problem on the current GPU and store the winner in the cache.
 
     `shape` is 'MxNxK' (matmul) or 'MxK' (matvec) or a tuple. `storage` is an optuna storage URL
     ('sqlite:///tune.db' resumes a stopped study); by default the study lives in memory. `cache=None`
     skips the cache write. `evaluator` replaces the GPU worker (a `ReplayEvaluator`, in tests). `fix`
-    narrows the space: parameter -> value or list of values.
+    narrows the space: parameter -> value or list of values. `start` names configs (name -> parameter
+    mapping) to run right after the seeds, such as the config in use when re-tuning.
     """
     shape = parse_shape(kernel, shape)
     options = TuneOptions(trials=trials, timeout_s=timeout, sampler=sampler, seed=seed, storage=storage,
-                          study_name=study_name, candidate_timeout_s=candidate_timeout)
+                          study_name=study_name, candidate_timeout_s=candidate_timeout,
+                          start=tuple((name, dict(values)) for name, values in (start or {}).items()))
     space = kernels.get(kernel).space.restricted(fix) if fix else None
     tuner = Tuner(kernel, shape, dtype, layout, options, space=space, render_source=render_source)
     callback = _progress_bar(trials) if progress is True else (progress or None)

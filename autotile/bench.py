@@ -225,15 +225,16 @@ def to_markdown(rows: list[Row], env: dict[str, Any], ceilings: dict[str, float]
              f"CuPy {env['cupy']}, CUDA runtime {env['cuda_runtime']}, driver {env['driver']}, {env['compiler']}. "
              f"Ceilings measured in the same run: copy {ceilings['copy_gbps']:,.0f} GB/s, read "
              f"{ceilings['read_gbps']:,.0f} GB/s, FP32 peak {ceilings['fp32_peak_tflops']:.1f} TFLOP/s "
-             f"({ceilings['clock_mhz']:.0f} MHz). Times are medians with L2 flushed; ratios within this run.",
+             f"({ceilings['clock_mhz']:.0f} MHz). Times are medians with L2 flushed; ratios within this run; rel. error is ||out - ref|| / ||ref|| against a float64 product.",
              "",
-             "| kernel | layout | shape | implementation | ms | TFLOP/s or GB/s | x cuBLAS | x ceiling |",
-             "| --- | --- | --- | --- | ---: | ---: | ---: | ---: |"]
+             "| kernel | layout | shape | implementation | ms | TFLOP/s or GB/s | x cuBLAS | x ceiling | rel. error |",
+             "| --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: |"]
     for r in rows:
         value = f"{r.metric / 1e3:.1f} TFLOP/s" if r.unit == "GFLOP/s" else f"{r.metric:,.0f} GB/s"
         bad = "" if r.error == r.error else " (WRONG)"
         lines.append(f"| {r.kernel} | {r.layout} | {'x'.join(map(str, r.shape))} | {r.name}{bad} | "
-                     f"{r.time_ms:.4f} | {value} | {r.vs_cublas:.2f} | {r.vs_ceiling:.2f} |")
+                     f"{r.time_ms:.4f} | {value} | {r.vs_cublas:.2f} | {r.vs_ceiling:.2f} | "
+                     f"{'-' if r.error is None or r.error != r.error else format(r.error, '.1e')} |")
     return "\n".join(lines) + "\n"
 
 
@@ -246,6 +247,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tune", type=int, default=0, metavar="TRIALS",
                         help="first tune every shape that has no exact cache entry, with this many trials")
     parser.add_argument("--retune", action="store_true", help="with --tune: tune shapes that have an entry too")
+    parser.add_argument("--tune-only", action="store_true", help="with --tune: tune, then stop (no benchmark)")
+    parser.add_argument("--fix", action="append", default=[], metavar="PARAM=VALUE[,VALUE...]",
+                        help="with --tune: narrow the space, as `autotile tune --fix` does (repeatable)")
     parser.add_argument("--tune-timeout", type=float, default=None, metavar="SECONDS",
                         help="with --tune: stop drawing candidates for a shape after this long")
     parser.add_argument("--only", default=None, metavar="SHAPE[,SHAPE]", help="only these shapes (MxNxK or MxK)")
@@ -277,15 +281,22 @@ def main(argv: list[str] | None = None) -> int:
     if args.tune:
         from .api import tune
 
+        fix = dict(item.split("=", 1) for item in args.fix)
+        fix = {name: value.split(",") for name, value in fix.items()}
+
         for kernel, shape, layout, _ in todo:
             sel = ops.select_config(kernel, args.dtype, layout, shape, limits.fingerprint, limits=limits)
             if sel.source == "exact" and not args.retune:
                 continue
             t0 = time.time()
+            # Re-tuning starts from the config in use: the new entry is never slower than the old one.
+            start = {f"in use ({sel.source})": sel.config} if sel.source != "built-in default" else None
             result = tune(kernel, shape, dtype=args.dtype, layout=layout, trials=args.tune,
-                          timeout=args.tune_timeout)
+                          timeout=args.tune_timeout, start=start, fix=fix or None)
             print(f"tuned {kernel} {layout} {'x'.join(map(str, shape))}: {result.best.median_ms:.4f} ms, "
                   f"{result.vs_baseline or 0:.2f}x cuBLAS, {time.time() - t0:.0f} s", flush=True)
+    if args.tune_only:
+        return 0
     for kernel, shape, layout, seeds in todo:
         new = _bench_problem(kernel, shape, layout, args.dtype, seeds, limits, ceilings, flush, rng)
         rows += new

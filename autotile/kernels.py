@@ -48,7 +48,7 @@ class KernelSpec:
         return _space(self.name)
 
     def render(self, config: Config, dtype: str = "float32", layout: str = "row") -> str:
-        return render(self.space.template, self.name, config, dtype, layout)
+        return render(self.space.template, self.name, config, dtype, layout, self.space.source_key(config))
 
     def parse_shape(self, text: str) -> tuple[int, ...]:
         """'4096x4096x4096' -> (4096, 4096, 4096); every size a positive integer."""
@@ -78,7 +78,10 @@ def _random(shape: tuple[int, ...], dtype: str, rng: Any) -> Any:
 def _matmul_launch(config: Config, shape: tuple[int, ...], space: Space, dtype: str, layout: str) -> Launch:
     M, N, K = shape
     c = config
-    block = (c["BN"] // c["TN"], c["BM"] // c["TM"], 1)
+    if c["MATH"] == "tf32x3":  # warps in a line; the kernel reads threadIdx.x only
+        block = (32 * (c["BM"] // c["WM"]) * (c["BN"] // c["WN"]), 1, 1)
+    else:
+        block = (c["BN"] // c["TN"], c["BM"] // c["TM"], 1)
     tiles_m, tiles_n = ceil_div(M, c["BM"]), ceil_div(N, c["BN"])
     if c["SWIZZLE"] > 1:
         grid = (tiles_m * tiles_n, 1, c["SPLIT_K"])

@@ -33,9 +33,10 @@ def kernel_function_name(kernel: str) -> str:
 
 
 def render(template: str, kernel: str, config: Mapping[str, Any], dtype: str = "float32",
-           layout: str = "row") -> str:
-    """The CUDA source of `kernel` for one config. Same inputs, same text."""
-    key = ",".join(f"{k}={v}" for k, v in config.items())
+           layout: str = "row", config_key: str | None = None) -> str:
+    """The CUDA source of `kernel` for one config. Same inputs, same text. `config_key` is the config's
+    line in the source's header comment (every name=value when None)."""
+    key = config_key if config_key is not None else ",".join(f"{k}={v}" for k, v in config.items())
     context = dict(config)
     context.update(kernel_name=kernel_function_name(kernel), dtype=dtype, ctype=CTYPES[dtype],
                    dtype_size=DTYPE_SIZES[dtype], layout=layout, config_key=key,

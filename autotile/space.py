@@ -95,6 +95,10 @@ class Param:
     doc: str = ""
     has_default: bool = False
     default: Any = None
+    # A conditional parameter: it matters only where `active` (an expression over earlier parameters)
+    # holds, and takes the value `inactive` elsewhere. The sampler draws it only where it is active.
+    active: Expr | None = None
+    inactive: Any = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -169,6 +173,19 @@ class Space:
                 except InvalidValueError:
                     raise SpaceDefinitionError(
                         f"{where}: default {spec['default']!r} of {name!r} is not among its choices") from None
+            if "active" in spec:
+                if "inactive" not in spec:
+                    raise SpaceDefinitionError(f"{where}: conditional parameter {name!r} needs an 'inactive' value")
+                active = Expr(str(spec["active"]), f"{where}: active of {name}")
+                self._check_names(active, set(self.params), where)  # earlier parameters only
+                try:
+                    inactive = self._coerce(param, spec["inactive"])
+                except InvalidValueError:
+                    # Allowed (a narrowed space may leave the value out): the parameter is then active
+                    # in every feasible config. The shipped spaces' inactive values are among their
+                    # choices (tests/test_space.py).
+                    inactive = spec["inactive"]
+                param = dataclasses.replace(param, active=active, inactive=inactive)
             self.params[name] = param
         if "smem" not in self.params:
             raise SpaceDefinitionError(f"{where}: every space needs the parameter 'smem' (none/static/dynamic)")
@@ -190,6 +207,15 @@ class Space:
             expr = Expr(item["expr"], f"{where}: constraint {item.get('name', item['expr'])}")
             self._check_names(expr, known, where)
             self.constraints.append(Constraint(str(item.get("name", item["expr"])), expr, str(item.get("doc", ""))))
+        # A conditional parameter outside its condition takes one value: a constraint like any other, so
+        # that enumeration, counting and checking treat it alike (and prune as soon as it is bound).
+        for param in self.params.values():
+            if param.active is not None:
+                expr = Expr(f"({param.active.text}) or {param.name} == {param.inactive!r}",
+                            f"{where}: condition of {param.name}")
+                self.constraints.append(Constraint(
+                    f"{param.name} only where {param.active.text}", expr,
+                    f"{param.name} is {param.inactive!r} elsewhere"))
         for name, text, doc in DEVICE_CONSTRAINTS:
             self.constraints.append(Constraint(name, Expr(text, f"device constraint {name}"), doc, True))
 
@@ -224,12 +250,14 @@ class Space:
                     f"{self.kernel}: unknown parameter {name!r}; parameters: {', '.join(self.params)}")
             values = values if isinstance(values, (list, tuple)) else [values]
             params[name]["choices"] = [self._coerce(self.params[name], v) for v in values]
+            if self.params[name].has_default and self.params[name].default not in params[name]["choices"]:
+                del params[name]["default"]  # narrowed away from its default: every config names it
         data["params"] = params
         allowed = {name: set(map(repr, spec["choices"])) for name, spec in params.items()}
         configs = {}
-        for cname, values in dict(data.get("configs", {})).items():
-            if all(repr(self._coerce(self.params[k], v)) in allowed[k] for k, v in values.items() if k in allowed):
-                configs[cname] = values
+        for cname, config in self.named_configs.items():  # complete: a defaulted value counts too
+            if all(repr(v) in allowed[k] for k, v in config.items()):
+                configs[cname] = dict(config)
         data["configs"] = configs
         data["default"] = {layout: [n for n in names if n in configs] for layout, names in self.defaults.items()
                            if any(n in configs for n in names)}
@@ -267,6 +295,13 @@ class Space:
         for name, param in self.params.items():
             ordered[name] = self._coerce(param, values[name]) if name in values else param.default
         return Config(ordered)
+
+    def source_key(self, config: Config) -> str:
+        """The config's line in its rendered source: `Config.key()` without the parameters that sit at
+        the default they were added with, so that adding a knob leaves existing kernels' text, and the
+        source hashes kept in tuned records, unchanged."""
+        return ",".join(f"{k}={v}" for k, v in config.items()
+                        if not (k in self.params and self.params[k].has_default and self.params[k].default == v))
 
     def with_overrides(self, base: Config, overrides: Mapping[str, Any]) -> Config:
         """`base` with some parameters replaced (values may be text, as typed on a command line)."""
@@ -452,8 +487,28 @@ class Space:
     # -- optuna --------------------------------------------------------------------------------------
 
     def suggest(self, trial: Any) -> Config:
-        """A config drawn through an optuna trial (one categorical per parameter)."""
-        return Config({p.name: trial.suggest_categorical(p.name, list(p.choices)) for p in self.params.values()})
+        """A config drawn through an optuna trial: one categorical per parameter, drawn only where the
+        parameter is active (the others take their inactive value, so no draw is wasted on them)."""
+        values: dict[str, Any] = {}
+        for p in self.params.values():
+            if p.active is not None and not p.active.eval_in(dict(values)):
+                values[p.name] = p.inactive
+            else:
+                values[p.name] = trial.suggest_categorical(p.name, list(p.choices))
+        return Config(values)
+
+    def from_drawn(self, drawn: Mapping[str, Any]) -> Config:
+        """The config an optuna trial's parameters (`trial.params`) stand for: the draws, plus the
+        inactive value of every conditional parameter that was not drawn."""
+        values: dict[str, Any] = {}
+        for p in self.params.values():
+            if p.name in drawn:
+                values[p.name] = self._coerce(p, drawn[p.name])
+            elif p.active is not None and not p.active.eval_in(dict(values)):
+                values[p.name] = p.inactive
+            else:
+                raise InvalidValueError(f"{self.kernel}: trial lacks parameter {p.name}")
+        return Config(values)
 
 
 def load_space(kernel: str) -> Space:

@@ -18,7 +18,7 @@ from typing import Any, Callable, Protocol
 
 from . import kernels
 from .device import DeviceLimits
-from .errors import InvalidValueError
+from .errors import InvalidValueError, UnknownNameError
 from .space import Config, Problem, Space
 from .timing import Timing
 from .worker import OK, Candidate, CandidateResult
@@ -49,6 +49,9 @@ class TuneOptions:
     top_k: int = 5  # candidates re-timed before a winner is named
     retime_rounds: int = 5
     candidate_timeout_s: float = 60.0
+    # Configs (name -> parameter mapping) run right after the seeds and the space's named configs, for
+    # example the config in use when re-tuning, so that the winner is never worse than what it replaces.
+    start: tuple[tuple[str, Any], ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -198,6 +201,14 @@ class Tuner:
             if config.key() not in known and self.space.is_feasible(config, problem):
                 attrs = {"seed": name} if name.startswith(SEED_PREFIX) else {"named": name}
                 study.enqueue_trial(dict(config), user_attrs=attrs, skip_if_exists=True)
+                enqueued.add(config.key())
+        for name, values in opts.start:
+            try:
+                config = self.space.config(values)
+            except (InvalidValueError, UnknownNameError):
+                continue  # outside a narrowed space: nothing to start from
+            if config.key() not in known and config.key() not in enqueued and self.space.is_feasible(config, problem):
+                study.enqueue_trial(dict(config), user_attrs={"named": name}, skip_if_exists=True)
                 enqueued.add(config.key())
         if opts.sampler == "grid":
             for config in self.space.feasible(problem, limit=opts.trials + counted_before + len(enqueued)):

@@ -54,8 +54,8 @@ def test_render_prints_the_seed_kernel(capsys):
 def test_render_without_config_prints_the_default(capsys):
     rc, out, err = run(capsys, "render", "matmul", "--device", "p100")
     assert (rc, err) == (0, "")
-    default = load_space("matmul").default_config("row")
-    assert f"// config: {default.key()}\n" in out
+    space = load_space("matmul")
+    assert f"// config: {space.source_key(space.default_config('row'))}\n" in out
 
 
 def test_render_set_overrides(capsys):

@@ -186,8 +186,13 @@ def test_static_smem_matches_the_model(reports, case):
 
 
 # Configs known to spill with the current nvcc, as (profile, dtype, config key) -> reason; each becomes a
-# strict xfail. Empty: the register model (matmul.yaml) now counts the staging registers of every config.
-KNOWN_SPILLS: dict[tuple[str, str, str], str] = {}
+# strict xfail.
+KNOWN_SPILLS: dict[tuple[str, str, str], str] = {
+    ("h100", "float64", "smem=dynamic,ROWS=32,THREADS_K=64,VEC=2,X_SHARED=False,STAGE_A=True,TILE_K=16,"
+                        "SPLIT_K=2,UNROLL=2,BATCH=False"):
+        "ptxas (CUDA 13) keeps 8 bytes of the float64 staged-A matvec on the stack although it uses only 32 "
+        "registers; a seed-004-style kernel that no tuned config uses",
+}
 
 
 def _spill_param(case: Case):

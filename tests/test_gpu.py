@@ -64,6 +64,52 @@ def test_matmul_seeds_and_sample_match_reference(dtype):
     assert not _check_configs("matmul", dtype, "row", configs, MATMUL_SHAPES)
 
 
+def test_matmul_tf32x3_sample_matches_reference():
+    """The tensor-core path on its own: unaligned rows (scalar cp.async), aligned ones (16-byte copies),
+    split-K, and a long K, where 3xTF32 must stay within the FP32 tolerance."""
+    space = kernels.get("matmul").space.restricted({"MATH": "tf32x3"})
+    problem = Problem(_limits(), "float32", "row")
+    configs = [c for c in space.named_configs.values() if space.is_feasible(c, problem)]
+    configs += space.sample(problem, 40, seed=5)
+    assert any(c["SPLIT_K"] > 1 for c in configs) and any(c["VEC"] == 4 for c in configs)
+    shapes = MATMUL_SHAPES + [(256, 264, 520), (67, 129, 4099), (128, 96, 4096)]
+    assert not _check_configs("matmul", "float32", "row", configs, shapes)
+
+
+def test_matmul_tf32x3_is_as_accurate_as_sgemm():
+    """3xTF32 must not trade accuracy for speed: on long K, where the tensor cores' truncating
+    accumulation would show (an error growing like K), its error stays within 4x of cuBLAS SGEMM's."""
+    import cupy
+
+    from autotile import build
+    from autotile.timing import relative_error
+
+    spec = kernels.get("matmul")
+    space = spec.space.restricted({"MATH": "tf32x3"})
+    problem = Problem(_limits(), "float32", "row")
+    configs = [c for c in space.named_configs.values() if space.is_feasible(c, problem)]
+    configs += space.sample(problem, 6, seed=17)
+    rng = cupy.random.default_rng(3)
+    report = []
+    for shape in [(96, 80, 16384), (97, 83, 8191)]:
+        a, b = spec.make_inputs(shape, "float32", "row", rng, cupy)
+        ref = a.astype(cupy.float64) @ b.astype(cupy.float64)
+        sgemm = relative_error(cupy.matmul(a, b), ref)
+        for config in configs:
+            kernel_fn = build.compile_kernel(spec.render(config, "float32", "row"), "autotile_matmul")
+            launch = spec.launch(config, shape, spec.space, "float32", "row")
+            build.allow_dynamic_smem(kernel_fn, launch.dynamic_smem_bytes)
+            out = cupy.full((shape[0], shape[1]), cupy.nan, dtype="float32")
+            if launch.zero_output:
+                out.fill(0)
+            kernel_fn(launch.grid, launch.block, spec.kernel_args((a, b), out, shape),
+                      shared_mem=launch.dynamic_smem_bytes)
+            err = relative_error(out, ref)
+            if not err <= 4 * sgemm:
+                report.append(f"{config.key()} {shape}: error {err:.3g}, cuBLAS SGEMM {sgemm:.3g}")
+    assert not report
+
+
 @pytest.mark.parametrize("layout", ["row", "col"])
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_matvec_seeds_and_sample_match_reference(dtype, layout):

@@ -321,12 +321,12 @@ def test_check_reports_a_device_limit_first(matmul):
     # Breaks a structural rule of the space (BK=32 without shared memory) and a device limit (2048 threads).
     cfg = _matmul_cfg(matmul, smem="none", BM=64, BN=64, TM=1, TN=2, BK=32)
     names = failed(matmul, cfg, problem())
-    assert names[0] == "one canonical form without shared memory" and "threads per block" in names
+    assert names[0] == "BK only where smem != 'none'" and "threads per block" in names
     with pytest.raises(InfeasibleConfigError) as info:
         matmul.check(cfg, problem("v100"))
     message = str(info.value)
     assert message.startswith("matmul config is infeasible on Tesla V100 (float32): breaks 'threads per block'")
-    assert "threads=2048" in message and "max_threads_per_block=1024" in message and "canonical" not in message
+    assert "threads=2048" in message and "max_threads_per_block=1024" in message and "only where" not in message
 
 
 def test_register_limits(matmul):
@@ -478,7 +478,7 @@ def test_config_key_round_trips_through_text(kernel, layout):
 
 def test_config_is_a_frozen_ordered_mapping(matmul):
     cfg = matmul.named("seed-tiled32")
-    assert cfg.key().startswith("smem=static,BM=32,BN=32,")
+    assert cfg.key().startswith("MATH=simt,smem=static,BM=32,BN=32,")
     assert cfg == dict(cfg) and len(cfg) == len(matmul.params)
     assert cfg != matmul.named("seed-tiled16")
     assert {cfg: 1}[Config(dict(cfg))] == 1
@@ -522,6 +522,40 @@ def test_suggest_in_a_real_study(matvec):
     for cfg, trial in zip(seen, study.trials):
         assert isinstance(cfg, Config)
         assert list(cfg) == list(matvec.params)
-        assert dict(cfg) == trial.params
+        assert matvec.from_drawn(trial.params) == cfg  # the draws, plus inactive values
         assert all(cfg[p.name] in p.choices for p in matvec.params.values())
     assert len(set(seen)) > 1  # the sampler really varies the point
+
+
+@pytest.mark.parametrize("kernel", ["matmul", "matvec"])
+def test_conditional_parameters_are_well_formed(kernel):
+    """An inactive value outside the choices would silently make every config where the parameter is
+    inactive infeasible."""
+    space = load_space(kernel)
+    for p in space.params.values():
+        if p.active is not None:
+            assert p.inactive in p.choices, p.name
+
+
+def test_conditional_parameters_are_not_drawn_where_inactive(matmul):
+    """suggest() draws WM/WN only for tf32x3 and TM/TN only for simt; the others take their inactive value."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=3))
+    seen = set()
+    for _ in range(200):
+        trial = study.ask()
+        cfg = matmul.suggest(trial)
+        drawn = set(trial.params)
+        if cfg["MATH"] == "simt":
+            assert {"TM", "TN"} <= drawn and not {"WM", "WN"} & drawn and (cfg["WM"], cfg["WN"]) == (32, 32)
+        else:
+            assert {"WM", "WN"} <= drawn and not {"TM", "TN", "PAD", "A_TRANSPOSED"} & drawn
+            assert (cfg["TM"], cfg["TN"], cfg["PAD"], cfg["A_TRANSPOSED"]) == (1, 1, 0, False)
+        seen.add(cfg["MATH"])
+        study.tell(trial, 1.0)
+    assert seen == {"simt", "tf32x3"}
+    # Where the sampler could not pick it, a config may not set it either.
+    wrong = matmul.with_overrides(matmul.named("tf32x3-128"), {"TM": 8})
+    assert any(line.startswith("breaks 'TM only where") for line in matmul.violations(wrong, problem()))

@@ -39,10 +39,13 @@ _TABLE: dict = {}
 def load_table() -> dict:
     """A fresh deep copy of the recorded table (tests may edit their copy), cut to the configs the
     current constraint model admits: it was recorded for 256 configs, 48 of which the 'staging
-    registers' constraint added since excludes."""
+    registers' constraint added since excludes. Keys are rewritten with the parameters added since."""
     if not _TABLE:
         raw = json.loads(TABLE_PATH.read_text())
-        admitted = {c.key() for c in replay_space().feasible(Problem(limits_of(raw)))}
+        space = replay_space()
+        # Keys in today's form: parameters added since the recording (with defaults) filled in.
+        raw["results"] = {config_of(space, k).key(): v for k, v in raw["results"].items()}
+        admitted = {c.key() for c in space.feasible(Problem(limits_of(raw)))}
         assert admitted <= set(raw["results"]) and len(raw["results"]) == 256
         raw["results"] = {k: v for k, v in raw["results"].items() if k in admitted}
         _TABLE.update(raw)
@@ -149,6 +152,24 @@ def test_seeds_are_evaluated_first_in_enqueue_order(space, table, limits, seed_k
     assert result.vs_best_seed == pytest.approx(result.best_seed.median_ms / result.best.median_ms)
 
 
+def test_start_configs_run_right_after_the_seeds(space, table, limits, seed_keys, feasible):
+    """Re-tuning passes the config in use as a start: it runs right after the seeds, whatever the sampler
+    would draw, so the winner is at least as fast as the config it replaces."""
+    best_key = min(medians(table), key=medians(table).get)
+    start = config_of(space, best_key)
+    assert best_key not in seed_keys
+    evaluator, result = tune(space, table, limits, sampler="random", trials=3,
+                             start=(("in use (exact)", dict(start)),))
+    assert evaluator.evaluated == seed_keys + [best_key]
+    assert result.best.config.key() == best_key
+    # A start that is already a seed, or infeasible here, is not run twice or at all.
+    infeasible = dict(start, BM=16, TM=8, BN=16, TN=4, VEC=4, BK=8)
+    assert not space.is_feasible(space.config(infeasible), Problem(limits, "float32", "row"))
+    evaluator, _ = tune(space, table, limits, sampler="random", trials=4,
+                        start=(("a seed again", dict(config_of(space, seed_keys[0]))), ("infeasible", infeasible)))
+    assert evaluator.evaluated[:2] == seed_keys and len(set(evaluator.evaluated)) == 4
+
+
 def replay_space_with_named(extra: dict) -> Space:
     """The replay space (narrowed as tests/replay_space.py does) with more named configs, declared first."""
     narrow = yaml.safe_load((DATA / "matmul_replay_space.yaml").read_text())
@@ -201,7 +222,7 @@ def test_budget_counts_distinct_feasible_configs(studies, space, table, limits, 
     assert all(t.state == optuna.trial.TrialState.PRUNED for t in infeasible)
     assert len(infeasible) == result.pruned
     for t in infeasible:  # an infeasible draw really is infeasible, and never reached the evaluator
-        config = space.config(t.params)
+        config = space.from_drawn(t.params)
         assert not space.is_feasible(config, problem)
         assert config.key() not in evaluator.evaluated
     ran = [t for t in trials_ if "config_key" in t.user_attrs]
