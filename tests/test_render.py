@@ -229,3 +229,38 @@ def test_environment_is_strict():
     env = render_mod.environment()
     assert env.undefined is jinja2.StrictUndefined
     assert env is render_mod.environment()
+
+
+def _strides(src: str) -> tuple[int, int]:
+    a = re.search(r"constexpr int A_STRIDE = (\d+), A_TILE", src)
+    b = re.search(r"constexpr int B_STRIDE = BN \+ (\d+), B_TILE", src)
+    bn = re.search(r"constexpr int BM = \d+, BN = (\d+),", src)
+    assert a and b and bn, src
+    return int(a.group(1)), int(bn.group(1)) + int(b.group(1))
+
+
+@pytest.mark.parametrize("bk", [8, 16, 32, 64])
+@pytest.mark.parametrize("bn", [32, 64, 128, 256])
+def test_tf32x3_fragment_reads_are_free_of_bank_conflicts(bk, bn):
+    """The strides the tensor-core template picks, replayed for one warp: A's 8-byte reads (rows
+    group, k = 2 quad, 2 quad + 1) are served in two half-warp phases, B's 4-byte reads (k = 2 quad,
+    column group) in one; each phase must touch 32 different banks."""
+    space = kernels.get("matmul").space
+    config = space.with_overrides(space.named("tf32x3-128"), {"BK": bk, "BN": bn, "WN": 32})
+    a_stride, b_stride = _strides(kernels.get("matmul").render(config))
+    lanes = [(lane // 4, lane % 4) for lane in range(32)]  # (group, quad)
+    for half in (lanes[:16], lanes[16:]):
+        banks = [(g * a_stride + 2 * q + w) % 32 for g, q in half for w in (0, 1)]
+        assert len(set(banks)) == 32, (bk, a_stride, sorted(banks))
+    for row in (0, 1):  # b0 and b1: rows 2 quad and 2 quad + 1
+        banks = [((2 * q + row) * b_stride + g) % 32 for g, q in lanes]
+        assert len(set(banks)) == 32, (bn, b_stride, sorted(banks))
+
+
+def test_tf32x3_renders_tensor_core_code_and_simt_does_not():
+    spec = kernels.get("matmul")
+    tc = spec.render(spec.space.named("tf32x3-128"))
+    assert "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32" in tc and "cp.async.cg.shared.global" in tc
+    assert "cvt.rna.tf32.f32" in tc and "acc[i][j][v] += part[i][j][v]" in tc
+    simt = spec.render(spec.space.named("regtile-128"))
+    assert "mma.sync" not in simt and "cp.async" not in simt

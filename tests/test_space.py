@@ -559,3 +559,10 @@ def test_conditional_parameters_are_not_drawn_where_inactive(matmul):
     # Where the sampler could not pick it, a config may not set it either.
     wrong = matmul.with_overrides(matmul.named("tf32x3-128"), {"TM": 8})
     assert any(line.startswith("breaks 'TM only where") for line in matmul.violations(wrong, problem()))
+
+
+def test_tf32x3_needs_float32_and_sm80(matmul):
+    config = matmul.named("tf32x3-128")
+    assert matmul.is_feasible(config, problem("a100")) and matmul.is_feasible(config, problem("h100"))
+    for prob in (problem("v100"), problem("p100"), problem("h100", "float64")):
+        assert any("tf32x3 on float32 and sm_80" in line for line in matmul.violations(config, prob))
