@@ -40,7 +40,9 @@ def test_exact_nearest_stale_and_default(tmp_path, monkeypatch):
     # A record whose kernel source no longer matches what the template renders is stale: skipped.
     stale_config = space.named("safe-default")
     cache.put(_record(stale_config, (1024, 1024, 1024), "0" * 16))
-    assert _select(cache, (1024, 1024, 1024), monkeypatch).config == good  # falls to the nearest good one
+    fallback = _select(cache, (1024, 1024, 1024), monkeypatch)  # falls to the nearest good one
+    assert fallback.tuned_shape == (4096, 4096, 4096) and fallback.source.startswith("nearest")
+    assert dict(fallback.config, SPLIT_K=1) == dict(good)  # (its K splits raised for the smaller grid)
 
     empty = TuningCache(root=tmp_path / "empty", shipped_root=None)
     default = _select(empty, (64, 64, 64), monkeypatch)
@@ -142,3 +144,41 @@ def DeviceLimitsFromTable(table: dict):  # noqa: N802 (reads like the constructo
 
     raw = table["environment"]["limits"]
     return DeviceLimits(**{k: tuple(v) if k == "compute_capability" else v for k, v in raw.items()})
+
+
+def test_nearest_config_gets_more_k_splits_where_the_grid_would_shrink(tmp_path, monkeypatch):
+    """A nearest-shape config keeps its tiles, but where the new shape would launch under half the blocks
+    it was tuned with, SPLIT_K rises until the count is back (never below MIN_K_PER_SPLIT of K each)."""
+    import math
+
+    monkeypatch.setattr(ops.build, "compiler_version", lambda: "nvrtc-13.0")
+    mv = kernels.get("matvec")
+    config = mv.space.config({"smem": "static", "ROWS": 64, "THREADS_K": 16, "VEC": 4, "X_SHARED": False,
+                              "STAGE_A": False, "TILE_K": 16, "SPLIT_K": 1, "UNROLL": 4})
+    cache = TuningCache(root=tmp_path, shipped_root=None)
+    cache.put(Record(kernel="matvec", dtype="float32", layout="col", shape=(65536, 4096),
+                     compat=kernels.compat_hash("matvec"), config=dict(config), time_ms=1.0, spread=0.01,
+                     metric=1.0, metric_unit="GB/s", baseline_ms=1.0, device=H100.fingerprint,
+                     environment={"source_sha": kernels.source_hash(mv.render(config, "float32", "col")),
+                                  "compiler": "nvrtc-13.0"}))
+
+    def select(shape):
+        return ops.select_config("matvec", "float32", "col", shape, H100.fingerprint, cache=cache, limits=H100)
+
+    def blocks(c, shape):
+        return math.prod(mv.launch(c, shape, mv.space, "float32", "col").grid)
+
+    short = select((20000, 3000))  # 313 blocks at SPLIT_K 1 against 1024 on the tuned shape
+    assert short.config == mv.space.with_overrides(config, {"SPLIT_K": 4})
+    assert short.source == "nearest, SPLIT_K raised 1->4" and short.tuned_shape == (65536, 4096)
+    assert blocks(short.config, (20000, 3000)) >= blocks(config, (65536, 4096))
+    assert select((40000, 4096)).config == config  # 625 blocks: more than half, kept as tuned
+    assert select((2000, 300)).config["SPLIT_K"] == 2  # K = 300 allows two splits of 128 or more
+    assert select((2000, 200)).config == config  # no room to split
+
+    # matmul: the z dimension of the grid; 64 tiles of 128 x 128 against 1024 on the tuned shape.
+    spec = kernels.get("matmul")
+    tiles = spec.space.named("regtile-128")
+    cache.put(_record(tiles, (4096, 4096, 4096), kernels.source_hash(spec.render(tiles, "float32", "row"))))
+    tall_k = _select(cache, (1024, 1024, 4096), monkeypatch)
+    assert tall_k.config["SPLIT_K"] == 16 and "raised 1->16" in tall_k.source
