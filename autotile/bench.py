@@ -166,6 +166,19 @@ def _fallback_problem(kernel: str, shape: tuple[int, ...], layout: str, dtype: s
     ])
 
 
+def _retired_entry(kernel: str, dtype: str, layout: str, shape: tuple[int, ...], device: str) -> Any:
+    """The config of this exact shape's cache entry, whether or not its kernel still renders the source
+    that was timed; None where there is no entry or its config no longer parses."""
+    from .cache import TuningCache
+
+    spec = kernels.get(kernel)
+    record = TuningCache().get(device, kernel, dtype, layout, shape, kernels.compat_hash(kernel))
+    try:
+        return spec.space.config(record.config) if record is not None else None
+    except Exception:
+        return None
+
+
 def host_overhead(calls: int = 2000) -> dict[str, float]:
     """Microseconds of host time per call, without synchronizing, on small problems where launch cost is
     all there is: autotile's library calls against cupy.matmul on the same arrays."""
@@ -289,10 +302,14 @@ def main(argv: list[str] | None = None) -> int:
             if sel.source == "exact" and not args.retune:
                 continue
             t0 = time.time()
-            # Re-tuning starts from the config in use: the new entry is never slower than the old one.
-            start = {f"in use ({sel.source})": sel.config} if sel.source != "built-in default" else None
+            # Re-tuning starts from the config in use, so the new entry is never slower than the old one,
+            # and from this shape's own entry where a template change has retired it (still a good guess).
+            start = {f"in use ({sel.source})": sel.config} if sel.source != "built-in default" else {}
+            retired = _retired_entry(kernel, args.dtype, layout, shape, limits.fingerprint)
+            if retired is not None and retired != sel.config:
+                start["this shape's retired entry"] = retired
             result = tune(kernel, shape, dtype=args.dtype, layout=layout, trials=args.tune,
-                          timeout=args.tune_timeout, start=start, fix=fix or None)
+                          timeout=args.tune_timeout, start=start or None, fix=fix or None)
             print(f"tuned {kernel} {layout} {'x'.join(map(str, shape))}: {result.best.median_ms:.4f} ms, "
                   f"{result.vs_baseline or 0:.2f}x cuBLAS, {time.time() - t0:.0f} s", flush=True)
     if args.tune_only:
