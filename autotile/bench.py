@@ -52,34 +52,18 @@ class Row:
     config: str = ""
 
 
-# A plain streaming read: 16-byte loads, several in flight per thread, nothing written (the test on the
-# sum is never true for the ones it reads, but the compiler cannot drop the loads).
-_READ_ALL = r"""
-extern "C" __global__ void read_all(const float4* __restrict__ p, unsigned long long n4, float* out) {
-    float s = 0.0f;
-    const unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;
-#pragma unroll 4
-    for (unsigned long long i = blockIdx.x * blockDim.x + threadIdx.x; i < n4; i += stride) {
-        const float4 v = p[i];
-        s += (v.x + v.y) + (v.z + v.w);
-    }
-    if (s == 12345.678f) out[0] = s;
-}
-"""
-
-
 def measure_ceilings(limits: Any) -> dict[str, float]:
     """Device-to-device copy and full-read bandwidth (GB/s) of 1 GiB buffers; FP32 peak (TFLOP/s)."""
     import cupy
 
-    from .timing import time_launch
+    from .timing import HARNESS_SOURCE, time_launch
 
     n = (1 << 30) // 4
     a = cupy.ones(n, dtype=cupy.float32)
     b = cupy.empty_like(a)
     copy = time_launch(lambda: cupy.copyto(b, a), None, min_reps=10, target_ms=100)
     out = cupy.zeros(1, dtype=cupy.float32)
-    reader = build.compile_kernel(_READ_ALL, "read_all")
+    reader = build.compile_kernel(HARNESS_SOURCE, "read_all")
     grid, args = (limits.sm_count * 16,), (a, np.uint64(n // 4), out)
     read = time_launch(lambda: reader(grid, (256,), args), None, min_reps=10, target_ms=100)
     clock_khz = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id).get("clockRate", 0)

@@ -232,3 +232,17 @@ def test_tf32x3_register_model_is_close(reports, case):
     usage = _usage(reports, case)
     model = kernels.get("matmul").space.derive(case.config, Problem(PROFILES[case.profile]))["regs_per_thread"]
     assert usage.registers <= model + 56, f"{case.config.key()}: ptxas {usage.registers}, model {model}"
+
+
+def test_timing_harness_kernels_compile(tmp_path):
+    """The flush (read_all) and hold kernels the timing loop launches build for sm_90 without spills."""
+    from autotile.timing import HARNESS_SOURCE
+
+    source = tmp_path / "harness.cu"
+    source.write_text(HARNESS_SOURCE)
+    proc = subprocess.run([NVCC, "-cubin", "-arch=sm_90", "--resource-usage", "-o", str(tmp_path / "h.cubin"),
+                           str(source)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    names = {u.function for u in parse_ptxas(proc.stderr + proc.stdout)}
+    assert names == {"read_all", "hold"}
+    assert all(u.stack_frame == 0 and u.spill_stores == 0 for u in parse_ptxas(proc.stderr + proc.stdout))
