@@ -4,7 +4,8 @@ For every shape, in one run on one GPU: cuBLAS through CuPy, the seed kernels, a
 kernel (the config the library would pick: exact, nearest or default), each verified against float64
 and timed the same way (CUDA events, warm-up, L2 flushed, median). Ratios are to cuBLAS measured in the
 same run and to the measured ceilings (device-to-device copy, a full read, the FP32 peak from SM count
-and clock). Writes the table as Markdown and JSON, with the GPU, date, driver, CUDA and CuPy versions.
+and clock). Writes the table as Markdown and JSON, with the GPU, date, driver, CUDA and CuPy versions, and the
+README's summary tables (`summary.md`, see autotile.report).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from . import build, kernels, ops
+from .report import summary_markdown
 from .space import Problem
 
 MATMUL_SHAPES = [(1024, 1024, 1024), (2048, 2048, 2048), (4096, 4096, 4096), (8192, 8192, 8192),
@@ -319,9 +321,10 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     markdown = to_markdown(rows, env, ceilings)
     (out / "results.md").write_text(markdown)
-    (out / "results.json").write_text(json.dumps(
-        {"environment": env, "ceilings": ceilings, "host_overhead_us": overhead,
-         "rows": [dataclasses.asdict(r) for r in rows]}, indent=1))
+    results = {"environment": env, "ceilings": ceilings, "host_overhead_us": overhead,
+               "rows": [dataclasses.asdict(r) for r in rows]}
+    (out / "results.json").write_text(json.dumps(results, indent=1))
+    (out / "summary.md").write_text(summary_markdown(results))  # the README's tables
     print()
     print(markdown)
     return 0
