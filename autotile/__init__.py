@@ -6,11 +6,21 @@ work anywhere. The tuned kernels (`matmul`, `matvec`) and `tune` import CuPy whe
 
 from __future__ import annotations
 
-from .device import PROFILES, DeviceLimits, live_device, profile
-from .errors import (AutotileError, ArgumentError, CacheError, CompileError, DeviceUnavailableError,
-                     InfeasibleConfigError, InvalidValueError, SpaceDefinitionError, UnknownNameError)
 from .api import tune
-from .kernels import KERNELS, get as get_kernel
+from .device import PROFILES, DeviceLimits, live_device, profile
+from .errors import (
+    ArgumentError,
+    AutotileError,
+    CacheError,
+    CompileError,
+    DeviceUnavailableError,
+    InfeasibleConfigError,
+    InvalidValueError,
+    SpaceDefinitionError,
+    UnknownNameError,
+)
+from .kernels import KERNELS
+from .kernels import get as get_kernel
 from .ops import matmul, matvec
 from .space import Config, Problem, Space, load_space
 

@@ -2,23 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable
 
-from . import kernels
+from . import build, kernels
 from .device import DeviceLimits
-from .errors import InvalidValueError
-from .tuner import Progress, ReplayEvaluator, TuneOptions, TuneResult, Tuner
+from .errors import CacheError
+from .problem import ProblemKey, parse_shape
+from .tuner import Progress, TuneOptions, Tuner, TuneResult
 from .worker import IsolatedRunner, Setup
-
-
-def parse_shape(kernel: str, shape: str | tuple[int, ...]) -> tuple[int, ...]:
-    spec = kernels.get(kernel)
-    if isinstance(shape, str):
-        return spec.parse_shape(shape)
-    shape = tuple(int(s) for s in shape)
-    if len(shape) != len(spec.dims) or min(shape) < 1:
-        raise InvalidValueError(f"{kernel} shape {shape} must be {'x'.join(spec.dims)} with positive sizes")
-    return shape
 
 
 def to_record(result: TuneResult, compat: str, source: str | None = None) -> Any:
@@ -30,6 +22,7 @@ def to_record(result: TuneResult, compat: str, source: str | None = None) -> Any
     env = dict(result.environment)
     env.pop("limits", None)
     env["source_sha"] = kernels.source_hash(source)
+    env.setdefault("compile_options", list(build.COMPILE_OPTIONS))
     env.update(spread_rounds_ms=list(result.best.round_ms), trials=result.trials,
                seconds=round(result.seconds, 1), study=result.study_name,
                best_seed=result.best_seed.seed_name if result.best_seed else None,
@@ -54,35 +47,52 @@ def tune(kernel: str, shape: str | tuple[int, ...], *, dtype: str = "float32", l
     narrows the space: parameter -> value or list of values. `start` names configs (name -> parameter
     mapping) to run right after the seeds, such as the config in use when re-tuning.
     """
-    shape = parse_shape(kernel, shape)
+    key = ProblemKey.of(kernel, shape, dtype, layout)
     options = TuneOptions(trials=trials, timeout_s=timeout, sampler=sampler, seed=seed, storage=storage,
                           study_name=study_name, candidate_timeout_s=candidate_timeout,
                           start=tuple((name, dict(values)) for name, values in (start or {}).items()))
     space = kernels.get(kernel).space.restricted(fix) if fix else None
-    tuner = Tuner(kernel, shape, dtype, layout, options, space=space, render_source=render_source)
-    callback = _progress_bar(trials) if progress is True else (progress or None)
+    tuner = Tuner(key, options, space=space, render_source=render_source)
     owned = evaluator is None
     if owned:
-        evaluator = IsolatedRunner(Setup(kernel, shape, dtype, layout, seed), timeout_s=candidate_timeout)
-        evaluator.start()
+        from .device import live_device
+
+        live_device()  # no GPU: one clear DeviceUnavailableError before a worker is started
+        evaluator = IsolatedRunner(Setup(key, seed), timeout_s=candidate_timeout)
+    callback = _progress_bar(trials) if progress is True else (progress or None)
     try:
-        limits = DeviceLimits(**{k: tuple(v) if k == "compute_capability" else v
-                                 for k, v in evaluator.environment["limits"].items()})
+        if owned:
+            evaluator.start()
+        limits = DeviceLimits.from_json(evaluator.environment["limits"])
         result = tuner.run(evaluator, limits, callback)
     finally:
         if owned:
             evaluator.close()
         if callback is not None and hasattr(callback, "close"):
             callback.close()
-    if cache is not None:
-        from .cache import TuningCache
+    if cache is None:
+        return result
+    return _save(result, tuner.render(result.best.config), cache)
 
+
+def _save(result: TuneResult, source: str, cache: Any) -> TuneResult:
+    """Store the winner; a result that cannot be stored is returned all the same, saying why."""
+    from . import ops
+    from .cache import TuningCache
+    from .select import is_current
+
+    try:
         store = TuningCache() if cache == "default" else cache
-        store.put(to_record(result, kernels.compat_hash(kernel), tuner.render(result.best.config)))
-        from . import ops
-
-        ops.forget()
-    return result
+        record = to_record(result, kernels.compat_hash(result.kernel), source)
+        # An existing entry is kept only if it is faster and still times the kernel its config renders
+        # today; a retired one (its source changed since) is replaced.
+        outcome = store.put(record, is_current=is_current)
+    except CacheError as exc:
+        return dataclasses.replace(result, save_error=str(exc))
+    ops.forget()
+    path = str(getattr(outcome, "path", "")) or None
+    note = getattr(outcome, "reason", None) if not getattr(outcome, "written", bool(outcome)) else None
+    return dataclasses.replace(result, saved_path=path, save_note=note)
 
 
 class _progress_bar:
@@ -105,4 +115,4 @@ class _progress_bar:
         self.bar.close()
 
 
-__all__ = ["tune", "parse_shape", "ReplayEvaluator", "TuneResult"]
+__all__ = ["tune", "parse_shape", "TuneResult"]

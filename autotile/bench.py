@@ -21,7 +21,10 @@ from typing import Any
 import numpy as np
 
 from . import build, kernels, ops
+from .impl import Cublas, Generated
+from .problem import ProblemKey
 from .report import summary_markdown
+from .select import select
 from .space import Problem
 
 MATMUL_SHAPES = [(1024, 1024, 1024), (2048, 2048, 2048), (4096, 4096, 4096), (8192, 8192, 8192),
@@ -85,22 +88,25 @@ class _Problem:
                  flush: Any, rng: Any):
         import cupy
 
+        self.key = ProblemKey(kernel, dtype, layout, shape)
         self.spec = kernels.get(kernel)
         self.kernel, self.shape, self.layout, self.dtype, self.flush = kernel, shape, layout, dtype, flush
         self.inputs = self.spec.make_inputs(shape, dtype, layout, rng, cupy)
-        self.ref = self.inputs[0].astype(cupy.float64) @ self.inputs[1].astype(cupy.float64)
+        self.ref = self.spec.reference(self.inputs)
         self.out = cupy.empty(self.spec.output_shape(shape), dtype=dtype)
         self.tol = kernels.tolerance(dtype, shape[-1])
         self.ceiling = ceilings["fp32_peak_tflops"] * 1e3 if kernel == "matmul" else ceilings["read_gbps"]
 
     def cublas(self) -> Any:
-        import cupy
-
-        a, b, out = *self.inputs, self.out
-        return lambda: cupy.matmul(a, b, out=out)
+        return self._run(Cublas())
 
     def launcher(self, config: Any) -> Any:
-        return _launcher(self.spec, config, self.shape, self.dtype, self.layout, self.inputs, self.out)
+        return self._run(Generated(config))
+
+    def _run(self, implementation: Any) -> Any:
+        """A function that runs the implementation on this problem's inputs (prepared once, here)."""
+        runner, inputs, out = implementation.prepare(self.key), self.inputs, self.out
+        return lambda: runner.run(inputs, out)
 
     def measure(self, name: str, run: Any, config: str = "") -> Row:
         """Verify (output poisoned first), then time. A wrong result is kept, with its error as NaN."""
@@ -131,7 +137,7 @@ def _bench_problem(kernel: str, shape: tuple[int, ...], layout: str, dtype: str,
         config = p.spec.space.named(name)
         if p.spec.space.is_feasible(config, problem):
             rows.append(p.measure(name, p.launcher(config), config.key()))
-    selection = ops.select_config(kernel, dtype, layout, shape, limits.fingerprint, limits=limits)
+    selection = select(ProblemKey(kernel, dtype, layout, shape), limits)
     rows.append(p.measure(f"autotile ({selection.source})", p.launcher(selection.config), selection.config.key()))
     return _relative_to_first(rows)
 
@@ -141,7 +147,7 @@ def _fallback_problem(kernel: str, shape: tuple[int, ...], layout: str, dtype: s
     """The nearest tuned shape's config against a config tuned for this very shape, in one run."""
     from .api import tune
 
-    nearest = ops.select_config(kernel, dtype, layout, shape, limits.fingerprint, limits=limits)
+    nearest = select(ProblemKey(kernel, dtype, layout, shape), limits)
     tuned = tune(kernel, shape, dtype=dtype, layout=layout, trials=trials, cache=None).best.config
     p = _Problem(kernel, shape, layout, dtype, ceilings, flush, rng)
     source = f"autotile {nearest.source} ({'x'.join(map(str, nearest.tuned_shape or ()))})"
@@ -158,7 +164,7 @@ def _retired_entry(kernel: str, dtype: str, layout: str, shape: tuple[int, ...],
     from .cache import TuningCache
 
     spec = kernels.get(kernel)
-    record = TuningCache().get(device, kernel, dtype, layout, shape, kernels.compat_hash(kernel))
+    record = TuningCache().get(device, ProblemKey(kernel, dtype, layout, shape), kernels.compat_hash(kernel))
     try:
         return spec.space.config(record.config) if record is not None else None
     except Exception:
@@ -192,21 +198,6 @@ def host_overhead(calls: int = 2000) -> dict[str, float]:
         cupy.cuda.Device().synchronize()
         result[name] = elapsed / calls * 1e6
     return result
-
-
-def _launcher(spec: kernels.KernelSpec, config: Any, shape: tuple[int, ...], dtype: str, layout: str,
-              inputs: tuple[Any, ...], out: Any) -> Any:
-    kernel = build.compile_kernel(spec.render(config, dtype, layout), "autotile_" + spec.name)
-    launch = spec.launch(config, shape, spec.space, dtype, layout)
-    build.allow_dynamic_smem(kernel, launch.dynamic_smem_bytes)
-    args = spec.kernel_args(inputs, out, shape)
-
-    def run() -> None:
-        if launch.zero_output:
-            out.fill(0)
-        kernel(launch.grid, launch.block, args, shared_mem=launch.dynamic_smem_bytes)
-
-    return run
 
 
 def environment(limits: Any) -> dict[str, Any]:
@@ -284,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
         fix = {name: value.split(",") for name, value in fix.items()}
 
         for kernel, shape, layout, _ in todo:
-            sel = ops.select_config(kernel, args.dtype, layout, shape, limits.fingerprint, limits=limits)
+            sel = select(ProblemKey(kernel, args.dtype, layout, shape), limits)
             if sel.source == "exact" and not args.retune:
                 continue
             t0 = time.time()

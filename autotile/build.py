@@ -14,7 +14,7 @@ from typing import Any, Iterable
 
 from .errors import CompileError
 
-COMPILE_OPTIONS: tuple[str, ...] = ("-std=c++17",)
+COMPILE_OPTIONS: tuple[str, ...] = ("-std=c++17", "-ftz=true")
 STATIC_SMEM_LIMIT = 48 * 1024
 
 _lock = threading.Lock()

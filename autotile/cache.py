@@ -31,13 +31,14 @@ import tempfile
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Callable, Any, Literal
+from typing import Any, Literal
 
 import filelock
 import platformdirs
 
 from . import resources
 from .errors import CacheError
+from .problem import ProblemKey
 
 SCHEMA = 1
 COMPAT_CHARS = 12  # how much of the compatibility hash goes into a file name
@@ -250,9 +251,8 @@ def _file_name(kernel: str, dtype: str, layout: str, shape_part: str, compat: st
     return "-".join(parts) + ".json"
 
 
-def _log_distance(a: tuple[int, ...], b: tuple[int, ...]) -> float:
-    """How far apart two shapes are: the sum over dimensions of |log2(a/b)|."""
-    return sum(abs(math.log2(x / y)) for x, y in zip(a, b))
+def _key_parts(key: ProblemKey) -> tuple[str, str, str]:
+    return key.kernel, key.dtype, key.layout
 
 
 # ------------------------------------------------------------------------------------------ the cache
@@ -352,54 +352,38 @@ class TuningCache:
         return (record.device == device and record.kernel == kernel and record.dtype == dtype
                 and record.layout == layout and record.compat == compat)
 
-    def get(self, device: str, kernel: str, dtype: str, layout: str, shape: Sequence[int],
-            compat: str) -> Record | None:
-        """The entry for exactly this key: from the user root, else the shipped root, else None."""
-        shape_part = _shape_part(shape)
-        dims = _check_shape(shape)
+    def get(self, device: str, key: ProblemKey, compat: str) -> Record | None:
+        """The entry for exactly this problem: from the user root, else the shipped root, else None."""
+        shape_part = _shape_part(key.shape)
         for root in self._roots():
-            record = self._load(self._path(root, device, kernel, dtype, layout, shape_part, compat))
-            if (record is not None and record.shape == dims
-                    and self._matches(record, device, kernel, dtype, layout, compat)):
+            record = self._load(self._path(root, device, key.kernel, key.dtype, key.layout, shape_part, compat))
+            if record is not None and record.shape == key.shape and self._matches(record, device, *_key_parts(key), compat):
                 return record
         return None
 
-    def lookup(self, device: str, kernel: str, dtype: str, layout: str, shape: Sequence[int],
-               compat: str, accept: Callable[[Record], bool] | None = None) -> tuple[Record, str] | None:
-        """The best entry for this problem and how it was found: ``"exact"``, ``"nearest"`` (same device,
-        kernel, dtype, layout and compat, the shape nearest in sum of |log2| ratios; ties go to the user
-        root, then the faster entry), ``"device default"`` (the shipped default for the device), or None.
-        `accept` filters records at every stage (the library uses it to skip a record whose kernel source
-        has changed since it was tuned)."""
-        ok = accept or (lambda record: True)
-        exact = self.get(device, kernel, dtype, layout, shape, compat)
-        if exact is not None and ok(exact):
-            return exact, "exact"
-        dims = _check_shape(shape)
-        name_default = _file_name(kernel, dtype, layout, DEFAULT_SHAPE, compat)
+    def records(self, device: str, key: ProblemKey, compat: str) -> list[tuple[int, Path, Record]]:
+        """Every valid entry of this device for the problem's kernel, dtype and layout, whatever its shape
+        (the device's default entry excepted), with the rank of its root: 0 the user's, 1 the shipped."""
+        name_default = _file_name(key.kernel, key.dtype, key.layout, DEFAULT_SHAPE, compat)
         # Sanitised parts hold no "-" and no glob characters, so the shape is the one starred part.
-        pattern = _file_name(kernel, dtype, layout, "*", compat)
-        best: tuple[tuple[float, int, float, str], Record] | None = None
+        pattern = _file_name(key.kernel, key.dtype, key.layout, "*", compat)
+        found = []
         for rank, root in enumerate(self._roots()):
-            folder = root / _device_dir(device)
-            for path in sorted(folder.glob(pattern)):
+            for path in sorted((root / _device_dir(device)).glob(pattern)):
                 if path.name == name_default:
                     continue
                 record = self._load(path)
-                if (record is None or len(record.shape) != len(dims)
-                        or not self._matches(record, device, kernel, dtype, layout, compat) or not ok(record)):
-                    continue
-                key = (_log_distance(record.shape, dims), rank, record.time_ms, str(path))
-                if best is None or key < best[0]:
-                    best = (key, record)
-        if best is not None:
-            return best[1], "nearest"
-        if self.shipped_root is not None:
-            path = self.shipped_root / _device_dir(device) / name_default
-            record = self._load(path)
-            if record is not None and self._matches(record, device, kernel, dtype, layout, compat) and ok(record):
-                return record, "device default"
-        return None
+                if record is not None and self._matches(record, device, *_key_parts(key), compat):
+                    found.append((rank, path, record))
+        return found
+
+    def device_default(self, device: str, key: ProblemKey, compat: str) -> Record | None:
+        """The shipped fallback entry of this device for the problem's kernel, dtype and layout, if any."""
+        if self.shipped_root is None:
+            return None
+        name = _file_name(key.kernel, key.dtype, key.layout, DEFAULT_SHAPE, compat)
+        record = self._load(self.shipped_root / _device_dir(device) / name)
+        return record if record is not None and self._matches(record, device, *_key_parts(key), compat) else None
 
     def _device_folders(self, root: Path, device: str | None) -> Iterator[Path]:
         if device is not None:

@@ -48,6 +48,13 @@ class DeviceLimits:
         slug = re.sub(r"[^A-Za-z0-9]+", "-", self.name).strip("-")
         return f"{slug}_{self.arch}"
 
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> DeviceLimits:
+        """The limits from `dataclasses.asdict` output that went through JSON or pickle (a list for a tuple)."""
+        values = dict(data)
+        values["compute_capability"] = tuple(values["compute_capability"])
+        return cls(**values)
+
     def as_names(self) -> dict[str, int]:
         """The limits under the names that search-space expressions use."""
         return {

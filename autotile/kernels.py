@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import re
 from typing import Any, Callable
 
 import numpy as np
 
-from .errors import InvalidValueError, UnknownNameError
+from .errors import UnknownNameError
 from .expr import ceil_div
+from .problem import KERNEL_DIMS, parse_shape
 from .render import render
-from .space import DTYPE_SIZES, Config, Space, load_space
+from .space import DEVICE_DERIVED, DTYPE_SIZES, Config, Space, load_space
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,12 +30,12 @@ class Launch:
 class KernelSpec:
     name: str
     dims: tuple[str, ...]  # the shape's letters, for example ("M", "N", "K")
-    launch: Callable[[Config, tuple[int, ...], Space, str, str], Launch]
+    # (config, shape, geometry) -> the grid; the block and shared memory come from the geometry alone
+    grid: Callable[[Config, tuple[int, ...]], tuple[int, int, int]]
     flops: Callable[[tuple[int, ...]], float]
     min_bytes: Callable[[tuple[int, ...], int], float]  # each input read once, the output written once
     # (shape, dtype, layout, generator, array module) -> inputs; NumPy or CuPy arrays alike
     make_inputs: Callable[[tuple[int, ...], str, str, Any, Any], tuple[Any, ...]]
-    reference: Callable[[tuple[np.ndarray, ...], str], np.ndarray]  # float64 result from host inputs
     output_shape: Callable[[tuple[int, ...]], tuple[int, ...]]
     check_shapes: tuple[tuple[int, ...], ...]  # extra verification shapes: primes, 1, nothing a tile divides
 
@@ -43,29 +43,55 @@ class KernelSpec:
         """The launch arguments: input and output arrays, then the sizes as 32-bit ints."""
         return (*inputs, out, *(np.int32(d) for d in shape))
 
+    @staticmethod
+    def reference(inputs: tuple[Any, ...]) -> Any:
+        """The float64 result of the same inputs (NumPy or CuPy arrays: the product runs where they are)."""
+        a, b = inputs
+        return a.astype("float64") @ b.astype("float64")
+
     @property
     def space(self) -> Space:
         return _space(self.name)
 
-    def render(self, config: Config, dtype: str = "float32", layout: str = "row") -> str:
-        return render(self.space.template, self.name, config, dtype, layout, self.space.source_key(config))
+    def geometry(self, config: Config, dtype: str = "float32", layout: str = "row") -> dict[str, Any]:
+        """The space's derived values for a config (threads, block_x, block_y, smem_bytes, tile strides,
+        ...): the one source of the numbers that both the template and the launcher use."""
+        return dict(_geometry(self.name, config, dtype, layout))
 
-    def parse_shape(self, text: str) -> tuple[int, ...]:
-        """'4096x4096x4096' -> (4096, 4096, 4096); every size a positive integer."""
-        parts = re.split(r"[x×X,]", text.strip())
-        if len(parts) != len(self.dims) or not all(p.strip().isdigit() for p in parts):
-            raise InvalidValueError(
-                f"{self.name} shape {text!r} must be {'x'.join(self.dims)} with positive integers, "
-                f"for example {'x'.join(['1024'] * len(self.dims))}")
-        shape = tuple(int(p) for p in parts)
-        if min(shape) < 1:
-            raise InvalidValueError(f"{self.name} shape {text!r}: every size must be at least 1")
-        return shape
+    def render(self, config: Config, dtype: str = "float32", layout: str = "row") -> str:
+        return render(self.space.template, self.name, config, dtype, layout, self.space.source_key(config),
+                      _geometry(self.name, config, dtype, layout))
+
+    def launch(self, config: Config, shape: tuple[int, ...], dtype: str = "float32", layout: str = "row") -> Launch:
+        """Grid, block and dynamic shared memory of one launch of `config` on `shape`."""
+        g = _geometry(self.name, config, dtype, layout)
+        dynamic = int(g["smem_bytes"]) if config["smem"] == "dynamic" else 0
+        return Launch(self.grid(config, shape), (int(g["block_x"]), int(g["block_y"]), 1), dynamic,
+                      config["SPLIT_K"] > 1)
+
+    def parse_shape(self, text: str | tuple[int, ...]) -> tuple[int, ...]:
+        """'4096x4096x4096' -> (4096, 4096, 4096); see `problem.parse_shape`."""
+        return parse_shape(self.name, text)
 
 
 @functools.lru_cache(maxsize=None)
 def _space(name: str) -> Space:
     return load_space(name)
+
+
+_DEVICE_DERIVED_NAMES = frozenset(name for name, _ in DEVICE_DERIVED)
+
+
+@functools.lru_cache(maxsize=4096)
+def _geometry(kernel: str, config: Config, dtype: str, layout: str) -> dict[str, Any]:
+    from .device import DEFAULT_OFFLINE_PROFILE, PROFILES
+    from .space import Problem
+
+    space = _space(kernel)
+    # The space's own derived values read no device limit, so any profile gives the same numbers; the
+    # occupancy figures the device model adds are left out.
+    derived = space.derive(config, Problem(PROFILES[DEFAULT_OFFLINE_PROFILE], dtype, layout))
+    return {name: value for name, value in derived.items() if name not in _DEVICE_DERIVED_NAMES}
 
 
 def _random(shape: tuple[int, ...], dtype: str, rng: Any) -> Any:
@@ -75,20 +101,12 @@ def _random(shape: tuple[int, ...], dtype: str, rng: Any) -> Any:
 
 # -- matmul ------------------------------------------------------------------------------------------
 
-def _matmul_launch(config: Config, shape: tuple[int, ...], space: Space, dtype: str, layout: str) -> Launch:
-    M, N, K = shape
-    c = config
-    if c["MATH"] == "tf32x3":  # warps in a line; the kernel reads threadIdx.x only
-        block = (32 * (c["BM"] // c["WM"]) * (c["BN"] // c["WN"]), 1, 1)
-    else:
-        block = (c["BN"] // c["TN"], c["BM"] // c["TM"], 1)
-    tiles_m, tiles_n = ceil_div(M, c["BM"]), ceil_div(N, c["BN"])
-    if c["SWIZZLE"] > 1:
-        grid = (tiles_m * tiles_n, 1, c["SPLIT_K"])
-    else:
-        grid = (tiles_n, tiles_m, c["SPLIT_K"])
-    dyn = _smem_bytes(config, space, dtype, layout) if c["smem"] == "dynamic" else 0
-    return Launch(grid, block, dyn, c["SPLIT_K"] > 1)
+def _matmul_grid(config: Config, shape: tuple[int, ...]) -> tuple[int, int, int]:
+    M, N, _ = shape
+    tiles_m, tiles_n = ceil_div(M, config["BM"]), ceil_div(N, config["BN"])
+    if config["SWIZZLE"] > 1:  # one line of blocks, ordered by the kernel (tile_origin in matmul_parts.j2)
+        return (tiles_m * tiles_n, 1, config["SPLIT_K"])
+    return (tiles_n, tiles_m, config["SPLIT_K"])
 
 
 def _matmul_inputs(shape, dtype, layout, rng, xp=np):
@@ -96,23 +114,10 @@ def _matmul_inputs(shape, dtype, layout, rng, xp=np):
     return _random((M, K), dtype, rng), _random((K, N), dtype, rng)
 
 
-def _matmul_reference(inputs, layout):
-    a, b = inputs
-    return a.astype(np.float64) @ b.astype(np.float64)
-
-
 # -- matvec ------------------------------------------------------------------------------------------
 
-def _matvec_launch(config: Config, shape: tuple[int, ...], space: Space, dtype: str, layout: str) -> Launch:
-    M, K = shape
-    c = config
-    if layout == "row":
-        block = (c["THREADS_K"], c["ROWS"], 1)
-    else:
-        block = (c["ROWS"] // c["VEC"], c["THREADS_K"], 1)
-    grid = (ceil_div(M, c["ROWS"]), c["SPLIT_K"], 1)
-    dyn = _smem_bytes(config, space, dtype, layout) if c["smem"] == "dynamic" else 0
-    return Launch(grid, block, dyn, c["SPLIT_K"] > 1)
+def _matvec_grid(config: Config, shape: tuple[int, ...]) -> tuple[int, int, int]:
+    return (ceil_div(shape[0], config["ROWS"]), config["SPLIT_K"], 1)
 
 
 def _matvec_inputs(shape, dtype, layout, rng, xp=np):
@@ -123,32 +128,19 @@ def _matvec_inputs(shape, dtype, layout, rng, xp=np):
     return a, _random((K,), dtype, rng)
 
 
-def _matvec_reference(inputs, layout):
-    a, x = inputs
-    return a.astype(np.float64) @ x.astype(np.float64)
-
-
-def _smem_bytes(config: Config, space: Space, dtype: str, layout: str) -> int:
-    from .device import PROFILES, DEFAULT_OFFLINE_PROFILE
-    from .space import Problem
-
-    # smem_bytes reads no device limit, so any profile gives the same number.
-    return int(space.derive(config, Problem(PROFILES[DEFAULT_OFFLINE_PROFILE], dtype, layout))["smem_bytes"])
-
-
 KERNELS: dict[str, KernelSpec] = {
     "matmul": KernelSpec(
-        name="matmul", dims=("M", "N", "K"), launch=_matmul_launch,
+        name="matmul", dims=KERNEL_DIMS["matmul"], grid=_matmul_grid,
         flops=lambda s: 2.0 * s[0] * s[1] * s[2],
         min_bytes=lambda s, size: float(s[0] * s[2] + s[2] * s[1] + s[0] * s[1]) * size,
-        make_inputs=_matmul_inputs, reference=_matmul_reference,
+        make_inputs=_matmul_inputs,
         output_shape=lambda s: (s[0], s[1]),
         check_shapes=((131, 67, 257), (1, 97, 33), (61, 1, 7))),
     "matvec": KernelSpec(
-        name="matvec", dims=("M", "K"), launch=_matvec_launch,
+        name="matvec", dims=KERNEL_DIMS["matvec"], grid=_matvec_grid,
         flops=lambda s: 2.0 * s[0] * s[1],
         min_bytes=lambda s, size: float(s[0] * s[1] + s[1] + s[0]) * size,
-        make_inputs=_matvec_inputs, reference=_matvec_reference,
+        make_inputs=_matvec_inputs,
         output_shape=lambda s: (s[0],),
         check_shapes=((1031, 2053), (1, 17), (29, 1))),
 }
@@ -167,9 +159,6 @@ def tolerance(dtype: str, k: int) -> float:
     the bound leaves a wide margin over that and stays far below what a wrong index gives (order 1)."""
     eps = float(np.finfo(dtype).eps)
     return max(64.0, 8.0 * float(np.sqrt(k))) * eps
-
-
-__all__ = ["KERNELS", "KernelSpec", "Launch", "get", "tolerance", "DTYPE_SIZES"]
 
 
 def compat_hash(kernel: str, space: Space | None = None) -> str:
@@ -206,3 +195,7 @@ def metric(kernel: str, shape: tuple[int, ...], dtype: str, time_ms: float) -> t
     if kernel == "matmul":
         return spec.flops(shape) / (time_ms * 1e-3) / 1e9, "GFLOP/s"
     return spec.min_bytes(shape, DTYPE_SIZES[dtype]) / (time_ms * 1e-3) / 1e9, "GB/s"
+
+
+__all__ = ["KERNELS", "KernelSpec", "Launch", "compat_hash", "get", "metric", "source_hash", "tolerance",
+           "DTYPE_SIZES"]

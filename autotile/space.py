@@ -20,7 +20,7 @@ import yaml
 
 from . import resources
 from .device import DEFAULT_OFFLINE_PROFILE, PROFILES, DeviceLimits
-from .errors import (InfeasibleConfigError, InvalidValueError, SpaceDefinitionError, UnknownNameError)
+from .errors import InfeasibleConfigError, InvalidValueError, SpaceDefinitionError, UnknownNameError
 from .expr import FUNCTIONS, Expr
 
 DTYPE_SIZES = {"float32": 4, "float64": 8}

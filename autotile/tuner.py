@@ -2,23 +2,23 @@
 winner chosen by re-timing the best few candidates interleaved.
 
 The study talks to an `Evaluator`: the GPU one runs candidates in a worker process (`worker.IsolatedRunner`);
-`ReplayEvaluator` answers from a table of recorded timings, so the loop is tested without a GPU.
+`autotile.testing.ReplayEvaluator` answers from a table of recorded timings, so the loop is tested without
+a GPU. A study is bound to its problem (kernel, dtype, layout, shape, device): resuming it for another one
+is refused.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
-import math
 import statistics
 import time
-from pathlib import Path
 from typing import Any, Callable, Protocol
 
 from . import kernels
 from .device import DeviceLimits
-from .errors import InvalidValueError, UnknownNameError
+from .errors import AutotileError, InvalidValueError, UnknownNameError
+from .problem import ProblemKey
 from .space import Config, Problem, Space
 from .timing import Timing
 from .worker import OK, Candidate, CandidateResult
@@ -26,6 +26,11 @@ from .worker import OK, Candidate, CandidateResult
 SAMPLERS = ("tpe", "random", "grid", "cmaes", "nsga2")
 SEED_PREFIX = "seed-"
 MAX_SKIPS = 5000  # infeasible or repeated draws in a row before we call the space exhausted
+PROBLEM_ATTR = "autotile_problem"  # the study's user attribute that binds it to one problem
+
+
+class TuningError(AutotileError, RuntimeError):
+    """A tuning run that could not name a result: every candidate failed, or none could run."""
 
 
 class Evaluator(Protocol):
@@ -97,6 +102,14 @@ class TuneResult:
     seconds: float
     environment: dict[str, Any]
     study_name: str
+    # Where the winner was stored, or why it was not (set by `autotile.tune`; None when not asked to save).
+    saved_path: str | None = None
+    save_error: str | None = None
+    save_note: str | None = None  # for example: the cache kept an existing, faster entry
+
+    @property
+    def key(self) -> ProblemKey:
+        return ProblemKey(self.kernel, self.dtype, self.layout, self.shape)
 
     @property
     def vs_baseline(self) -> float | None:
@@ -140,23 +153,32 @@ def make_sampler(name: str, seed: int) -> Any:
 class Tuner:
     """One tuning run of one kernel on one problem (shape, dtype, layout)."""
 
-    def __init__(self, kernel: str, shape: tuple[int, ...], dtype: str = "float32", layout: str = "row",
-                 options: TuneOptions = TuneOptions(), *, space: Space | None = None,
+    def __init__(self, key: ProblemKey, options: TuneOptions = TuneOptions(), *, space: Space | None = None,
                  render_source: Callable[[Config], str] | None = None):
-        self.spec = kernels.get(kernel)
+        self.key = key
+        self.spec = kernels.get(key.kernel)
         self.space = space or self.spec.space
-        if layout not in self.space.layouts:
-            raise InvalidValueError(f"{kernel} supports layout(s) {list(self.space.layouts)}, not {layout!r}")
-        if len(shape) != len(self.spec.dims) or min(shape) < 1:
-            raise InvalidValueError(f"{kernel} needs a shape {'x'.join(self.spec.dims)} of positive sizes, "
-                                    f"got {shape}")
+        if key.layout not in self.space.layouts:
+            raise InvalidValueError(f"{key.kernel} supports layout(s) {list(self.space.layouts)}, not {key.layout!r}")
         if options.sampler not in SAMPLERS:
             raise InvalidValueError(f"sampler {options.sampler!r} is not one of {', '.join(SAMPLERS)}")
         if options.trials < 1:
             raise InvalidValueError(f"trials must be at least 1, got {options.trials}")
-        self.shape, self.dtype, self.layout, self.options = tuple(shape), dtype, layout, options
-        self._render = render_source or (lambda c: self.spec.render(c, dtype, layout))
+        self.options = options
+        self._render = render_source or (lambda c: self.spec.render(c, key.dtype, key.layout))
         self._next_id = 0
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.key.shape
+
+    @property
+    def dtype(self) -> str:
+        return self.key.dtype
+
+    @property
+    def layout(self) -> str:
+        return self.key.layout
 
     # -- candidates --------------------------------------------------------------------------------------
 
@@ -167,7 +189,7 @@ class Tuner:
     def candidate(self, config: Config) -> Candidate:
         self._next_id += 1
         shapes = [self.shape] + [s for s in self.spec.check_shapes if s != self.shape]
-        launches = {s: self.spec.launch(config, s, self.space, self.dtype, self.layout) for s in shapes}
+        launches = {s: self.spec.launch(config, s, self.dtype, self.layout) for s in shapes}
         return Candidate(self._next_id, self._render(config), "autotile_" + self.spec.name, launches,
                          config.key())
 
@@ -181,10 +203,11 @@ class Tuner:
         logging.getLogger("optuna").setLevel(logging.WARNING)
         opts = self.options
         problem = Problem(limits, self.dtype, self.layout)
-        shape_text = "x".join(map(str, self.shape))
+        shape_text = self.key.shape_text
         study_name = opts.study_name or f"{self.spec.name}-{self.dtype}-{self.layout}-{shape_text}-{limits.fingerprint}"
         study = optuna.create_study(direction="minimize", sampler=make_sampler(opts.sampler, opts.seed),
                                     storage=opts.storage, study_name=study_name, load_if_exists=True)
+        self._bind(study, limits)
         known: dict[str, tuple[float | None, str | None]] = {}  # config key -> (time or None, seed name)
         for t in study.trials:
             key = t.user_attrs.get("config_key")
@@ -282,8 +305,8 @@ class Tuner:
 
         finalists, baseline = self._retime(evaluator, known)
         if not finalists:
-            raise RuntimeError(f"no candidate of {self.spec.name} {shape_text} ran correctly "
-                               f"({', '.join(f'{n} {s}' for s, n in failures.items()) or 'none ran'})")
+            raise TuningError(f"no candidate of {self.key} ran correctly in study {study_name!r} "
+                              f"({', '.join(f'{n} {s}' for s, n in failures.items()) or 'none ran'})")
         best = min(finalists, key=lambda f: f.median_ms)
         seeds = [f for f in finalists if f.seed_name]
         baseline_ms = baseline.median_ms if baseline else baseline_ms
@@ -295,6 +318,22 @@ class Tuner:
             metric=kernels.metric(self.spec.name, self.shape, self.dtype, best.median_ms)[0], metric_unit=unit,
             trials=ran, failures=failures, pruned=pruned, duplicates=duplicates,
             seconds=time.monotonic() - started, environment=dict(evaluator.environment), study_name=study_name)
+
+    def _bind(self, study: Any, limits: DeviceLimits) -> None:
+        """Bind a new study to this problem; refuse to resume one made for another problem, whose trials
+        (times of another shape, configs infeasible for another dtype) would pass for this one's."""
+        mine = dict(self.key.to_json(), device=limits.fingerprint)
+        bound = study.user_attrs.get(PROBLEM_ATTR)
+        if bound is None:
+            if any(t.user_attrs.get("config_key") for t in study.trials):
+                raise InvalidValueError(f"study {study.study_name!r} holds trials of an unknown problem (made "
+                                        f"before studies were bound to one); use another --study-name for {self.key}")
+            study.set_user_attr(PROBLEM_ATTR, mine)
+        elif bound != mine:
+            theirs = f"{bound.get('kernel')} {bound.get('dtype')} {bound.get('layout')} " \
+                     f"{'x'.join(map(str, bound.get('shape', [])))} on {bound.get('device')}"
+            raise InvalidValueError(f"study {study.study_name!r} tunes {theirs}, not {self.key} on "
+                                    f"{limits.fingerprint}; use another --study-name")
 
     def _retime(self, evaluator: Evaluator, known: dict[str, tuple[float | None, str | None]]
                 ) -> tuple[list[Finalist], Timing | None]:
@@ -320,76 +359,3 @@ class Tuner:
     def _config_from_key(self, key: str) -> Config:
         values = dict(item.split("=", 1) for item in key.split(","))
         return self.space.config(values)
-
-
-# -- replaying recorded timings ---------------------------------------------------------------------------
-
-class ReplayEvaluator:
-    """Answers from a table recorded on a GPU (see `record_table`): the tuner's loop, tested without one.
-
-    The table maps config keys to what the GPU measured (status, median, spread, message). A config the
-    table lacks raises KeyError: a test that reaches one has drawn outside the recorded space.
-    """
-
-    def __init__(self, table: dict[str, Any], space: Space | None = None):
-        """`space`, if given, re-keys the table through it: a parameter added since the recording (with
-        a default) then appears in the keys with its default value, as in the tuner's candidates."""
-        if space is not None:
-            results = {}
-            for key, entry in table["results"].items():
-                values = dict(item.split("=", 1) for item in key.split(","))
-                results[space.config(values).key()] = entry
-            table = dict(table, results=results)
-        self.table = table
-        b = table["baseline"]
-        self.baseline = Timing(b["median_ms"], b["p25_ms"], b["p75_ms"], b["min_ms"], b["reps"])
-        self.environment = dict(table.get("environment", {}))
-        self.evaluated: list[str] = []
-
-    @classmethod
-    def load(cls, path: str | Path) -> "ReplayEvaluator":
-        return cls(json.loads(Path(path).read_text()))
-
-    def _entry(self, key: str) -> dict[str, Any]:
-        return self.table["results"][key]
-
-    def evaluate(self, candidates: list[Candidate]) -> list[CandidateResult]:
-        out = []
-        for cand in candidates:
-            entry = self._entry(cand.config_key)
-            self.evaluated.append(cand.config_key)
-            if entry["status"] == OK:
-                t = entry["timing"]
-                timing = Timing(t["median_ms"], t["p25_ms"], t["p75_ms"], t["min_ms"], t["reps"])
-                out.append(CandidateResult(cand.id, OK, "", timing, entry.get("error")))
-            else:
-                out.append(CandidateResult(cand.id, entry["status"], entry.get("message", "")))
-        return out
-
-    def retime(self, candidates: dict[int, Candidate], rounds: int) -> tuple[dict[int, list[float]], Timing]:
-        # The recorded quartiles stand in for round-to-round noise: rounds alternate p25, median, p75.
-        out = {}
-        for i, cand in candidates.items():
-            t = self._entry(cand.config_key)["timing"]
-            cycle = [t["p25_ms"], t["median_ms"], t["p75_ms"]]
-            out[i] = [cycle[r % 3] for r in range(rounds)]
-        return out, self.baseline
-
-
-def record_table(result_pairs: list[tuple[Config, CandidateResult]], baseline: Timing,
-                 environment: dict[str, Any], problem: dict[str, Any]) -> dict[str, Any]:
-    """The JSON table `ReplayEvaluator` reads, from results measured on a GPU."""
-    results = {}
-    for config, r in result_pairs:
-        entry: dict[str, Any] = {"status": r.status}
-        if r.timing is not None:
-            entry["timing"] = r.timing.to_json()
-            entry["error"] = r.error
-        if r.message:
-            entry["message"] = r.message[:500]
-        results[config.key()] = entry
-    return {"problem": problem, "environment": environment, "baseline": baseline.to_json(), "results": results}
-
-
-def geometric_mean(values: list[float]) -> float:
-    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else float("nan")

@@ -1,6 +1,9 @@
 """Candidates run in a worker process, so that no candidate can take the tuning run down with it.
 
-The parent renders the sources and computes the launch geometry (pure Python); the worker compiles them
+The worker is a fresh interpreter running this module (`python -m autotile.worker`), talking to the
+parent over its standard input and output: it never re-imports the caller's script, so a tuning call
+needs no `if __name__ == "__main__":` guard. The parent renders the sources and computes the launch
+geometry (pure Python); the worker compiles them
 (several at once, on NVRTC threads), verifies each against a float64 reference on the tuning shape and on
 small odd shapes, and times it. A candidate that fails gets a typed status:
 
@@ -14,13 +17,18 @@ small odd shapes, and times it. A candidate that fails gets a typed status:
 from __future__ import annotations
 
 import dataclasses
-import multiprocessing
 import os
+import subprocess
+import sys
 import time
 import traceback
+from multiprocessing.connection import Connection
+from pathlib import Path
 from typing import Any
 
+from .errors import AutotileError
 from .kernels import Launch
+from .problem import ProblemKey
 from .timing import Timing
 
 OK, COMPILE, LAUNCH, CRASH, TIMEOUT, WRONG = "ok", "compile", "launch", "crash", "timeout", "wrong result"
@@ -57,12 +65,14 @@ class CandidateResult:
 class Setup:
     """The problem a worker prepares inputs for: the tuning shape plus the kernel's check shapes."""
 
-    kernel: str
-    shape: tuple[int, ...]
-    dtype: str
-    layout: str
+    key: ProblemKey
     seed: int = 0
     compile_threads: int = 4
+    device_id: int = 0
+
+
+class WorkerError(AutotileError, RuntimeError):
+    """The GPU worker process could not start, prepare the problem, or answer."""
 
 
 # -- the worker process --------------------------------------------------------------------------------
@@ -72,35 +82,35 @@ class _WorkerState:
         import cupy
 
         from . import device, kernels
+        from .impl import Cublas
         from .timing import L2Flusher, time_launch
 
+        cupy.cuda.Device(setup.device_id).use()
         self.setup = setup
-        self.spec = kernels.get(setup.kernel)
-        self.limits = device.live_device()
+        self.spec = kernels.get(setup.key.kernel)
+        self.limits = device.live_device(setup.device_id)
         self.flush = L2Flusher(self.limits.l2_bytes)
-        self.shapes = [setup.shape] + [s for s in self.spec.check_shapes if s != setup.shape]
+        self.shapes = [setup.key.shape] + [s for s in self.spec.check_shapes if s != setup.key.shape]
         rng = cupy.random.default_rng(setup.seed)
         self.inputs: dict[tuple[int, ...], tuple[Any, ...]] = {}
         self.refs: dict[tuple[int, ...], Any] = {}
         self.outputs: dict[tuple[int, ...], Any] = {}
         for shape in self.shapes:
-            self.inputs[shape] = tuple(self.spec.make_inputs(shape, setup.dtype, setup.layout, rng, cupy))
-            # The float64 reference through cuBLAS (DGEMM/DGEMV) on upcast copies of the same inputs.
-            ref = self.inputs[shape][0].astype(cupy.float64) @ self.inputs[shape][1].astype(cupy.float64)
-            self.refs[shape] = ref
-            self.outputs[shape] = cupy.empty(self.spec.output_shape(shape), dtype=setup.dtype)
-        a, b = self.inputs[setup.shape][:2]
-        base_out = self.outputs[setup.shape]
-        # cuBLAS through CuPy, timed the same way as the candidates.
-        self.baseline = time_launch(lambda: cupy.matmul(a, b, out=base_out), self.flush)
+            self.inputs[shape] = tuple(self.spec.make_inputs(shape, setup.key.dtype, setup.key.layout, rng, cupy))
+            self.refs[shape] = self.spec.reference(self.inputs[shape])  # float64, on the GPU
+            self.outputs[shape] = cupy.empty(self.spec.output_shape(shape), dtype=setup.key.dtype)
+        cublas = Cublas().prepare(setup.key)
+        args, out = self.inputs[setup.key.shape], self.outputs[setup.key.shape]
+        self.time_cublas = lambda: time_launch(lambda: cublas.run(args, out), self.flush)
+        self.baseline = self.time_cublas()
         self.kernels: dict[int, Any] = {}
 
     def environment(self) -> dict[str, Any]:
         import cupy
 
-        rt = cupy.cuda.runtime
-        from .build import compiler_version
+        from .build import COMPILE_OPTIONS, compiler_version
 
+        rt = cupy.cuda.runtime
         return {
             "gpu": self.limits.name,
             "device": self.limits.fingerprint,
@@ -109,19 +119,17 @@ class _WorkerState:
             "cuda_runtime": rt.runtimeGetVersion(),
             "cupy": cupy.__version__,
             "compiler": compiler_version(),
+            "compile_options": list(COMPILE_OPTIONS),
             "date": time.strftime("%Y-%m-%d"),
         }
 
-    def run_fn(self, kernel: Any, launch: Launch, shape: tuple[int, ...]):
-        out = self.outputs[shape]
-        args = self.spec.kernel_args(self.inputs[shape], out, shape)
+    def runner(self, kernel: Any, launch: Launch, shape: tuple[int, ...]) -> Any:
+        """The run of this kernel on this shape's inputs, through the library's own launcher."""
+        from .impl import KernelRunner
 
-        def run() -> None:
-            if launch.zero_output:
-                out.fill(0)
-            kernel(launch.grid, launch.block, args, shared_mem=launch.dynamic_smem_bytes)
-
-        return run, out
+        runner = KernelRunner(kernel, launch, shape)
+        args, out = self.inputs[shape], self.outputs[shape]
+        return lambda: runner.run(args, out)
 
 
 def _context_alive() -> bool:
@@ -136,17 +144,15 @@ def _context_alive() -> bool:
 def _evaluate(state: _WorkerState, cand: Candidate, kernel: Any, compile_s: float) -> CandidateResult:
     import cupy
 
-    from .build import allow_dynamic_smem
     from .kernels import tolerance
     from .timing import relative_error, time_launch
 
-    regs = int(getattr(kernel, "num_regs", 0)) or None
+    regs = _registers(kernel)
     worst = 0.0
     for shape in state.shapes:
-        launch = cand.launches[tuple(shape)]
+        out = state.outputs[shape]
         try:
-            allow_dynamic_smem(kernel, launch.dynamic_smem_bytes)
-            run, out = state.run_fn(kernel, launch, shape)
+            run = state.runner(kernel, cand.launches[tuple(shape)], shape)
             out.fill(float("nan"))  # poison: an element the kernel does not write fails the check
             run()
             cupy.cuda.Device().synchronize()
@@ -155,20 +161,27 @@ def _evaluate(state: _WorkerState, cand: Candidate, kernel: Any, compile_s: floa
             return CandidateResult(cand.id, status, f"{type(exc).__name__}: {exc}", registers=regs,
                                    compile_s=compile_s)
         err = relative_error(out, state.refs[shape])
-        tol = tolerance(state.setup.dtype, shape[-1])
+        tol = tolerance(state.setup.key.dtype, shape[-1])
         if not err <= tol:  # NaN fails too
             return CandidateResult(cand.id, WRONG, f"shape {'x'.join(map(str, shape))}: relative error "
                                    f"{err:.3g} > tolerance {tol:.3g}", error=err, registers=regs,
                                    compile_s=compile_s)
         worst = max(worst, err)
-    run, _ = state.run_fn(kernel, cand.launches[tuple(state.setup.shape)], state.setup.shape)
+    shape = state.setup.key.shape
     try:
-        timing = time_launch(run, state.flush)
+        timing = time_launch(state.runner(kernel, cand.launches[shape], shape), state.flush)
     except Exception as exc:
         status = LAUNCH if _context_alive() else CRASH
         return CandidateResult(cand.id, status, f"{type(exc).__name__}: {exc}", registers=regs)
     state.kernels[cand.id] = kernel
     return CandidateResult(cand.id, OK, "", timing, worst, regs, compile_s)
+
+
+def _registers(kernel: Any) -> int | None:
+    registers = getattr(kernel, "registers", None)
+    if registers is None:
+        registers = getattr(kernel, "num_regs", None)
+    return int(registers) if registers else None
 
 
 def _serve(conn: Any) -> None:
@@ -210,22 +223,46 @@ def _serve(conn: Any) -> None:
                     cand = msg["candidates"][i]
                     if i not in state.kernels:  # compiled in a worker that has since been replaced
                         state.kernels[i] = build.compile_kernel(cand.source, cand.name)
-                    launch = cand.launches[tuple(state.setup.shape)]
-                    build.allow_dynamic_smem(state.kernels[i], launch.dynamic_smem_bytes)
-                    run, _ = state.run_fn(state.kernels[i], launch, state.setup.shape)
+                    shape = state.setup.key.shape
+                    run = state.runner(state.kernels[i], cand.launches[shape], shape)
                     medians[i].append(time_launch(run, state.flush, warmup=1, min_reps=5, target_ms=50).median_ms)
-            a, b = state.inputs[state.setup.shape][:2]
-            import cupy
-
-            base_out = state.outputs[state.setup.shape]
-            baseline = time_launch(lambda: cupy.matmul(a, b, out=base_out), state.flush)
-            conn.send({"medians": medians, "baseline": baseline})
+            conn.send({"medians": medians, "baseline": state.time_cublas()})
         else:
             conn.send({"error": f"unknown op {op!r}"})
 
 
-def worker_main(conn: Any) -> None:
-    """Entry point of the worker process: serve requests until told to stop or the pipe closes."""
+class _Pipes:
+    """Both directions of the worker's conversation, on two file descriptors (pickled, length-framed
+    messages through multiprocessing's `Connection`)."""
+
+    def __init__(self, read_fd: int, write_fd: int):
+        self.reader = Connection(read_fd, writable=False)
+        self.writer = Connection(write_fd, readable=False)
+
+    def send(self, obj: Any) -> None:
+        self.writer.send(obj)
+
+    def recv(self) -> Any:
+        return self.reader.recv()
+
+    def poll(self, timeout: float) -> bool:
+        return self.reader.poll(timeout)
+
+    def close(self) -> None:
+        for conn in (self.reader, self.writer):
+            try:
+                conn.close()
+            except OSError:
+                pass
+
+
+def worker_main() -> None:
+    """Entry point of the worker process: serve requests on stdin/stdout until told to stop or the pipe
+    closes. Anything a library prints goes to stderr: the real stdout carries only messages."""
+    message_fd = os.dup(1)
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    conn = _Pipes(os.dup(0), message_fd)
     try:
         _serve(conn)
     except EOFError:
@@ -251,14 +288,13 @@ class IsolatedRunner:
         self.setup = setup
         self.timeout_s = timeout_s
         self.setup_timeout_s = setup_timeout_s
-        self._ctx = multiprocessing.get_context("spawn")
-        self._proc: Any = None
-        self._conn: Any = None
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._conn: _Pipes | None = None
         self.baseline: Timing | None = None
         self.environment: dict[str, Any] = {}
         self.restarts = 0
 
-    def __enter__(self) -> "IsolatedRunner":
+    def __enter__(self) -> IsolatedRunner:
         self.start()
         return self
 
@@ -266,44 +302,69 @@ class IsolatedRunner:
         self.close()
 
     def start(self) -> None:
-        parent, child = self._ctx.Pipe()
-        self._proc = self._ctx.Process(target=worker_main, args=(child,), daemon=True, name="autotile-worker")
-        self._proc.start()
-        child.close()
-        self._conn = parent
-        self._conn.send({"op": "setup", "setup": self.setup})
-        reply = self._receive(self.setup_timeout_s)
+        env = dict(os.environ)
+        # The worker imports this very autotile, wherever it was imported from (a checkout, a wheel).
+        package_root = str(Path(__file__).resolve().parent.parent)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH", "")) if p)
+        try:
+            self._proc = subprocess.Popen([sys.executable, "-m", "autotile.worker"], stdin=subprocess.PIPE,
+                                          stdout=subprocess.PIPE, env=env)
+        except OSError as exc:
+            raise WorkerError(f"cannot start the GPU worker ({sys.executable} -m autotile.worker): {exc}") from None
+        assert self._proc.stdin is not None and self._proc.stdout is not None
+        self._conn = _Pipes(os.dup(self._proc.stdout.fileno()), os.dup(self._proc.stdin.fileno()))
+        self._proc.stdout.close()
+        self._proc.stdin.close()
+        self._send({"op": "setup", "setup": self.setup})
+        try:
+            reply = self._receive(self.setup_timeout_s)
+        except WorkerCrashed:
+            reply = {"fatal": f"the worker process exited with status {self._proc.poll()}"}
         if reply is None or "fatal" in reply:
-            detail = reply["fatal"] if reply else "no answer"
+            detail = reply["fatal"].strip().splitlines()[-1] if reply else f"no answer in {self.setup_timeout_s:g} s"
             self._kill()
-            raise RuntimeError(f"the GPU worker could not prepare the problem: {detail}")
+            raise WorkerError(f"the GPU worker could not prepare {self.setup.key}: {detail}")
         self.baseline = reply["baseline"]
         self.environment = reply["environment"]
 
+    def _send(self, message: Any) -> None:
+        assert self._conn is not None
+        try:
+            self._conn.send(message)
+        except (BrokenPipeError, OSError):
+            raise WorkerCrashed() from None
+
     def close(self) -> None:
-        if self._proc is not None and self._proc.is_alive():
+        if self._proc is not None and self._proc.poll() is None:
             try:
-                self._conn.send({"op": "stop"})
-                self._proc.join(5)
-            except Exception:
+                self._send({"op": "stop"})
+                self._proc.wait(5)
+            except Exception:  # it did not stop by itself: killed below
                 pass
         self._kill()
 
     def _kill(self) -> None:
         if self._proc is not None:
-            if self._proc.is_alive():
+            if self._proc.poll() is None:
                 self._proc.kill()
-            self._proc.join(5)
+            try:
+                self._proc.wait(5)
+            except subprocess.TimeoutExpired:
+                pass
+        if self._conn is not None:
+            self._conn.close()
         self._proc = None
+        self._conn = None
 
     def _receive(self, timeout: float) -> Any:
         """The next message, or None on timeout; raises WorkerCrashed if the process died."""
+        assert self._conn is not None
         try:
             if self._conn.poll(timeout):
                 return self._conn.recv()
         except (EOFError, OSError):
             raise WorkerCrashed() from None
-        if self._proc is not None and not self._proc.is_alive():
+        if self._proc is not None and self._proc.poll() is not None:
             raise WorkerCrashed()
         return None
 
@@ -312,7 +373,11 @@ class IsolatedRunner:
         results: list[CandidateResult] = []
         pending = list(candidates)
         while pending:
-            self._conn.send({"op": "evaluate", "candidates": pending})
+            try:
+                self._send({"op": "evaluate", "candidates": pending})
+            except WorkerCrashed:
+                self._restart()
+                continue
             for cand in list(pending):
                 try:
                     reply = self._receive(self.timeout_s)
@@ -325,16 +390,27 @@ class IsolatedRunner:
                 results.append(reply)
                 pending.remove(cand)
                 if reply.status in (CRASH, TIMEOUT):
-                    self._kill()
-                    self.restarts += 1
-                    self.start()
+                    self._restart()
                     break
         return results
 
+    def _restart(self) -> None:
+        self._kill()
+        self.restarts += 1
+        self.start()
+
     def retime(self, candidates: dict[int, Candidate], rounds: int) -> tuple[dict[int, list[float]], Timing]:
         """Per candidate, its median in each of `rounds` interleaved rounds; and cuBLAS re-timed."""
-        self._conn.send({"op": "retime", "ids": list(candidates), "candidates": candidates, "rounds": rounds})
-        reply = self._receive(self.timeout_s * max(1, len(candidates)) * rounds)
+        try:
+            self._send({"op": "retime", "ids": list(candidates), "candidates": candidates, "rounds": rounds})
+            reply = self._receive(self.timeout_s * max(1, len(candidates)) * rounds)
+        except WorkerCrashed:
+            reply = {"fatal": f"the worker process exited with status {self._proc.poll() if self._proc else '?'}"}
         if not isinstance(reply, dict) or "medians" not in reply:
-            raise RuntimeError(f"re-timing failed: {reply}")
+            detail = reply.get("fatal", reply) if isinstance(reply, dict) else "no answer in time"
+            raise WorkerError(f"re-timing the finalists failed: {str(detail).strip().splitlines()[-1]}")
         return reply["medians"], reply["baseline"]
+
+
+if __name__ == "__main__":
+    worker_main()

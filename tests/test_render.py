@@ -97,8 +97,9 @@ def test_seed_naive_uses_no_shared_memory():
 def test_seed_tiled_uses_static_shared_tiles(name, tile):
     src = seed_source("matmul", name)
     assert "extern __shared__" not in src
-    assert re.search(r"__shared__ __align__\(16\) float As\[STAGES \* A_TILE\];", src)
-    assert re.search(r"__shared__ __align__\(16\) float Bs\[STAGES \* B_TILE\];", src)
+    assert "using T = float;" in src
+    assert re.search(r"__shared__ __align__\(16\) T As\[STAGES \* A_TILE\];", src)
+    assert re.search(r"__shared__ __align__\(16\) T Bs\[STAGES \* B_TILE\];", src)
     assert src.count("__syncthreads()") == 2  # after the store and after the multiply
     assert re.search(r"for \(int t = 0; t < n_tiles; \+\+t\) \{", src)  # the loop over K tiles
     assert f"constexpr int BM = {tile}, BN = {tile}, TM = 1, TN = 1;" in src
@@ -119,8 +120,8 @@ def test_seed_matvec_colmajor_uses_dynamic_shared_memory():
 
 def test_float64_renders_double():
     src = seed_source("matmul", "seed-tiled16", "float64")
-    assert "const double* __restrict__ A" in src
-    assert "__shared__ __align__(16) double As" in src
+    assert "using T = double;" in src
+    assert "const T* __restrict__ A" in src and "__shared__ __align__(16) T As" in src
     assert not re.search(r"\bfloat\b", src)
 
 
@@ -157,10 +158,10 @@ def _dynamic_bytes(kernel: str, src: str, cfg, dtype_size: int) -> int:
     """The dynamic shared memory the rendered kernel indexes, read from its constants."""
     if kernel == "matmul":
         a = re.search(r"constexpr int A_STRIDE = (\d+), A_TILE = (\d+) \* A_STRIDE;", src)
-        b = re.search(r"constexpr int B_STRIDE = BN \+ (\d+), B_TILE = BK \* B_STRIDE;", src)
+        b = re.search(r"constexpr int B_STRIDE = (\d+), B_TILE = BK \* B_STRIDE;", src)
         stages = re.search(r"STAGES = (\d+);", src)
         assert a and b and stages, src
-        elems = int(a.group(1)) * int(a.group(2)) + cfg["BK"] * (cfg["BN"] + int(b.group(1)))
+        elems = int(a.group(1)) * int(a.group(2)) + cfg["BK"] * int(b.group(1))
         return int(stages.group(1)) * elems * dtype_size
     x = re.search(r"a_shared = x_shared \+ (\d+);", src)
     a = re.search(r"partial = a_shared \+ (\d+);", src)
@@ -183,10 +184,10 @@ def test_dynamic_shared_memory_matches_model_and_launch(kernel, layout, dtype):
         src = spec.render(cfg, dtype, layout)
         model = space.derive(cfg, prob)["smem_bytes"]
         assert _dynamic_bytes(kernel, src, cfg, prob.names()["dtype_size"]) == model, cfg.key()
-        assert spec.launch(cfg, shape, space, dtype, layout).dynamic_smem_bytes == model
+        assert spec.launch(cfg, shape, dtype, layout).dynamic_smem_bytes == model
     for cfg in space.sample(prob, 20, seed=98):
         if cfg["smem"] != "dynamic":
-            assert spec.launch(cfg, shape, space, dtype, layout).dynamic_smem_bytes == 0
+            assert spec.launch(cfg, shape, dtype, layout).dynamic_smem_bytes == 0
 
 
 def test_top_level_render_checks_and_matches():
@@ -209,20 +210,30 @@ def test_render_is_pure():
     assert first != other
     assert spec.render(a) == first  # the same text, also after another config and dtype
     assert spec.render(b, "float64") == other
-    assert render_mod.render("matmul.cu.j2", "matmul", dict(a), config_key=spec.space.source_key(a)) == first  # a plain dict is as good as a Config
+    # a plain dict is as good as a Config
+    assert render_mod.render("matmul.cu.j2", "matmul", dict(a), config_key=spec.space.source_key(a),
+                             geometry=spec.geometry(a)) == first
     assert dict(a) == dict(spec.space.named("seed-tiled16"))  # rendering changed nothing
 
 
 def test_missing_template_variable_is_an_error():
-    cfg = dict(kernels.get("matmul").space.named("seed-tiled16"))
+    spec = kernels.get("matmul")
+    config = spec.space.named("seed-tiled16")
+    cfg, geometry = dict(config), spec.geometry(config)
     for name in ("BN", "smem", "SPLIT_K", "UNROLL", "PAD"):
         partial = {k: v for k, v in cfg.items() if k != name}
         with pytest.raises(jinja2.UndefinedError, match=f"'{name}' is undefined"):
-            render_mod.render("matmul.cu.j2", "matmul", partial)
-    mv = dict(kernels.get("matvec").space.named("seed-matvec-colmajor"))
+            render_mod.render("matmul.cu.j2", "matmul", partial, geometry=geometry)
+    for name in ("threads", "block_x", "a_stride"):  # the geometry is needed too
+        with pytest.raises(jinja2.UndefinedError, match=f"'{name}' is undefined"):
+            render_mod.render("matmul.cu.j2", "matmul", cfg, geometry={k: v for k, v in geometry.items() if k != name})
+    mv_spec = kernels.get("matvec")
+    mv_config = mv_spec.space.named("seed-matvec-colmajor")
+    mv = dict(mv_config)
     del mv["TILE_K"]
     with pytest.raises(jinja2.UndefinedError, match="TILE_K"):
-        render_mod.render("matvec.cu.j2", "matvec", mv, "float32", "col")
+        render_mod.render("matvec.cu.j2", "matvec", mv, "float32", "col",
+                          geometry=mv_spec.geometry(mv_config, "float32", "col"))
 
 
 def test_environment_is_strict():
@@ -233,10 +244,9 @@ def test_environment_is_strict():
 
 def _strides(src: str) -> tuple[int, int]:
     a = re.search(r"constexpr int A_STRIDE = (\d+), A_TILE", src)
-    b = re.search(r"constexpr int B_STRIDE = BN \+ (\d+), B_TILE", src)
-    bn = re.search(r"constexpr int BM = \d+, BN = (\d+),", src)
-    assert a and b and bn, src
-    return int(a.group(1)), int(bn.group(1)) + int(b.group(1))
+    b = re.search(r"constexpr int B_STRIDE = (\d+), B_TILE", src)
+    assert a and b, src
+    return int(a.group(1)), int(b.group(1))
 
 
 @pytest.mark.parametrize("bk", [8, 16, 32, 64])
@@ -257,10 +267,32 @@ def test_tf32x3_fragment_reads_are_free_of_bank_conflicts(bk, bn):
         assert len(set(banks)) == 32, (bn, b_stride, sorted(banks))
 
 
+def _code(src: str) -> str:
+    """The source without its // comments: what the compiler sees of it."""
+    return "\n".join(line.split("//", 1)[0] for line in src.splitlines())
+
+
 def test_tf32x3_renders_tensor_core_code_and_simt_does_not():
     spec = kernels.get("matmul")
-    tc = spec.render(spec.space.named("tf32x3-128"))
+    tc = _code(spec.render(spec.space.named("tf32x3-128")))
     assert "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32" in tc and "cp.async.cg.shared.global" in tc
-    assert "cvt.rna.tf32.f32" in tc and "acc[i][j][v] += part[i][j][v]" in tc
-    simt = spec.render(spec.space.named("regtile-128"))
+    # the split rounds to TF32 on the bits (cvt.rna.tf32.f32 survives only in a comment), and each tile's
+    # partial sums are added into the running sums outside the tensor cores
+    assert "(__float_as_uint(x) + 0x1000u) & 0xffffe000u" in tc and "cvt.rna" not in tc
+    assert "acc[i][j][v] += part[i][j][v]" in tc
+    simt = _code(spec.render(spec.space.named("regtile-128")))
     assert "mma.sync" not in simt and "cp.async" not in simt
+
+
+@pytest.mark.parametrize("kernel,layout,dtype", CASES)
+def test_template_and_launcher_read_one_geometry(kernel, layout, dtype):
+    """The block the launcher asks for is the space's derived block, and the kernel declares the same
+    number of threads in its launch bounds; both come from `KernelSpec.geometry`."""
+    spec = kernels.get(kernel)
+    prob = Problem(PROFILES["h100"], dtype, layout)
+    for cfg in spec.space.sample(prob, 30, seed=5):
+        g = spec.geometry(cfg, dtype, layout)
+        launch = spec.launch(cfg, (1000, 900, 800)[:len(spec.dims)], dtype, layout)
+        assert launch.block == (g["block_x"], g["block_y"], 1)
+        assert g["block_x"] * g["block_y"] == g["threads"] == spec.space.derive(cfg, prob)["threads"]
+        assert f"__launch_bounds__({g['threads']})" in spec.render(cfg, dtype, layout)

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from autotile import kernels, ops
+from autotile import kernels, select
 from autotile.cache import Record, TuningCache
+from autotile.problem import ProblemKey
 from autotile.device import PROFILES
 from autotile.space import Problem
 
@@ -20,8 +21,8 @@ def _record(config, shape, source_sha, time_ms=1.0, compiler="nvrtc-13.0"):
 
 
 def _select(cache, shape, monkeypatch):
-    monkeypatch.setattr(ops.build, "compiler_version", lambda: "nvrtc-13.0")
-    return ops.select_config("matmul", "float32", "row", shape, H100.fingerprint, cache=cache, limits=H100)
+    monkeypatch.setattr(select.build, "compiler_version", lambda: "nvrtc-13.0")
+    return select.select(ProblemKey("matmul", "float32", "row", shape), H100, cache)
 
 
 def test_exact_nearest_stale_and_default(tmp_path, monkeypatch):
@@ -110,7 +111,8 @@ def test_a_parameter_added_with_a_default_keeps_old_records_and_tables_readable(
     from autotile.errors import SpaceDefinitionError
     from autotile.resources import search_space_path, shipped_cache_dir
     from autotile.space import Space
-    from autotile.tuner import ReplayEvaluator, TuneOptions, Tuner
+    from autotile.testing import ReplayEvaluator
+    from autotile.tuner import TuneOptions, Tuner
 
     base = yaml.safe_load(search_space_path("matmul").read_text())
     extended = Space(_with_new_knob(base))
@@ -133,7 +135,7 @@ def test_a_parameter_added_with_a_default_keeps_old_records_and_tables_readable(
     evaluator = ReplayEvaluator(table, space=narrowed)
     assert all(key.endswith(",NEW_KNOB=0") for key in evaluator.table["results"])
     limits = DeviceLimitsFromTable(table)
-    result = Tuner("matmul", (1024, 1024, 1024), options=TuneOptions(trials=12, sampler="grid"),
+    result = Tuner(ProblemKey("matmul", "float32", "row", (1024, 1024, 1024)), options=TuneOptions(trials=12, sampler="grid"),
                    space=narrowed.restricted({"NEW_KNOB": 0})).run(evaluator, limits)
     assert result.trials == 12 and result.best.config["NEW_KNOB"] == 0
 
@@ -151,7 +153,7 @@ def test_nearest_config_gets_more_k_splits_where_the_grid_would_shrink(tmp_path,
     it was tuned with, SPLIT_K rises until the count is back (never below MIN_K_PER_SPLIT of K each)."""
     import math
 
-    monkeypatch.setattr(ops.build, "compiler_version", lambda: "nvrtc-13.0")
+    monkeypatch.setattr(select.build, "compiler_version", lambda: "nvrtc-13.0")
     mv = kernels.get("matvec")
     config = mv.space.config({"smem": "static", "ROWS": 64, "THREADS_K": 16, "VEC": 4, "X_SHARED": False,
                               "STAGE_A": False, "TILE_K": 16, "SPLIT_K": 1, "UNROLL": 4})
@@ -162,19 +164,19 @@ def test_nearest_config_gets_more_k_splits_where_the_grid_would_shrink(tmp_path,
                      environment={"source_sha": kernels.source_hash(mv.render(config, "float32", "col")),
                                   "compiler": "nvrtc-13.0"}))
 
-    def select(shape):
-        return ops.select_config("matvec", "float32", "col", shape, H100.fingerprint, cache=cache, limits=H100)
+    def served(shape):
+        return select.select(ProblemKey("matvec", "float32", "col", shape), H100, cache)
 
     def blocks(c, shape):
-        return math.prod(mv.launch(c, shape, mv.space, "float32", "col").grid)
+        return math.prod(mv.launch(c, shape, "float32", "col").grid)
 
-    short = select((20000, 3000))  # 313 blocks at SPLIT_K 1 against 1024 on the tuned shape
+    short = served((20000, 3000))  # 313 blocks at SPLIT_K 1 against 1024 on the tuned shape
     assert short.config == mv.space.with_overrides(config, {"SPLIT_K": 4})
     assert short.source == "nearest, SPLIT_K raised 1->4" and short.tuned_shape == (65536, 4096)
     assert blocks(short.config, (20000, 3000)) >= blocks(config, (65536, 4096))
-    assert select((40000, 4096)).config == config  # 625 blocks: more than half, kept as tuned
-    assert select((2000, 300)).config["SPLIT_K"] == 2  # K = 300 allows two splits of 128 or more
-    assert select((2000, 200)).config == config  # no room to split
+    assert served((40000, 4096)).config == config  # 625 blocks: more than half, kept as tuned
+    assert served((2000, 300)).config["SPLIT_K"] == 2  # K = 300 allows two splits of 128 or more
+    assert served((2000, 200)).config == config  # no room to split
 
     # matmul: the z dimension of the grid; 64 tiles of 128 x 128 against 1024 on the tuned shape.
     spec = kernels.get("matmul")

@@ -23,11 +23,14 @@ from autotile.device import DeviceLimits
 from autotile.errors import InvalidValueError
 from autotile.resources import search_space_path
 from autotile.space import Problem, Space
-from autotile.tuner import SAMPLERS, ReplayEvaluator, TuneOptions, Tuner, make_sampler
+from autotile.problem import ProblemKey
+from autotile.testing import ReplayEvaluator
+from autotile.tuner import SAMPLERS, TuneOptions, Tuner, make_sampler
 from autotile.worker import COMPILE, CRASH, FAILURES, LAUNCH, OK, TIMEOUT, WRONG
 
 TABLE_PATH = DATA / "matmul_replay_h200.json"
 SHAPE = (1024, 1024, 1024)
+KEY = ProblemKey("matmul", "float32", "row", SHAPE)
 SEEDS = ("seed-naive", "seed-tiled16")
 
 
@@ -100,7 +103,7 @@ def seed_keys(space) -> list[str]:
 def tune(space, table, limits, progress=None, **options):
     """One tuning run over the replay space; returns (evaluator, result)."""
     evaluator = ReplayEvaluator(table)
-    tuner = Tuner("matmul", SHAPE, "float32", "row", TuneOptions(**options), space=space)
+    tuner = Tuner(KEY, TuneOptions(**options), space=space)
     return evaluator, tuner.run(evaluator, limits, progress)
 
 
@@ -432,7 +435,7 @@ class SlowReplay(ReplayEvaluator):
 
 def test_timeout_stops_drawing_after_the_running_batch(space, table, limits, seed_keys):
     evaluator = SlowReplay(table, pause_s=0.5)
-    tuner = Tuner("matmul", SHAPE, options=TuneOptions(trials=40, timeout_s=0.2, batch=4), space=space)
+    tuner = Tuner(KEY, options=TuneOptions(trials=40, timeout_s=0.2, batch=4), space=space)
     result = tuner.run(evaluator, limits)
     assert evaluator.batches == 1
     assert len(evaluator.evaluated) == result.trials == 4
@@ -443,7 +446,7 @@ def test_timeout_zero_still_runs_the_first_batch_and_names_a_winner(space, table
     # A zero timeout stops after one batch, not before the first: without the seeds there is no result
     # (Tuner.run used to check the clock before the first batch and then raise "none ran").
     evaluator = ReplayEvaluator(table)
-    tuner = Tuner("matmul", SHAPE, options=TuneOptions(trials=40, timeout_s=0, batch=4), space=space)
+    tuner = Tuner(KEY, options=TuneOptions(trials=40, timeout_s=0, batch=4), space=space)
     result = tuner.run(evaluator, limits)
     assert 1 <= result.trials == len(evaluator.evaluated) <= 4
     assert evaluator.evaluated[:2] == seed_keys
@@ -468,7 +471,7 @@ def test_timeout_zero_still_runs_the_first_batch_and_names_a_winner(space, table
 def test_tuner_rejects_bad_arguments(space, kwargs, named):
     args = {"shape": SHAPE, "layout": "row", "options": TuneOptions()} | kwargs
     with pytest.raises(InvalidValueError) as info:
-        Tuner("matmul", args["shape"], "float32", args["layout"], args["options"], space=space)
+        Tuner(ProblemKey("matmul", "float32", args["layout"], args["shape"]), args["options"], space=space)
     assert isinstance(info.value, ValueError)
     assert named in str(info.value)  # the message names the bad value
 
@@ -490,10 +493,8 @@ def test_winner_goes_to_the_cache_and_comes_back(isolated_cache, space, table, l
     assert cache.put(record) is True
 
     device = table["environment"]["device"]
-    found = cache.lookup(device, "matmul", "float32", "row", SHAPE, compat)
-    assert found is not None
-    stored, how = found
-    assert how == "exact"
+    stored = cache.get(device, KEY, compat)
+    assert stored is not None
     assert stored.config == dict(result.best.config)
     assert space.config(stored.config) == result.best.config
     assert stored.time_ms == pytest.approx(result.best.median_ms, rel=1e-12)
@@ -511,8 +512,7 @@ def test_winner_goes_to_the_cache_and_comes_back(isolated_cache, space, table, l
     assert env["spread_rounds_ms"] == pytest.approx(list(result.best.round_ms))
     # The file is where the cache says, and another lookup from a fresh cache object finds it too.
     assert cache.path_for(device, "matmul", "float32", "row", SHAPE, compat).is_file()
-    again = TuningCache(root=isolated_cache, shipped_root=None).get(device, "matmul", "float32", "row", SHAPE,
-                                                                    compat)
+    again = TuningCache(root=isolated_cache, shipped_root=None).get(device, KEY, compat)
     assert again == stored
     # A slower result for the same key does not replace the stored one.
     slower = api.to_record(tune(space, table, limits, sampler="random", trials=3)[1], compat)
@@ -531,10 +531,8 @@ def test_api_tune_narrowed_to_the_replay_space_stores_its_winner(isolated_cache,
     assert result.best.median_ms == min(medians(table)[k] for k in evaluator.evaluated)
 
     compat = kernels.compat_hash("matmul")
-    found = TuningCache(root=isolated_cache, shipped_root=None).lookup(
-        table["environment"]["device"], "matmul", "float32", "row", SHAPE, compat)
-    assert found is not None and found[1] == "exact"
-    stored = found[0]
+    stored = TuningCache(root=isolated_cache, shipped_root=None).get(table["environment"]["device"], KEY, compat)
+    assert stored is not None
     assert stored.config == dict(result.best.config)
     assert stored.time_ms == pytest.approx(result.best.median_ms, rel=1e-12)
     assert stored.baseline_ms == pytest.approx(table["baseline"]["median_ms"], rel=1e-12)

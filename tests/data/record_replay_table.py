@@ -14,7 +14,9 @@ from replay_space import replay_space  # noqa: E402
 
 from autotile.device import DeviceLimits  # noqa: E402
 from autotile.space import Problem  # noqa: E402
-from autotile.tuner import Tuner, TuneOptions, record_table  # noqa: E402
+from autotile.problem import ProblemKey  # noqa: E402
+from autotile.testing import record_table  # noqa: E402
+from autotile.tuner import TuneOptions, Tuner  # noqa: E402
 from autotile.worker import IsolatedRunner, Setup  # noqa: E402
 
 SHAPE = (1024, 1024, 1024)
@@ -22,9 +24,9 @@ SHAPE = (1024, 1024, 1024)
 
 def main(out: str) -> None:
     space = replay_space()
-    tuner = Tuner("matmul", SHAPE, "float32", "row", TuneOptions(), space=space)
+    tuner = Tuner(ProblemKey("matmul", "float32", "row", SHAPE), TuneOptions(), space=space)
     start = time.time()
-    with IsolatedRunner(Setup("matmul", SHAPE, "float32", "row", compile_threads=12)) as runner:
+    with IsolatedRunner(Setup(ProblemKey("matmul", "float32", "row", SHAPE), compile_threads=12)) as runner:
         limits = DeviceLimits(**{k: tuple(v) if k == "compute_capability" else v
                                  for k, v in runner.environment["limits"].items()})
         configs = space.feasible(Problem(limits))

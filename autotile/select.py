@@ -1,0 +1,205 @@
+"""The selection policy: which config the library runs for a problem on a device, and why.
+
+A chain of steps, each of which may answer or pass:
+
+1. ``exact``: a tuned record for this very shape;
+2. ``nearest``: the tuned record of the nearest shape (sum of |log2| ratios of the sizes), its K splits
+   raised where the new shape would launch under half the blocks the config was tuned with;
+3. ``device default``: the device's shipped fallback record;
+4. ``built-in default``: the space's safe default, feasible for the dtype and device.
+
+A record counts only while it is current: its config still renders the kernel source that was timed
+(`source_sha`), so a template change retires exactly the records it alters. Records tuned with the
+library's compiler and options are preferred; where the whole chain of records finds none, records from
+another compiler are the fallback (the kernel is the same; only its speed may differ). `cache.py` only
+stores and lists records: every decision is made here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from . import build, kernels
+from .cache import Record, TuningCache
+from .device import DeviceLimits
+from .problem import ProblemKey
+from .space import Config, Problem
+
+MIN_K_PER_SPLIT = 128  # elements of K per split below which more splits only add atomics
+# Records made before they kept their compile options were compiled by CuPy, which adds -ftz=true.
+LEGACY_COMPILE_OPTIONS = ("-std=c++17", "-ftz=true")
+
+
+@dataclasses.dataclass(frozen=True)
+class Selection:
+    """The config a call runs, the step that chose it (`source`), and for a record the shape it was tuned on."""
+
+    config: Config
+    source: str
+    tuned_shape: tuple[int, ...] | None
+    record: Record | None = None
+
+    def explain(self) -> str:
+        """One line: what runs, and why."""
+        tuned = f", tuned on {'x'.join(map(str, self.tuned_shape))}" if self.tuned_shape else ""
+        return f"{self.source}{tuned}: {self.config.key()}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Context:
+    """What every step of the chain reads."""
+
+    key: ProblemKey
+    device: DeviceLimits
+    cache: TuningCache
+    accept: Callable[[Record], bool]  # which records count (current, and maybe same compiler)
+
+
+Step = Callable[[Context], "Selection | None"]
+
+
+# -- which records count --------------------------------------------------------------------------------
+
+def record_config(record: Record) -> Config | None:
+    """The record's config in today's space, or None where it no longer parses."""
+    try:
+        return kernels.get(record.kernel).space.config(record.config)
+    except Exception:  # an unknown parameter or value: the record is from another version of the space
+        return None
+
+
+def is_current(record: Record) -> bool:
+    """Whether the record's config still renders the kernel that was timed (its `source_sha`)."""
+    config = record_config(record)
+    if config is None:
+        return False
+    return record.environment.get("source_sha") == _source_sha(record.kernel, config, record.dtype, record.layout)
+
+
+@functools.lru_cache(maxsize=1024)
+def _source_sha(kernel: str, config: Config, dtype: str, layout: str) -> str:
+    return kernels.source_hash(kernels.get(kernel).render(config, dtype, layout))
+
+
+def same_compiler(record: Record) -> bool:
+    """Whether the record was tuned with the library's compiler (major version) and compile options."""
+    env = record.environment
+    options = tuple(env.get("compile_options") or LEGACY_COMPILE_OPTIONS)
+    return (kernels.compiler_major(str(env.get("compiler", ""))) == kernels.compiler_major(build.compiler_version())
+            and options == tuple(build.COMPILE_OPTIONS))
+
+
+# -- the steps ------------------------------------------------------------------------------------------
+
+def exact(ctx: Context) -> Selection | None:
+    record = ctx.cache.get(ctx.device.fingerprint, ctx.key, kernels.compat_hash(ctx.key.kernel))
+    if record is None or not ctx.accept(record):
+        return None
+    return _from_record(record, "exact", ctx)
+
+
+def nearest(ctx: Context) -> Selection | None:
+    best: tuple[tuple[float, int, float, str], Record] | None = None
+    for rank, path, record in ctx.cache.records(ctx.device.fingerprint, ctx.key, kernels.compat_hash(ctx.key.kernel)):
+        if len(record.shape) != len(ctx.key.shape) or not ctx.accept(record):
+            continue
+        # Nearest shape first; ties go to the user's own entries, then to the faster one.
+        order = (log_distance(record.shape, ctx.key.shape), rank, record.time_ms, str(path))
+        if best is None or order < best[0]:
+            best = (order, record)
+    return _from_record(best[1], "nearest", ctx) if best is not None else None
+
+
+def device_default(ctx: Context) -> Selection | None:
+    record = ctx.cache.device_default(ctx.device.fingerprint, ctx.key, kernels.compat_hash(ctx.key.kernel))
+    if record is None or not ctx.accept(record):
+        return None
+    return _from_record(record, "device default", ctx)
+
+
+def builtin_default(ctx: Context) -> Selection:
+    space = kernels.get(ctx.key.kernel).space
+    problem = Problem(ctx.device, ctx.key.dtype, ctx.key.layout)
+    return Selection(space.default_config(ctx.key.layout, problem), "built-in default", None)
+
+
+RECORD_STEPS: tuple[Step, ...] = (exact, nearest, device_default)
+
+
+def _from_record(record: Record, source: str, ctx: Context) -> Selection | None:
+    config = record_config(record)
+    if config is None:
+        return None
+    space = kernels.get(ctx.key.kernel).space
+    if not space.is_feasible(config, Problem(ctx.device, ctx.key.dtype, ctx.key.layout)):
+        return None  # tuned elsewhere (another dtype's limits, a profile's): not runnable here
+    tuned_shape = tuple(record.shape)
+    if tuned_shape != ctx.key.shape:
+        refilled = keep_grid_filled(ctx.key, config, tuned_shape)
+        if refilled != config:
+            source += f", SPLIT_K raised {config['SPLIT_K']}->{refilled['SPLIT_K']}"
+            config = refilled
+    return Selection(config, source, tuned_shape, record)
+
+
+def select(key: ProblemKey, device: DeviceLimits, cache: TuningCache | None = None) -> Selection:
+    """The config the library runs for `key` on `device`: the first step of the chain that answers."""
+    cache = cache if cache is not None else TuningCache()
+    strict = Context(key, device, cache, lambda r: same_compiler(r) and is_current(r))
+    for step in RECORD_STEPS:
+        found = step(strict)
+        if found is not None:
+            return found
+    loose = dataclasses.replace(strict, accept=is_current)
+    for step in RECORD_STEPS:
+        found = step(loose)
+        if found is not None:
+            compiler = found.record.environment.get("compiler", "another compiler") if found.record else "?"
+            return dataclasses.replace(found, source=f"{found.source}, tuned with {compiler}")
+    return builtin_default(strict)
+
+
+# -- helpers --------------------------------------------------------------------------------------------
+
+def log_distance(a: Sequence[int], b: Sequence[int]) -> float:
+    """How far apart two shapes are: the sum over dimensions of |log2(a/b)|."""
+    return sum(abs(math.log2(x / y)) for x, y in zip(a, b, strict=True))
+
+
+def keep_grid_filled(key: ProblemKey, config: Config, tuned_shape: tuple[int, ...]) -> Config:
+    """A nearest-shape config, its K splits raised where the new shape would launch under half the blocks
+    it was tuned with (fewer rows, say): the smallest SPLIT_K that restores the tuned block count, with
+    at least MIN_K_PER_SPLIT of K each. Only ever raises SPLIT_K, so a shape that fills the GPU keeps the
+    tuned config. (Measured cause: on an H200, column-major matvec 20000x3000 ran at 0.69x the speed of a
+    config tuned for it when served 65536x4096's config, whose only difference was SPLIT_K 1 against 8.)"""
+    spec = kernels.get(key.kernel)
+    if "SPLIT_K" not in config:
+        return config
+
+    def blocks(c: Config, shape: tuple[int, ...]) -> int:
+        return math.prod(spec.grid(c, shape))
+
+    target = blocks(config, tuned_shape)
+    if 2 * blocks(config, key.shape) >= target:
+        return config
+    best = config
+    for split in sorted(v for v in spec.space.params["SPLIT_K"].choices if v > config["SPLIT_K"]):
+        if key.shape[-1] < split * MIN_K_PER_SPLIT:
+            break
+        best = spec.space.with_overrides(config, {"SPLIT_K": split})
+        if blocks(best, key.shape) >= target:
+            break
+    return best
+
+
+def explain(key: ProblemKey, device: DeviceLimits, cache: Any = None) -> str:
+    """Which config `key` gets on `device`, and why, in one line (for people and tests)."""
+    return select(key, device, cache).explain()
+
+
+__all__ = ["MIN_K_PER_SPLIT", "RECORD_STEPS", "Selection", "builtin_default", "device_default", "exact",
+           "explain", "is_current", "keep_grid_filled", "log_distance", "nearest", "same_compiler", "select"]
