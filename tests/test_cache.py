@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,7 @@ STALE = "fedcba9876543210" * 4
 REPO = Path(__file__).resolve().parents[1]
 
 
-def make(shape: tuple[int, ...] = (4096, 4096, 4096), time_ms: float = 1.0, **changes: Any) -> Record:
+def make(shape: Sequence[Any] = (4096, 4096, 4096), time_ms: float = 1.0, **changes: Any) -> Record:
     fields: dict[str, Any] = dict(
         kernel="matmul", dtype="float32", layout="row", shape=shape, compat=COMPAT,
         config={"BM": 128, "BN": 128, "smem": "dynamic", "swizzle": True}, time_ms=time_ms,
@@ -39,6 +40,13 @@ def make(shape: tuple[int, ...] = (4096, 4096, 4096), time_ms: float = 1.0, **ch
 
 def key(rec: Record) -> tuple[Any, ...]:
     return (rec.device, rec.kernel, rec.dtype, rec.layout, rec.shape, rec.compat)
+
+
+def stored_ms(cache: TuningCache, rec: Record | None = None) -> float:
+    """The time of the entry stored for `rec`'s key (the default record's), which must be there."""
+    found = cache.get(*key(rec or make()))
+    assert found is not None, "no entry"
+    return found.time_ms
 
 
 @pytest.fixture
@@ -199,9 +207,9 @@ def test_put_get_round_trip(cache: TuningCache) -> None:
 def test_put_keeps_the_faster_record(cache: TuningCache) -> None:
     assert cache.put(make(time_ms=1.0))
     assert cache.put(make(time_ms=2.0)) is False
-    assert cache.get(*key(make())).time_ms == 1.0
+    assert stored_ms(cache) == 1.0
     assert cache.put(make(time_ms=0.5)) is True
-    assert cache.get(*key(make())).time_ms == 0.5
+    assert stored_ms(cache) == 0.5
 
 
 def test_put_rejects_a_non_record(cache: TuningCache) -> None:
@@ -213,8 +221,7 @@ def test_put_leaves_no_temporary_files(cache: TuningCache) -> None:
     for t in (3.0, 2.0, 1.0, 4.0):
         cache.put(make(time_ms=t))
     files = sorted(p.name for p in (cache.root / DEV).iterdir())
-    name = cache.path_for(*key(make())).name
-    assert files == [name, name + ".lock"]
+    assert files == [cache_mod.LOCK_NAME, cache.path_for(*key(make())).name]
 
 
 def test_put_writes_a_complete_file_then_replaces(cache: TuningCache, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -251,12 +258,12 @@ def test_failed_replace_keeps_the_old_file(cache: TuningCache, monkeypatch: pyte
     monkeypatch.undo()
     assert path.read_bytes() == before
     assert not [p for p in path.parent.iterdir() if p.name.endswith(".tmp")]
-    assert cache.get(*key(make())).time_ms == 2.0
+    assert stored_ms(cache) == 2.0
 
 
 # ----------------------------------------------------------------------------------- concurrency
 
-def test_put_waits_for_the_entry_lock(cache: TuningCache) -> None:
+def test_put_waits_for_the_device_lock(cache: TuningCache) -> None:
     import threading
     import time
 
@@ -265,7 +272,7 @@ def test_put_waits_for_the_entry_lock(cache: TuningCache) -> None:
     path = cache.path_for(*key(make()))
     path.parent.mkdir(parents=True)
     result: list[bool] = []
-    with filelock.FileLock(str(path) + ".lock"):  # another writer holds this entry
+    with filelock.FileLock(str(path.parent / cache_mod.LOCK_NAME)):  # another writer holds this device
         writer = threading.Thread(target=lambda: result.append(cache.put(make())))
         writer.start()
         time.sleep(0.2)
@@ -378,7 +385,7 @@ def test_put_over_a_corrupt_file_moves_it_aside(cache: TuningCache) -> None:
     path.write_bytes(b"garbage")
     with pytest.warns(CacheWarning, match="corrupt"):
         assert cache.put(make(time_ms=5.0)) is True
-    assert cache.get(*key(make())).time_ms == 5.0
+    assert stored_ms(cache) == 5.0
     assert path.with_name(path.name + ".corrupt").read_bytes() == b"garbage"
     path.write_bytes(b"more garbage")  # a second casualty does not overwrite the first
     with pytest.warns(CacheWarning):
@@ -429,10 +436,11 @@ def test_lookup_nearest_prefers_the_user_root_on_a_tie(tmp_path: Path, shipped: 
 def test_get_falls_back_to_the_shipped_root(tmp_path: Path, shipped: Path) -> None:
     cache = TuningCache(tmp_path / "user", shipped_root=shipped)
     ship(shipped, make(time_ms=2.0))
-    assert cache.get(*key(make())).time_ms == 2.0
+    assert stored_ms(cache) == 2.0
     cache.put(make(time_ms=3.0))  # the user root comes first, even when slower
-    assert cache.get(*key(make())).time_ms == 3.0
-    assert cache.lookup(*key(make()))[1] == "exact"
+    assert stored_ms(cache) == 3.0
+    found = cache.lookup(*key(make()))
+    assert found is not None and found[1] == "exact"
 
 
 def test_lookup_device_default(tmp_path: Path, shipped: Path) -> None:
@@ -446,7 +454,8 @@ def test_lookup_device_default(tmp_path: Path, shipped: Path) -> None:
     assert cache.lookup(DEV, "matmul", "float64", "row", (100, 200, 300), STALE) is None
     # A nearest entry beats the device default; the default file is a valid entry, not a foreign one.
     cache.put(make(shape=(128, 256, 256), dtype="float64"))
-    assert cache.lookup(DEV, "matmul", "float64", "row", (100, 200, 300), COMPAT)[1] == "nearest"
+    found = cache.lookup(DEV, "matmul", "float64", "row", (100, 200, 300), COMPAT)
+    assert found is not None and found[1] == "nearest"
     assert len(cache.entries(include_shipped=True)) == 2 and cache.problems == []
 
 
@@ -473,7 +482,7 @@ def test_same_name_other_full_hash_is_stale(cache: TuningCache) -> None:
     assert cache.path_for(*key(make(compat=twin))) == cache.path_for(*key(make()))
     assert cache.get(*key(make())) is None and cache.lookup(*key(make())) is None
     assert cache.put(make(time_ms=5.0)) is True  # a stale entry does not block a slower current one
-    assert cache.get(*key(make())).time_ms == 5.0
+    assert stored_ms(cache) == 5.0
 
 
 # ------------------------------------------------------------------------------- entries / clear
@@ -520,3 +529,197 @@ def test_records_are_frozen() -> None:
     with pytest.raises(dataclasses.FrozenInstanceError):
         make().time_ms = 0.0  # type: ignore[misc]
     assert cache_mod.SCHEMA == 1
+
+
+# ------------------------------------------------------------------------ files that are not records
+
+def _in_thread(fn: Any, seconds: float = 10.0) -> Any:
+    """fn() run in a daemon thread; fails the test (instead of hanging it) if fn blocks."""
+    import threading
+
+    out: list[Any] = []
+    thread = threading.Thread(target=lambda: out.append(fn()), daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert not thread.is_alive(), f"{fn} still blocked after {seconds} s"
+    return out[0]
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")
+def test_fifo_entry_is_never_opened(cache: TuningCache) -> None:
+    cache.put(make(shape=(1024, 1024, 1024)))
+    fifo = cache.path_for(*key(make()))
+    os.mkfifo(fifo)
+    try:
+        with pytest.warns(CacheWarning, match="FIFO"):
+            entries = _in_thread(cache.entries)
+        assert [r.shape for _, r in entries] == [(1024, 1024, 1024)]
+        assert len(cache.problems) == 1 and str(fifo) in cache.problems[0]
+        assert _in_thread(lambda: cache.get(*key(make()))) is None
+        # A put moves the FIFO aside (a rename does not open it) and writes the entry.
+        with pytest.warns(CacheWarning, match="moved to"):
+            assert _in_thread(lambda: cache.put(make(time_ms=3.0)))
+        assert stored_ms(cache) == 3.0
+        assert fifo.with_name(fifo.name + ".corrupt").is_fifo()
+    finally:
+        # Unblock a reader that a regression left waiting on the FIFO, so the process can end.
+        for name in (fifo, fifo.with_name(fifo.name + ".corrupt")):
+            try:
+                os.close(os.open(name, os.O_WRONLY | os.O_NONBLOCK))
+            except OSError:
+                pass
+
+
+def test_folder_named_like_an_entry_is_reported(cache: TuningCache) -> None:
+    cache.put(make(shape=(1024, 1024, 1024)))
+    folder = cache.path_for(*key(make()))
+    folder.mkdir()
+    with pytest.warns(CacheWarning, match="a folder"):
+        assert len(cache.entries()) == 1
+    with pytest.warns(CacheWarning, match="left in place"):
+        assert cache.clear() == 1  # the real entry; the folder is reported and left
+    assert folder.is_dir()
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="symlinks need privileges on Windows")
+def test_link_out_of_the_cache_is_not_followed(cache: TuningCache, tmp_path: Path) -> None:
+    outside = tmp_path / "outside.json"
+    outside.write_text(json.dumps(make().to_json()))  # even a valid record is not read through a link
+    path = cache.path_for(*key(make()))
+    path.parent.mkdir(parents=True)
+    path.symlink_to(outside)
+    with pytest.warns(CacheWarning, match="link out of the cache"):
+        assert cache.get(*key(make())) is None
+    assert str(path) in cache.problems[0] and str(outside) in cache.problems[0]
+    # /dev/zero would be read until memory runs out; it is refused without being opened.
+    zero = cache.path_for(*key(make(shape=(8, 8, 8))))
+    zero.symlink_to("/dev/zero")
+    with pytest.warns(CacheWarning, match="link out of the cache"):
+        assert _in_thread(cache.entries) == []
+    with pytest.warns(CacheWarning, match="moved to"):
+        assert cache.put(make(shape=(8, 8, 8)))  # the link (not /dev/zero) is moved aside
+    assert zero.with_name(zero.name + ".corrupt").is_symlink() and outside.exists()
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="symlinks need privileges on Windows")
+def test_link_inside_the_cache_is_followed(cache: TuningCache) -> None:
+    cache.put(make(dtype="float64"))
+    target = cache.path_for(*key(make(dtype="float64")))
+    link = target.with_name(target.name.replace("4096x4096x4096", "default"))
+    link.symlink_to(target.name)  # a fallback entry that names a tuned one, as a shipped cache may
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert len(cache.entries()) == 2 and cache.problems == []
+
+
+def test_too_large_file_is_not_read(cache: TuningCache) -> None:
+    path = cache.path_for(*key(make()))
+    path.parent.mkdir(parents=True)
+    with open(path, "wb") as f:  # sparse: no disk used
+        f.truncate(cache_mod.MAX_RECORD_BYTES + 1)
+    with pytest.warns(CacheWarning, match="too large"):
+        assert cache.entries() == []
+    assert f"{cache_mod.MAX_RECORD_BYTES + 1} bytes" in cache.problems[0]
+
+
+def test_read_is_capped_whatever_the_size_says(cache: TuningCache, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A file that grows after the stat (or a /proc-like file that reports size 0) is cut off at the limit.
+    cache.put(make())
+    monkeypatch.setattr(cache_mod, "MAX_RECORD_BYTES", 100)  # the record itself is about 600 bytes
+    for name in ("lstat", "stat", "fstat"):
+        real = getattr(os, name)
+
+        def tiny(*args: Any, _real: Any = real, **kwargs: Any) -> os.stat_result:
+            st = _real(*args, **kwargs)
+            return os.stat_result((st.st_mode, st.st_ino, st.st_dev, st.st_nlink, st.st_uid, st.st_gid, 0,
+                                   int(st.st_atime), int(st.st_mtime), int(st.st_ctime)))
+
+        monkeypatch.setattr(os, name, tiny)
+    with pytest.warns(CacheWarning, match="too large"):
+        assert cache.entries() == []
+
+
+def test_cache_dir_that_is_a_file_is_an_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    not_a_folder = tmp_path / "cache.txt"
+    not_a_folder.write_text("notes")
+    monkeypatch.setenv("AUTOTILE_CACHE_DIR", str(not_a_folder))
+    cache = TuningCache(shipped_root=None)
+    for call in (cache.entries, lambda: cache.put(make()), cache.clear):
+        with pytest.raises(CacheError, match="AUTOTILE_CACHE_DIR") as info:
+            call()
+        assert str(not_a_folder) in str(info.value) and "\n" not in str(info.value)
+    with pytest.raises(CacheError, match="not a folder"):
+        TuningCache(not_a_folder, shipped_root=None).entries()
+    assert not_a_folder.read_text() == "notes"
+
+
+# ------------------------------------------------------------------------------- locks and leftovers
+
+def test_one_lock_file_per_device_folder(cache: TuningCache) -> None:
+    for shape in ((8, 8, 8), (16, 16, 16), (32, 32, 32)):
+        cache.put(make(shape=shape))
+        cache.put(make(shape=shape, time_ms=0.5))
+    names = sorted(p.name for p in (cache.root / DEV).iterdir())
+    assert names == [cache_mod.LOCK_NAME] + sorted(cache.path_for(*key(make(shape=s))).name
+                                                   for s in ((8, 8, 8), (16, 16, 16), (32, 32, 32)))
+
+
+def _age(path: Path, seconds: float) -> None:
+    import time
+
+    os.utime(path, (time.time() - seconds, time.time() - seconds))
+
+
+def test_clear_removes_stale_temporary_files(cache: TuningCache) -> None:
+    cache.put(make())
+    cache.put(make(kernel="matvec"))
+    folder = cache.root / DEV
+    name = cache.path_for(*key(make())).name
+    stale = folder / f".{name}.k1ll3d.tmp"  # a writer killed between mkstemp and os.replace
+    stale.write_bytes(b"x" * 1000)
+    _age(stale, 3600)
+    fresh = folder / f".{name}.wr1t1n.tmp"  # perhaps a writer of an older autotile, mid-write
+    fresh.write_bytes(b"x")
+    other = folder / f".{cache.path_for(*key(make(kernel='matvec'))).name}.k1ll3d.tmp"
+    other.write_bytes(b"x")
+    _age(other, 3600)
+    assert cache.clear(kernel="matmul") == 1
+    assert not stale.exists() and fresh.exists() and other.exists()  # other: another kernel's leftover
+    assert cache.clear() == 1
+    assert not other.exists() and fresh.exists()
+
+
+def test_clear_removes_the_entry_lock_files_of_older_versions(cache: TuningCache) -> None:
+    import filelock
+
+    cache.put(make())
+    cache.put(make(shape=(8, 8, 8)))
+    old = cache.path_for(*key(make()))
+    old_lock = old.with_name(old.name + ".lock")  # what earlier autotile versions left per entry
+    old_lock.touch()
+    orphan = old.with_name("matmul-float32-row-64x64x64-" + COMPAT[:12] + ".json.lock")
+    orphan.touch()
+    held = cache.path_for(*key(make(shape=(8, 8, 8))))
+    held_lock = held.with_name(held.name + ".lock")
+    with filelock.FileLock(str(held_lock)):  # an older autotile is writing this entry now
+        assert cache.clear() == 2
+        assert held_lock.exists()  # its lock stays: deleting it would let a second old writer in
+    assert not old_lock.exists() and not orphan.exists()
+    assert sorted(p.name for p in old.parent.iterdir()) == sorted([cache_mod.LOCK_NAME, held_lock.name])
+
+
+def test_clear_waits_for_a_writer(cache: TuningCache) -> None:
+    import threading
+    import time
+
+    import filelock
+
+    cache.put(make())
+    removed: list[int] = []
+    with filelock.FileLock(str(cache.root / DEV / cache_mod.LOCK_NAME)):
+        clearer = threading.Thread(target=lambda: removed.append(cache.clear()))
+        clearer.start()
+        time.sleep(0.2)
+        assert clearer.is_alive() and cache.get(*key(make())) is not None
+    clearer.join(10)
+    assert removed == [1] and cache.get(*key(make())) is None
