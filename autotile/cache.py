@@ -304,6 +304,23 @@ class Record:
         return cls(**{f: d[f] for f in _FIELDS})
 
 
+@dataclasses.dataclass(frozen=True)
+class PutOutcome:
+    """What `TuningCache.put` did; true when the record was written.
+
+    `existing` is the valid entry of the same key (and full compat hash) that was there before, if any:
+    kept when `written` is False, replaced otherwise. `reason` says why it was kept (naming both times), or
+    that a faster one was replaced because the caller said it is no longer current; None otherwise."""
+
+    written: bool
+    path: Path
+    reason: str | None = None
+    existing: Record | None = None
+
+    def __bool__(self) -> bool:
+        return self.written
+
+
 # ------------------------------------------------------------------------------------------ file names
 
 def _safe(value: Any, what: str, unsafe: re.Pattern[str] = _PART_UNSAFE) -> str:
@@ -527,10 +544,13 @@ class TuningCache:
 
     # --------------------------------------------------------------------------------------- writing
 
-    def put(self, record: Record) -> bool:
-        """Store `record` unless a valid entry for the same key is already faster.
+    def put(self, record: Record, is_current: Callable[[Record], bool] | None = None) -> PutOutcome:
+        """Store `record` unless a valid entry for the same key is faster and still counts.
 
-        Returns True if written, False if the existing entry was kept. A corrupt or foreign file in the
+        `is_current(existing)` says whether a faster existing entry still counts (for example: its config
+        still renders the kernel source it was timed on); the cache cannot tell, as it knows nothing of
+        templates. It is asked only about a faster entry, with the device folder locked; an exception from it
+        propagates and nothing is written. None counts every valid entry. A corrupt or foreign file in the
         way is renamed to ``<name>.corrupt`` and reported. Raises `CacheError` if the file cannot be written.
         """
         if not isinstance(record, Record):
@@ -540,6 +560,7 @@ class TuningCache:
         text = json.dumps(record.to_json(), indent=2, sort_keys=True, allow_nan=False) + "\n"
         self._check_root()
         problem: str | None = None
+        note: str | None = None
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             with self._lock(path.parent):
@@ -547,11 +568,17 @@ class TuningCache:
                 if reason is not None:
                     aside = self._move_aside(path)
                     problem = f"{reason}; moved to {aside.name} and replaced"
-                elif (existing is not None and existing.shape == record.shape
-                      and self._matches(existing, record.device, record.kernel, record.dtype,
-                                        record.layout, record.compat)
-                      and existing.time_ms < record.time_ms):
-                    return False
+                if existing is not None and not (
+                        existing.shape == record.shape
+                        and self._matches(existing, record.device, record.kernel, record.dtype, record.layout,
+                                          record.compat)):
+                    existing = None  # another full compat hash behind the same name: stale, replaced
+                if existing is not None and existing.time_ms < record.time_ms:
+                    if is_current is None or is_current(existing):
+                        return PutOutcome(False, path, f"kept the existing entry of {existing.time_ms:g} ms, "
+                                                       f"faster than {record.time_ms:g} ms", existing)
+                    note = (f"replaced a faster entry of {existing.time_ms:g} ms that is no longer current "
+                            f"with one of {record.time_ms:g} ms")
                 self._write_atomic(path, text)
         except filelock.Timeout:
             raise CacheError(f"{path}: another process held the lock of {path.parent} for over "
@@ -561,7 +588,7 @@ class TuningCache:
         # Reported after the write, so that warnings turned into errors cannot leave the entry missing.
         if problem is not None:
             self._report(path, problem)
-        return True
+        return PutOutcome(True, path, note, existing)
 
     @staticmethod
     def _move_aside(path: Path) -> Path:

@@ -198,7 +198,7 @@ def test_import_and_reads_create_no_directory(tmp_path: Path) -> None:
 def test_put_get_round_trip(cache: TuningCache) -> None:
     rec = make()
     assert not cache.root.exists()
-    assert cache.put(rec) is True
+    assert cache.put(rec).written is True
     assert cache.get(*key(rec)) == rec
     assert cache.get(DEV, "matmul", "float32", "row", (1024, 1024, 1024), COMPAT) is None
     assert cache.problems == []
@@ -206,10 +206,61 @@ def test_put_get_round_trip(cache: TuningCache) -> None:
 
 def test_put_keeps_the_faster_record(cache: TuningCache) -> None:
     assert cache.put(make(time_ms=1.0))
-    assert cache.put(make(time_ms=2.0)) is False
+    kept = cache.put(make(time_ms=2.0))
+    assert kept.written is False and not kept
     assert stored_ms(cache) == 1.0
-    assert cache.put(make(time_ms=0.5)) is True
+    assert cache.put(make(time_ms=0.5)).written is True
     assert stored_ms(cache) == 0.5
+
+
+def timed(time_ms: float, source_sha: str) -> Record:
+    """A record of the default key, timed on the kernel source with this hash."""
+    return make(time_ms=time_ms, environment={"source_sha": source_sha, "compiler": "nvrtc-12.4"})
+
+
+def test_put_replaces_a_faster_record_that_is_no_longer_current(cache: TuningCache) -> None:
+    # Tuned, then the template changed: the old winner renders another kernel and must not block the re-tune.
+    cache.put(timed(0.5, "old"))
+    seen: list[Record] = []
+
+    def is_current(existing: Record) -> bool:
+        seen.append(existing)
+        return existing.environment["source_sha"] == "new"
+
+    outcome = cache.put(timed(2.0, "new"), is_current=is_current)
+    assert outcome.written and outcome.path == cache.path_for(*key(make()))
+    assert seen == [timed(0.5, "old")] and outcome.existing == timed(0.5, "old")
+    assert outcome.reason is not None and "0.5 ms" in outcome.reason and "no longer current" in outcome.reason
+    assert cache.get(*key(make())) == timed(2.0, "new")
+    # Now the stored entry is current, so a slower one is refused, with its time in the reason.
+    kept = cache.put(timed(3.0, "new"), is_current=is_current)
+    assert not kept.written and kept.existing == timed(2.0, "new")
+    assert kept.reason is not None and "2 ms" in kept.reason and "3 ms" in kept.reason
+    assert stored_ms(cache) == 2.0
+
+
+def test_put_without_a_check_counts_every_valid_record(cache: TuningCache) -> None:
+    cache.put(timed(0.5, "old"))
+    outcome = cache.put(timed(2.0, "new"))
+    assert outcome == cache_mod.PutOutcome(False, cache.path_for(*key(make())), outcome.reason, timed(0.5, "old"))
+    assert stored_ms(cache) == 0.5
+
+
+def test_put_asks_about_a_faster_record_only(cache: TuningCache) -> None:
+    def never(existing: Record) -> bool:
+        raise AssertionError("asked about a record that a faster new one replaces anyway")
+
+    assert cache.put(timed(2.0, "old"), is_current=never).written  # nothing there
+    outcome = cache.put(timed(1.0, "new"), is_current=never)  # there, but slower
+    assert outcome.written and outcome.reason is None and outcome.existing == timed(2.0, "old")
+    cache.put(make(compat=COMPAT[:12] + "0" * 52, time_ms=0.1))  # same file, other full hash: stale, not asked
+    assert cache.put(timed(3.0, "new"), is_current=never).written
+
+
+def test_put_outcome_is_frozen(cache: TuningCache) -> None:
+    outcome = cache.put(make())
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        outcome.written = False  # type: ignore[misc]
 
 
 def test_put_rejects_a_non_record(cache: TuningCache) -> None:
@@ -273,7 +324,7 @@ def test_put_waits_for_the_device_lock(cache: TuningCache) -> None:
     path.parent.mkdir(parents=True)
     result: list[bool] = []
     with filelock.FileLock(str(path.parent / cache_mod.LOCK_NAME)):  # another writer holds this device
-        writer = threading.Thread(target=lambda: result.append(cache.put(make())))
+        writer = threading.Thread(target=lambda: result.append(cache.put(make()).written))
         writer.start()
         time.sleep(0.2)
         assert writer.is_alive() and not path.exists()
@@ -384,7 +435,7 @@ def test_put_over_a_corrupt_file_moves_it_aside(cache: TuningCache) -> None:
     path.parent.mkdir(parents=True)
     path.write_bytes(b"garbage")
     with pytest.warns(CacheWarning, match="corrupt"):
-        assert cache.put(make(time_ms=5.0)) is True
+        assert cache.put(make(time_ms=5.0)).written is True
     assert stored_ms(cache) == 5.0
     assert path.with_name(path.name + ".corrupt").read_bytes() == b"garbage"
     path.write_bytes(b"more garbage")  # a second casualty does not overwrite the first
@@ -481,7 +532,7 @@ def test_same_name_other_full_hash_is_stale(cache: TuningCache) -> None:
     cache.put(make(compat=twin, time_ms=0.1))
     assert cache.path_for(*key(make(compat=twin))) == cache.path_for(*key(make()))
     assert cache.get(*key(make())) is None and cache.lookup(*key(make())) is None
-    assert cache.put(make(time_ms=5.0)) is True  # a stale entry does not block a slower current one
+    assert cache.put(make(time_ms=5.0)).written is True  # a stale entry does not block a slower current one
     assert stored_ms(cache) == 5.0
 
 
