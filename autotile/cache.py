@@ -5,9 +5,13 @@ Layout on disk, one JSON file per entry so that a damaged file costs only itself
     <root>/<device fingerprint>/<kernel>-<dtype>-<layout>-<shape>-<compat>.json
 
 `shape` is like ``4096x4096x4096`` (or ``default`` for a device's fallback entry in the shipped cache) and
-`compat` is the first 12 characters of a compatibility hash that the caller computes from the template,
-the search space and the compiler version; an entry whose full hash differs from the caller's is stale and
-never returned.
+`compat` is the first 12 characters of a compatibility hash that the caller computes
+(`kernels.compat_hash`: the kernel's name and the names of its parameters that have no default); an entry
+whose full hash differs from the caller's is stale and never returned. That hash only says whether a
+stored config can still be read: a template edit or another compiler leaves it as it is. For those, each
+record keeps in its `environment` the ``source_sha`` (a hash of the rendered kernel source it timed) and
+the ``compiler``; the library compares them through `lookup(accept=...)` and `put(is_current=...)`, as
+the cache knows nothing of templates.
 
 Two roots are read: the user's (`default_root()`, written by `TuningCache.put`) and the read-only cache
 that ships with autotile (`resources.shipped_cache_dir()`), which has the same layout. Writes are atomic

@@ -774,3 +774,13 @@ def test_clear_waits_for_a_writer(cache: TuningCache) -> None:
         assert clearer.is_alive() and cache.get(*key(make())) is not None
     clearer.join(10)
     assert removed == [1] and cache.get(*key(make())) is None
+
+
+def test_docs_say_what_the_compat_hash_covers() -> None:
+    # kernels.compat_hash hashes the kernel and its parameter names; the template and the compiler are
+    # checked per record (source_sha, compiler). The docs said otherwise once.
+    for text in (cache_mod.__doc__ or "", (REPO / "cache" / "README.md").read_text()):
+        flat = " ".join(text.split())
+        assert "names of its parameters that have no default" in flat
+        assert "source_sha" in flat and "compiler" in flat
+        assert "from the template" not in flat and "hashes the kernel's template" not in flat
