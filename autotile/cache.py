@@ -5,17 +5,23 @@ Layout on disk, one JSON file per entry so that a damaged file costs only itself
     <root>/<device fingerprint>/<kernel>-<dtype>-<layout>-<shape>-<compat>.json
 
 `shape` is like ``4096x4096x4096`` (or ``default`` for a device's fallback entry in the shipped cache) and
-`compat` is the first 12 characters of a compatibility hash that the caller computes from the template,
-the search space and the compiler version; an entry whose full hash differs from the caller's is stale and
-never returned.
+`compat` is the first 12 characters of a compatibility hash that the caller computes
+(`kernels.compat_hash`: the kernel's name and the names of its parameters that have no default); an entry
+whose full hash differs from the caller's is stale and never returned. That hash only says whether a
+stored config can still be read: a template edit or another compiler leaves it as it is. For those, each
+record keeps in its `environment` the ``source_sha`` (a hash of the rendered kernel source it timed) and
+the ``compiler``; the library compares them through `lookup(accept=...)` and `put(is_current=...)`, as
+the cache knows nothing of templates.
 
 Two roots are read: the user's (`default_root()`, written by `TuningCache.put`) and the read-only cache
 that ships with autotile (`resources.shipped_cache_dir()`), which has the same layout. Writes are atomic
-(temporary file in the same folder, fsync, `os.replace`) and serialised between processes by a
-`filelock.FileLock` on ``<file>.lock``, so readers never take a lock and never see half a file.
+(temporary file in the same folder, fsync, `os.replace`) and serialised between processes by one
+`filelock.FileLock` per device folder (``<device>/.lock``), so readers never take a lock and never see half
+a file.
 
-Bad files (not JSON, failing validation, or holding an entry that their name does not describe) are
-reported with a `CacheWarning` and in `TuningCache.problems`, then skipped: they never stop a lookup.
+Bad files (not a regular file, over `MAX_RECORD_BYTES`, a link out of the cache, not JSON, failing
+validation, or holding an entry that their name does not describe) are reported with a `CacheWarning` and
+in `TuningCache.problems`, then skipped: they never stop a lookup, and nothing but a regular file is opened.
 """
 
 from __future__ import annotations
@@ -26,12 +32,15 @@ import math
 import operator
 import os
 import re
+import stat
 import sys
 import tempfile
+import time
+import types
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Callable, Literal
 
 import filelock
 import platformdirs
@@ -43,8 +52,11 @@ from .problem import ProblemKey
 SCHEMA = 1
 COMPAT_CHARS = 12  # how much of the compatibility hash goes into a file name
 DEFAULT_SHAPE = "default"  # the shape part of a device's fallback entry
-LOCK_TIMEOUT_S = 60.0  # a put waits this long for another process's write to the same entry
+LOCK_TIMEOUT_S = 60.0  # a put or clear waits this long for another process's write to the same device folder
 ENV_VAR = "AUTOTILE_CACHE_DIR"
+MAX_RECORD_BYTES = 1 << 20  # a record is about 1.3 kB; a file past this is not one, and is not read into memory
+LOCK_NAME = ".lock"  # the one lock file of a device folder (see TuningCache._lock)
+STALE_TMP_S = 60.0  # clear() removes a writer's temporary file once it is this old (a write takes milliseconds)
 
 # File-name parts may not contain "-" (it separates them) nor a path separator; the device folder may
 # contain "-" (fingerprints do). Anything else outside these sets becomes "_".
@@ -66,6 +78,82 @@ def default_root() -> Path:
     if env:
         return Path(os.path.expanduser(env))
     return Path(platformdirs.user_cache_dir("autotile"))
+
+
+def _file_kind(mode: int) -> str | None:
+    """None for a regular file, else what the file is, for a problem report."""
+    if stat.S_ISREG(mode):
+        return None
+    for test, kind in ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device")):
+        if test(mode):
+            return kind
+    return "not a regular file"
+
+
+def _unfit(st: os.stat_result) -> str | None:
+    """Why a file with this status is not read as a record, or None if it may be."""
+    kind = _file_kind(st.st_mode)
+    if kind is not None:
+        # Opening a FIFO blocks until a writer comes; a device may never end (/dev/zero).
+        return f"is {kind}, not a regular file; not opened"
+    if st.st_size > MAX_RECORD_BYTES:
+        return f"is too large ({st.st_size} bytes; a record is at most {MAX_RECORD_BYTES} bytes); not read"
+    return None
+
+
+def _within(path: str, *folders: Path) -> bool:
+    """Whether the resolved `path` lies in one of the resolved `folders`."""
+    real = Path(path)
+    return any(real.is_relative_to(os.path.realpath(folder)) for folder in folders)
+
+
+def _read_entry(path: Path) -> tuple[bytes | None, str | None]:
+    """The bytes of an entry file, (None, reason) for one that is not read, (None, None) for a missing one.
+
+    Only regular files are opened, and at most `MAX_RECORD_BYTES` are read. An entry that is a link is
+    followed only to a file inside the same root (a shipped fallback entry may name a tuned one); the root
+    and the device folders themselves may be links (a cache kept on another disk)."""
+    flags = (os.O_RDONLY | getattr(os, "O_BINARY", 0) | getattr(os, "O_CLOEXEC", 0)
+             | getattr(os, "O_NONBLOCK", 0))  # O_NONBLOCK: a FIFO swapped in after the stat still cannot block
+    try:
+        st = os.lstat(path)
+        if stat.S_ISLNK(st.st_mode):
+            target = os.path.realpath(path)
+            if not _within(target, path.parent.parent, path.parent):
+                return None, f"is a link out of the cache (to {target}); not followed"
+            st = os.stat(path)
+        else:
+            flags |= getattr(os, "O_NOFOLLOW", 0)  # it was no link at the lstat: refuse one swapped in since
+        reason = _unfit(st)
+        if reason is not None:
+            return None, reason
+        fd = os.open(path, flags)
+    except FileNotFoundError:  # removed by clear() or moved aside by a put since it was listed
+        return (None, "is a broken link; not followed") if os.path.islink(path) else (None, None)
+    except OSError as exc:
+        return None, f"cannot be read ({exc.strerror or exc})"
+    try:
+        # Checked again on what was opened, as the name may have changed since the stat; and the read is
+        # capped whatever the size said, as a file may grow or report no size at all.
+        reason = _unfit(os.fstat(fd))
+        if reason is not None:
+            return None, reason
+        chunks: list[bytes] = []
+        left = MAX_RECORD_BYTES + 1
+        while left > 0:
+            chunk = os.read(fd, min(left, 1 << 16))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+    except OSError as exc:
+        return None, f"cannot be read ({exc.strerror or exc})"
+    finally:
+        os.close(fd)
+    if left <= 0:
+        return None, f"is too large (over {MAX_RECORD_BYTES} bytes, the most a record may have); not read"
+    return b"".join(chunks), None
 
 
 # --------------------------------------------------------------------------------------------- records
@@ -221,6 +309,23 @@ class Record:
         return cls(**{f: d[f] for f in _FIELDS})
 
 
+@dataclasses.dataclass(frozen=True)
+class PutOutcome:
+    """What `TuningCache.put` did; true when the record was written.
+
+    `existing` is the valid entry of the same key (and full compat hash) that was there before, if any:
+    kept when `written` is False, replaced otherwise. `reason` says why it was kept (naming both times), or
+    that a faster one was replaced because the caller said it is no longer current; None otherwise."""
+
+    written: bool
+    path: Path
+    reason: str | None = None
+    existing: Record | None = None
+
+    def __bool__(self) -> bool:
+        return self.written
+
+
 # ------------------------------------------------------------------------------------------ file names
 
 def _safe(value: Any, what: str, unsafe: re.Pattern[str] = _PART_UNSAFE) -> str:
@@ -268,6 +373,7 @@ class TuningCache:
     def __init__(self, root: str | Path | None = None,
                  shipped_root: str | Path | None | Literal["default"] = "default") -> None:
         self.root: Path = Path(root) if root is not None else default_root()
+        self._root_from_env = root is None and bool(os.environ.get(ENV_VAR, "").strip())
         if isinstance(shipped_root, str) and shipped_root == "default":
             shipped = resources.shipped_cache_dir()
         else:
@@ -295,6 +401,24 @@ class TuningCache:
               compat: str) -> Path:
         return root / _device_dir(device) / _file_name(kernel, dtype, layout, shape_part, compat)
 
+    def _check_root(self) -> None:
+        """Raise `CacheError` if the user root exists and is not a folder: listed, it would look empty."""
+        if self.root.exists() and not self.root.is_dir():
+            what = f"{ENV_VAR}={self.root}" if self._root_from_env else f"cache root {self.root}"
+            raise CacheError(f"{what} names a file, not a folder; point it at a folder (or a path not yet made)")
+
+    def _lock(self, folder: Path) -> filelock.BaseFileLock:
+        """The lock that serialises every change to one device folder.
+
+        One lock per device folder, not one per entry: a per-entry lock file would stay for ever after its
+        entry is cleared, since deleting a lock file is only safe while holding it and only for lock
+        implementations that re-check, after locking, that the file they locked still has its name (filelock
+        does so only in recent versions; this package allows older ones). A device folder's lock file is
+        never deleted, so it needs no such care, and holding it also tells clear() that no writer of this
+        version is between creating its temporary file and renaming it. Writes are rare and take
+        milliseconds, so serialising the entries of one device costs nothing."""
+        return filelock.FileLock(str(folder / LOCK_NAME), timeout=LOCK_TIMEOUT_S)
+
     def _roots(self, include_shipped: bool = True) -> list[Path]:
         roots = [self.root]
         if include_shipped and self.shipped_root is not None:
@@ -311,7 +435,8 @@ class TuningCache:
         message = f"{path}: {reason}"
         self.problems.append(message)
         # Point the warning at the first caller outside this module.
-        level, frame = 1, sys._getframe(0)
+        level = 1
+        frame: types.FrameType | None = sys._getframe(0)
         while frame is not None and frame.f_globals.get("__name__") == __name__:
             frame, level = frame.f_back, level + 1
         warnings.warn(CacheWarning(message), stacklevel=level)
@@ -319,12 +444,9 @@ class TuningCache:
     @staticmethod
     def _parse(path: Path) -> tuple[Record | None, str | None]:
         """(record, None) for a good file, (None, reason) for a bad one, (None, None) for a missing one."""
-        try:
-            data = path.read_bytes()
-        except FileNotFoundError:  # removed by clear() or moved aside by a put since it was listed
-            return None, None
-        except OSError as exc:
-            return None, f"cannot be read ({exc.strerror or exc})"
+        data, reason = _read_entry(path)
+        if data is None:
+            return None, reason
         try:
             record = Record.from_json(json.loads(data.decode("utf-8")))
         except (UnicodeDecodeError, ValueError, RecursionError) as exc:
@@ -398,6 +520,7 @@ class TuningCache:
         """Every valid entry (of one device, or all) in the user root, then the shipped root if asked.
 
         Stale entries are listed too: without a compat hash to compare, staleness is unknown here."""
+        self._check_root()
         found: list[tuple[Path, Record]] = []
         for root in self._roots(include_shipped):
             for folder in self._device_folders(root, device):
@@ -409,10 +532,13 @@ class TuningCache:
 
     # --------------------------------------------------------------------------------------- writing
 
-    def put(self, record: Record) -> bool:
-        """Store `record` unless a valid entry for the same key is already faster.
+    def put(self, record: Record, is_current: Callable[[Record], bool] | None = None) -> PutOutcome:
+        """Store `record` unless a valid entry for the same key is faster and still counts.
 
-        Returns True if written, False if the existing entry was kept. A corrupt or foreign file in the
+        `is_current(existing)` says whether a faster existing entry still counts (for example: its config
+        still renders the kernel source it was timed on); the cache cannot tell, as it knows nothing of
+        templates. It is asked only about a faster entry, with the device folder locked; an exception from it
+        propagates and nothing is written. None counts every valid entry. A corrupt or foreign file in the
         way is renamed to ``<name>.corrupt`` and reported. Raises `CacheError` if the file cannot be written.
         """
         if not isinstance(record, Record):
@@ -420,35 +546,44 @@ class TuningCache:
         path = self.path_for(record.device, record.kernel, record.dtype, record.layout, record.shape,
                              record.compat)
         text = json.dumps(record.to_json(), indent=2, sort_keys=True, allow_nan=False) + "\n"
+        self._check_root()
         problem: str | None = None
+        note: str | None = None
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            with filelock.FileLock(str(path) + ".lock", timeout=LOCK_TIMEOUT_S):
+            with self._lock(path.parent):
                 existing, reason = self._parse(path)
                 if reason is not None:
                     aside = self._move_aside(path)
                     problem = f"{reason}; moved to {aside.name} and replaced"
-                elif (existing is not None and existing.shape == record.shape
-                      and self._matches(existing, record.device, record.kernel, record.dtype,
-                                        record.layout, record.compat)
-                      and existing.time_ms < record.time_ms):
-                    return False
+                if existing is not None and not (
+                        existing.shape == record.shape
+                        and self._matches(existing, record.device, record.kernel, record.dtype, record.layout,
+                                          record.compat)):
+                    existing = None  # another full compat hash behind the same name: stale, replaced
+                if existing is not None and existing.time_ms < record.time_ms:
+                    if is_current is None or is_current(existing):
+                        return PutOutcome(False, path, f"kept the existing entry of {existing.time_ms:g} ms, "
+                                                       f"faster than {record.time_ms:g} ms", existing)
+                    note = (f"replaced a faster entry of {existing.time_ms:g} ms that is no longer current "
+                            f"with one of {record.time_ms:g} ms")
                 self._write_atomic(path, text)
         except filelock.Timeout:
-            raise CacheError(f"{path}: another process held its lock for over {LOCK_TIMEOUT_S:g} s") from None
+            raise CacheError(f"{path}: another process held the lock of {path.parent} for over "
+                             f"{LOCK_TIMEOUT_S:g} s") from None
         except OSError as exc:
             raise CacheError(f"{path}: cannot be written ({exc})") from exc
         # Reported after the write, so that warnings turned into errors cannot leave the entry missing.
         if problem is not None:
             self._report(path, problem)
-        return True
+        return PutOutcome(True, path, note, existing)
 
     @staticmethod
     def _move_aside(path: Path) -> Path:
         # Never overwrite an earlier casualty: .corrupt, then .corrupt.1, .corrupt.2, ...
         aside = path.with_name(path.name + ".corrupt")
         n = 0
-        while aside.exists():
+        while os.path.lexists(aside):  # lexists: a broken link moved aside earlier is a casualty too
             n += 1
             aside = path.with_name(f"{path.name}.corrupt.{n}")
         os.replace(path, aside)
@@ -478,24 +613,73 @@ class TuningCache:
     def clear(self, device: str | None = None, kernel: str | None = None) -> int:
         """Delete the user-root entries of one device and/or kernel (all if None); returns how many.
 
-        The shipped root is never touched; nor are ``.corrupt`` files (kept for inspection) or lock files
-        (removing one while another process holds it would let two writers in)."""
+        Also removes, for the same device and kernel, the temporary files of writers that were killed
+        (older than `STALE_TMP_S`) and the per-entry lock files that autotile versions before the device
+        lock left. The shipped root is never touched, nor are ``.corrupt`` files (kept for inspection) or
+        the device folders' lock files."""
+        self._check_root()
         prefix = f"{_safe(kernel, 'kernel')}-" if kernel is not None else ""
         removed = 0
         for folder in self._device_folders(self.root, device):
-            for path in sorted(folder.glob(f"{prefix}*.json")):
-                try:
-                    with filelock.FileLock(str(path) + ".lock", timeout=LOCK_TIMEOUT_S):
-                        path.unlink()
-                except FileNotFoundError:
-                    continue
-                except filelock.Timeout:
-                    raise CacheError(f"{path}: another process held its lock for over "
-                                     f"{LOCK_TIMEOUT_S:g} s") from None
-                except OSError as exc:
-                    raise CacheError(f"{path}: cannot be deleted ({exc})") from exc
-                removed += 1
+            try:
+                with self._lock(folder):
+                    removed += self._clear_folder(folder, prefix)
+            except filelock.Timeout:
+                raise CacheError(f"{folder}: another process held its lock for over {LOCK_TIMEOUT_S:g} s") from None
+            except OSError as exc:
+                raise CacheError(f"{folder}: cannot be cleared ({exc})") from exc
         return removed
+
+    def _clear_folder(self, folder: Path, prefix: str) -> int:
+        """clear() in one device folder, whose lock the caller holds."""
+        removed = 0
+        now = time.time()
+        for path in sorted(folder.iterdir()):
+            name = path.name
+            try:
+                st = os.lstat(path)
+            except FileNotFoundError:
+                continue
+            if name.startswith("." + prefix) and ".json." in name and name.endswith(".tmp"):
+                # Writers of this version make temporary files only while holding this lock, so none is in
+                # use now; the age test spares one that a writer of an older version (which took a lock per
+                # entry) may be filling at this moment.
+                if now - st.st_mtime > STALE_TMP_S:
+                    _unlink(path)
+            elif name.startswith(prefix) and name.endswith(".json.lock"):
+                self._remove_old_entry_lock(path)
+            elif name.startswith(prefix) and name.endswith(".json"):
+                if stat.S_ISDIR(st.st_mode):
+                    self._report(path, "is a folder, not an entry; left in place")
+                    continue
+                if _unlink(path):  # a link is removed, never what it points at
+                    removed += 1
+        return removed
+
+    @staticmethod
+    def _remove_old_entry_lock(path: Path) -> None:
+        """Remove a per-entry lock file of an older autotile, unless one of its writers holds it now.
+
+        It is deleted while held, so that a writer that opens it afterwards creates a new one; a writer
+        of an older version that opened it just before could still lock the deleted file while another
+        locks the new one, which needs two such writers on one entry at the moment of a clear."""
+        try:
+            with filelock.FileLock(str(path), timeout=0):
+                try:
+                    os.unlink(path)
+                except OSError:  # Windows: an open file cannot be deleted (its lock deletes it on release)
+                    pass
+        except (filelock.Timeout, OSError):  # held, or not a file a lock can open: left as it is
+            pass
+
+
+def _unlink(path: Path) -> bool:
+    """Delete `path`; False if it was already gone."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        return False
+    return True
 
 
 def _same_path(a: Path, b: Path) -> bool:

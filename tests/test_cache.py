@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ import pytest
 from autotile import cache as cache_mod
 from autotile.cache import CacheWarning, Record, TuningCache, default_root
 from autotile.errors import CacheError
+from autotile.problem import ProblemKey
 
 DEV = "NVIDIA-H100-80GB-HBM3_sm_90"
 OTHER_DEV = "NVIDIA-A100_sm_80"
@@ -25,7 +27,7 @@ STALE = "fedcba9876543210" * 4
 REPO = Path(__file__).resolve().parents[1]
 
 
-def make(shape: tuple[int, ...] = (4096, 4096, 4096), time_ms: float = 1.0, **changes: Any) -> Record:
+def make(shape: Sequence[Any] = (4096, 4096, 4096), time_ms: float = 1.0, **changes: Any) -> Record:
     fields: dict[str, Any] = dict(
         kernel="matmul", dtype="float32", layout="row", shape=shape, compat=COMPAT,
         config={"BM": 128, "BN": 128, "smem": "dynamic", "swizzle": True}, time_ms=time_ms,
@@ -38,7 +40,24 @@ def make(shape: tuple[int, ...] = (4096, 4096, 4096), time_ms: float = 1.0, **ch
 
 
 def key(rec: Record) -> tuple[Any, ...]:
+    """The entry's key as `path_for` takes it."""
     return (rec.device, rec.kernel, rec.dtype, rec.layout, rec.shape, rec.compat)
+
+
+def pkey(rec: Record) -> tuple[str, ProblemKey, str]:
+    """The entry's key as `get`, `records` and `device_default` take it."""
+    return (rec.device, ProblemKey(rec.kernel, rec.dtype, rec.layout, rec.shape), rec.compat)
+
+
+def problem(kernel: str, dtype: str, layout: str, shape: tuple[int, ...]) -> ProblemKey:
+    return ProblemKey(kernel, dtype, layout, shape)
+
+
+def stored_ms(cache: TuningCache, rec: Record | None = None) -> float:
+    """The time of the entry stored for `rec`'s key (the default record's), which must be there."""
+    found = cache.get(*pkey(rec or make()))
+    assert found is not None, "no entry"
+    return found.time_ms
 
 
 @pytest.fixture
@@ -179,8 +198,9 @@ def test_import_and_reads_create_no_directory(tmp_path: Path) -> None:
     env = dict(os.environ, AUTOTILE_CACHE_DIR=str(tmp_path / "cache"), HOME=str(tmp_path / "home"),
                XDG_CACHE_HOME=str(tmp_path / "xdg"), PYTHONPATH=str(REPO))
     code = ("import autotile.cache as c; t = c.TuningCache(); "
-            f"t.get({DEV!r}, 'matmul', 'float32', 'row', (8, 8, 8), 'abc'); "
-            f"t.lookup({DEV!r}, 'matmul', 'float32', 'row', (8, 8, 8), 'abc'); t.entries(); t.clear()")
+            "from autotile.problem import ProblemKey; k = ProblemKey('matmul', 'float32', 'row', (8, 8, 8)); "
+            f"t.get({DEV!r}, k, 'abc'); t.records({DEV!r}, k, 'abc'); t.device_default({DEV!r}, k, 'abc'); "
+            "t.entries(); t.clear()")
     subprocess.run([sys.executable, "-c", code], env=env, check=True, cwd=tmp_path)
     assert list(tmp_path.iterdir()) == []
 
@@ -190,18 +210,69 @@ def test_import_and_reads_create_no_directory(tmp_path: Path) -> None:
 def test_put_get_round_trip(cache: TuningCache) -> None:
     rec = make()
     assert not cache.root.exists()
-    assert cache.put(rec) is True
-    assert cache.get(*key(rec)) == rec
-    assert cache.get(DEV, "matmul", "float32", "row", (1024, 1024, 1024), COMPAT) is None
+    assert cache.put(rec).written is True
+    assert cache.get(*pkey(rec)) == rec
+    assert cache.get(DEV, problem("matmul", "float32", "row", (1024, 1024, 1024)), COMPAT) is None
     assert cache.problems == []
 
 
 def test_put_keeps_the_faster_record(cache: TuningCache) -> None:
     assert cache.put(make(time_ms=1.0))
-    assert cache.put(make(time_ms=2.0)) is False
-    assert cache.get(*key(make())).time_ms == 1.0
-    assert cache.put(make(time_ms=0.5)) is True
-    assert cache.get(*key(make())).time_ms == 0.5
+    kept = cache.put(make(time_ms=2.0))
+    assert kept.written is False and not kept
+    assert stored_ms(cache) == 1.0
+    assert cache.put(make(time_ms=0.5)).written is True
+    assert stored_ms(cache) == 0.5
+
+
+def timed(time_ms: float, source_sha: str) -> Record:
+    """A record of the default key, timed on the kernel source with this hash."""
+    return make(time_ms=time_ms, environment={"source_sha": source_sha, "compiler": "nvrtc-12.4"})
+
+
+def test_put_replaces_a_faster_record_that_is_no_longer_current(cache: TuningCache) -> None:
+    # Tuned, then the template changed: the old winner renders another kernel and must not block the re-tune.
+    cache.put(timed(0.5, "old"))
+    seen: list[Record] = []
+
+    def is_current(existing: Record) -> bool:
+        seen.append(existing)
+        return existing.environment["source_sha"] == "new"
+
+    outcome = cache.put(timed(2.0, "new"), is_current=is_current)
+    assert outcome.written and outcome.path == cache.path_for(*key(make()))
+    assert seen == [timed(0.5, "old")] and outcome.existing == timed(0.5, "old")
+    assert outcome.reason is not None and "0.5 ms" in outcome.reason and "no longer current" in outcome.reason
+    assert cache.get(*pkey(make())) == timed(2.0, "new")
+    # Now the stored entry is current, so a slower one is refused, with its time in the reason.
+    kept = cache.put(timed(3.0, "new"), is_current=is_current)
+    assert not kept.written and kept.existing == timed(2.0, "new")
+    assert kept.reason is not None and "2 ms" in kept.reason and "3 ms" in kept.reason
+    assert stored_ms(cache) == 2.0
+
+
+def test_put_without_a_check_counts_every_valid_record(cache: TuningCache) -> None:
+    cache.put(timed(0.5, "old"))
+    outcome = cache.put(timed(2.0, "new"))
+    assert outcome == cache_mod.PutOutcome(False, cache.path_for(*key(make())), outcome.reason, timed(0.5, "old"))
+    assert stored_ms(cache) == 0.5
+
+
+def test_put_asks_about_a_faster_record_only(cache: TuningCache) -> None:
+    def never(existing: Record) -> bool:
+        raise AssertionError("asked about a record that a faster new one replaces anyway")
+
+    assert cache.put(timed(2.0, "old"), is_current=never).written  # nothing there
+    outcome = cache.put(timed(1.0, "new"), is_current=never)  # there, but slower
+    assert outcome.written and outcome.reason is None and outcome.existing == timed(2.0, "old")
+    cache.put(make(compat=COMPAT[:12] + "0" * 52, time_ms=0.1))  # same file, other full hash: stale, not asked
+    assert cache.put(timed(3.0, "new"), is_current=never).written
+
+
+def test_put_outcome_is_frozen(cache: TuningCache) -> None:
+    outcome = cache.put(make())
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        outcome.written = False  # type: ignore[misc]
 
 
 def test_put_rejects_a_non_record(cache: TuningCache) -> None:
@@ -213,8 +284,7 @@ def test_put_leaves_no_temporary_files(cache: TuningCache) -> None:
     for t in (3.0, 2.0, 1.0, 4.0):
         cache.put(make(time_ms=t))
     files = sorted(p.name for p in (cache.root / DEV).iterdir())
-    name = cache.path_for(*key(make())).name
-    assert files == [name, name + ".lock"]
+    assert files == [cache_mod.LOCK_NAME, cache.path_for(*key(make())).name]
 
 
 def test_put_writes_a_complete_file_then_replaces(cache: TuningCache, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -251,12 +321,12 @@ def test_failed_replace_keeps_the_old_file(cache: TuningCache, monkeypatch: pyte
     monkeypatch.undo()
     assert path.read_bytes() == before
     assert not [p for p in path.parent.iterdir() if p.name.endswith(".tmp")]
-    assert cache.get(*key(make())).time_ms == 2.0
+    assert stored_ms(cache) == 2.0
 
 
 # ----------------------------------------------------------------------------------- concurrency
 
-def test_put_waits_for_the_entry_lock(cache: TuningCache) -> None:
+def test_put_waits_for_the_device_lock(cache: TuningCache) -> None:
     import threading
     import time
 
@@ -265,13 +335,13 @@ def test_put_waits_for_the_entry_lock(cache: TuningCache) -> None:
     path = cache.path_for(*key(make()))
     path.parent.mkdir(parents=True)
     result: list[bool] = []
-    with filelock.FileLock(str(path) + ".lock"):  # another writer holds this entry
-        writer = threading.Thread(target=lambda: result.append(cache.put(make())))
+    with filelock.FileLock(str(path.parent / cache_mod.LOCK_NAME)):  # another writer holds this device
+        writer = threading.Thread(target=lambda: result.append(cache.put(make()).written))
         writer.start()
         time.sleep(0.2)
         assert writer.is_alive() and not path.exists()
     writer.join(10)
-    assert result == [True] and cache.get(*key(make())) == make()
+    assert result == [True] and cache.get(*pkey(make())) == make()
 
 
 CONTESTED = (2048, 2048, 2048)
@@ -307,7 +377,7 @@ def test_concurrent_writers(tmp_path: Path) -> None:
         Record.from_json(json.loads(f.read_text()))  # every file parses
     assert len(cache.entries()) == 8 * 10 + 1 and cache.problems == []
     assert not list((tmp_path / DEV).glob("*.tmp")) and not list((tmp_path / DEV).glob("*.corrupt"))
-    best = cache.get(DEV, "matmul", "float32", "row", CONTESTED, COMPAT)
+    best = cache.get(DEV, problem("matmul", "float32", "row", CONTESTED), COMPAT)
     assert best is not None and best.time_ms == pytest.approx(5.0 - 7 / 100)
 
 
@@ -340,13 +410,13 @@ def test_bad_files_are_reported_and_skipped(cache: TuningCache) -> None:
     assert {str(w.message) for w in caught} == set(cache.problems)
 
 
-def test_bad_files_never_raise_from_get_or_lookup(cache: TuningCache) -> None:
+def test_bad_files_never_raise_from_get_or_records(cache: TuningCache) -> None:
     bad = _bad_files(cache)
     with pytest.warns(CacheWarning):
         for shape in ((8, 8, 8), (16, 16, 16), (32, 32, 32)):
-            assert cache.get(DEV, "matmul", "float32", "row", shape, COMPAT) is None
-            found = cache.lookup(DEV, "matmul", "float32", "row", shape, COMPAT)
-            assert found is not None and found[1] == "nearest" and found[0].shape == (1024, 1024, 1024)
+            assert cache.get(DEV, problem("matmul", "float32", "row", shape), COMPAT) is None
+            found = cache.records(DEV, problem("matmul", "float32", "row", shape), COMPAT)
+            assert [r.shape for _, _, r in found] == [(1024, 1024, 1024)]  # the one good entry
     assert len(cache.problems) == 3  # each bad file reported once, however often it is read
     assert all(p.exists() for p in bad.values())  # reading never moves or deletes anything
 
@@ -358,7 +428,7 @@ def test_wrong_schema_alone_is_reported(cache: TuningCache) -> None:
     d["schema"] = 2
     path.write_text(json.dumps(d))
     with pytest.warns(CacheWarning, match="schema"):
-        assert cache.get(DEV, "matmul", "float32", "row", (16, 16, 16), COMPAT) is None
+        assert cache.get(DEV, problem("matmul", "float32", "row", (16, 16, 16)), COMPAT) is None
     assert len(cache.problems) == 1 and str(path) in cache.problems[0]
 
 
@@ -369,7 +439,7 @@ def test_file_in_the_wrong_device_folder_is_foreign(cache: TuningCache) -> None:
     dst.parent.mkdir(parents=True)
     dst.write_bytes(src.read_bytes())
     with pytest.warns(CacheWarning, match="not what its name says"):
-        assert cache.get(OTHER_DEV, "matmul", "float32", "row", (4096, 4096, 4096), COMPAT) is None
+        assert cache.get(OTHER_DEV, problem("matmul", "float32", "row", (4096, 4096, 4096)), COMPAT) is None
 
 
 def test_put_over_a_corrupt_file_moves_it_aside(cache: TuningCache) -> None:
@@ -377,8 +447,8 @@ def test_put_over_a_corrupt_file_moves_it_aside(cache: TuningCache) -> None:
     path.parent.mkdir(parents=True)
     path.write_bytes(b"garbage")
     with pytest.warns(CacheWarning, match="corrupt"):
-        assert cache.put(make(time_ms=5.0)) is True
-    assert cache.get(*key(make())).time_ms == 5.0
+        assert cache.put(make(time_ms=5.0)).written is True
+    assert stored_ms(cache) == 5.0
     assert path.with_name(path.name + ".corrupt").read_bytes() == b"garbage"
     path.write_bytes(b"more garbage")  # a second casualty does not overwrite the first
     with pytest.warns(CacheWarning):
@@ -388,71 +458,53 @@ def test_put_over_a_corrupt_file_moves_it_aside(cache: TuningCache) -> None:
     assert len(cache.problems) == 2
 
 
-# ---------------------------------------------------------------------------------------- lookup
+# ---------------------------------------------------------------------- listing (the policy is select.py's)
 
-def test_lookup_exact_and_none(cache: TuningCache) -> None:
+def test_get_exact_and_none(cache: TuningCache) -> None:
     cache.put(make())
-    assert cache.lookup(*key(make())) == (make(), "exact")
-    assert cache.lookup(DEV, "matvec", "float32", "row", (4096, 4096, 4096), COMPAT) is None
-    assert cache.lookup(DEV, "matmul", "float64", "row", (4096, 4096, 4096), COMPAT) is None
-    assert cache.lookup(DEV, "matmul", "float32", "col", (4096, 4096, 4096), COMPAT) is None
-    assert cache.lookup(OTHER_DEV, "matmul", "float32", "row", (4096, 4096, 4096), COMPAT) is None
-    assert cache.lookup(DEV, "matmul", "float32", "row", (4096, 4096), COMPAT) is None  # other rank
+    assert cache.get(*pkey(make())) == make()
+    for other in (problem("matvec", "float32", "row", (4096, 4096)), problem("matmul", "float64", "row", (4096,) * 3),
+                  problem("matmul", "float32", "col", (4096,) * 3)):
+        assert cache.get(DEV, other, COMPAT) is None
+    assert cache.get(OTHER_DEV, problem("matmul", "float32", "row", (4096,) * 3), COMPAT) is None
 
 
-@pytest.mark.parametrize("query, expected", [
-    ((3000, 3000, 3000), (4096, 4096, 4096)),
-    ((1100, 900, 1024), (1024, 1024, 1024)),
-    ((512, 8192, 2048), (512, 8192, 1024)),
-    ((256, 16384, 512), (512, 8192, 1024)),
-    ((2048, 2048, 2048), (1024, 1024, 1024)),  # tie at distance 3 with 4096^3: the faster one wins
-])
-def test_lookup_nearest(cache: TuningCache, query: tuple[int, ...], expected: tuple[int, ...]) -> None:
-    cache.put(make(shape=(1024, 1024, 1024), time_ms=0.5))
-    cache.put(make(shape=(4096, 4096, 4096), time_ms=3.0))
-    cache.put(make(shape=(512, 8192, 1024), time_ms=1.0))
-    found = cache.lookup(DEV, "matmul", "float32", "row", query, COMPAT)
-    assert found is not None and found[1] == "nearest" and found[0].shape == expected
-
-
-def test_lookup_nearest_prefers_the_user_root_on_a_tie(tmp_path: Path, shipped: Path) -> None:
+def test_records_lists_the_problem_family_with_its_root(tmp_path: Path, shipped: Path) -> None:
     cache = TuningCache(tmp_path / "user", shipped_root=shipped)
     cache.put(make(shape=(1024, 1024, 1024), time_ms=9.0))
+    cache.put(make(shape=(512, 512, 512), dtype="float64"))  # another dtype: not listed
+    cache.put(make(shape=(256, 256, 256), compat=STALE))  # another compat hash: not listed
     ship(shipped, make(shape=(4096, 4096, 4096), time_ms=0.1))
-    found = cache.lookup(DEV, "matmul", "float32", "row", (2048, 2048, 2048), COMPAT)
-    assert found is not None and found[0].shape == (1024, 1024, 1024) and found[1] == "nearest"
-    # ...but a shipped entry that is nearer wins over a user one.
-    found = cache.lookup(DEV, "matmul", "float32", "row", (4000, 4000, 4000), COMPAT)
-    assert found is not None and found[0].shape == (4096, 4096, 4096)
+    ship(shipped, make(shape=(2048, 2048, 2048)), shape_part="default")  # the device default: not listed
+    found = cache.records(DEV, problem("matmul", "float32", "row", (2000, 2000, 2000)), COMPAT)
+    assert sorted((rank, r.shape) for rank, _, r in found) == [(0, (1024, 1024, 1024)), (1, (4096, 4096, 4096))]
+    assert cache.records(OTHER_DEV, problem("matmul", "float32", "row", (2000,) * 3), COMPAT) == []
+
+
+def test_device_default(tmp_path: Path, shipped: Path) -> None:
+    cache = TuningCache(tmp_path / "user", shipped_root=shipped)
+    default = make(shape=(4096, 4096, 4096), dtype="float64", time_ms=7.0)
+    path = ship(shipped, default, shape_part="default")
+    assert path.name == f"matmul-float64-row-default-{COMPAT[:12]}.json"
+    query = problem("matmul", "float64", "row", (100, 200, 300))
+    assert cache.device_default(DEV, query, COMPAT) == default
+    assert cache.device_default(DEV, problem("matmul", "float32", "row", (100, 200, 300)), COMPAT) is None
+    assert cache.device_default(OTHER_DEV, query, COMPAT) is None
+    assert cache.device_default(DEV, query, STALE) is None
+    assert len(cache.entries(include_shipped=True)) == 1 and cache.problems == []  # a valid entry
+
+
+def test_a_user_default_file_is_not_a_device_default(cache: TuningCache) -> None:
+    ship(cache.root, make(dtype="float64"), shape_part="default")
+    assert cache.device_default(DEV, problem("matmul", "float64", "row", (100, 200, 300)), COMPAT) is None
 
 
 def test_get_falls_back_to_the_shipped_root(tmp_path: Path, shipped: Path) -> None:
     cache = TuningCache(tmp_path / "user", shipped_root=shipped)
     ship(shipped, make(time_ms=2.0))
-    assert cache.get(*key(make())).time_ms == 2.0
+    assert stored_ms(cache) == 2.0
     cache.put(make(time_ms=3.0))  # the user root comes first, even when slower
-    assert cache.get(*key(make())).time_ms == 3.0
-    assert cache.lookup(*key(make()))[1] == "exact"
-
-
-def test_lookup_device_default(tmp_path: Path, shipped: Path) -> None:
-    cache = TuningCache(tmp_path / "user", shipped_root=shipped)
-    default = make(shape=(4096, 4096, 4096), dtype="float64", time_ms=7.0)
-    path = ship(shipped, default, shape_part="default")
-    assert path.name == f"matmul-float64-row-default-{COMPAT[:12]}.json"
-    assert cache.lookup(DEV, "matmul", "float64", "row", (100, 200, 300), COMPAT) == (default, "device default")
-    assert cache.lookup(DEV, "matmul", "float32", "row", (100, 200, 300), COMPAT) is None
-    assert cache.lookup(OTHER_DEV, "matmul", "float64", "row", (100, 200, 300), COMPAT) is None
-    assert cache.lookup(DEV, "matmul", "float64", "row", (100, 200, 300), STALE) is None
-    # A nearest entry beats the device default; the default file is a valid entry, not a foreign one.
-    cache.put(make(shape=(128, 256, 256), dtype="float64"))
-    assert cache.lookup(DEV, "matmul", "float64", "row", (100, 200, 300), COMPAT)[1] == "nearest"
-    assert len(cache.entries(include_shipped=True)) == 2 and cache.problems == []
-
-
-def test_a_user_default_file_is_not_a_device_default(cache: TuningCache) -> None:
-    ship(cache.root, make(dtype="float64"), shape_part="default")
-    assert cache.lookup(DEV, "matmul", "float64", "row", (100, 200, 300), COMPAT) is None
+    assert stored_ms(cache) == 3.0
 
 
 def test_stale_compat_is_never_returned(tmp_path: Path, shipped: Path) -> None:
@@ -460,9 +512,8 @@ def test_stale_compat_is_never_returned(tmp_path: Path, shipped: Path) -> None:
     cache.put(make(compat=STALE))
     ship(shipped, make(shape=(1024, 1024, 1024), compat=STALE))
     ship(shipped, make(compat=STALE), shape_part="default")
-    assert cache.get(*key(make())) is None
-    assert cache.lookup(*key(make())) is None
-    assert cache.lookup(DEV, "matmul", "float32", "row", (2000, 2000, 2000), COMPAT) is None
+    assert cache.get(*pkey(make())) is None
+    assert cache.records(*pkey(make())) == [] and cache.device_default(*pkey(make())) is None
     assert cache.problems == []  # stale is not broken
 
 
@@ -471,9 +522,9 @@ def test_same_name_other_full_hash_is_stale(cache: TuningCache) -> None:
     twin = COMPAT[:12] + "0" * 52
     cache.put(make(compat=twin, time_ms=0.1))
     assert cache.path_for(*key(make(compat=twin))) == cache.path_for(*key(make()))
-    assert cache.get(*key(make())) is None and cache.lookup(*key(make())) is None
-    assert cache.put(make(time_ms=5.0)) is True  # a stale entry does not block a slower current one
-    assert cache.get(*key(make())).time_ms == 5.0
+    assert cache.get(*pkey(make())) is None and cache.records(*pkey(make())) == []
+    assert cache.put(make(time_ms=5.0)).written is True  # a stale entry does not block a slower current one
+    assert stored_ms(cache) == 5.0
 
 
 # ------------------------------------------------------------------------------- entries / clear
@@ -505,7 +556,7 @@ def test_clear(tmp_path: Path, shipped: Path) -> None:
     assert cache.clear(device=DEV) == 0
     assert cache.clear() == 2
     assert cache.entries() == [] and shipped_file.exists()
-    assert cache.get(*key(make())) is not None  # still served from the shipped root
+    assert cache.get(*pkey(make())) is not None  # still served from the shipped root
 
 
 def test_clear_removes_corrupt_entries_too(cache: TuningCache) -> None:
@@ -520,3 +571,207 @@ def test_records_are_frozen() -> None:
     with pytest.raises(dataclasses.FrozenInstanceError):
         make().time_ms = 0.0  # type: ignore[misc]
     assert cache_mod.SCHEMA == 1
+
+
+# ------------------------------------------------------------------------ files that are not records
+
+def _in_thread(fn: Any, seconds: float = 10.0) -> Any:
+    """fn() run in a daemon thread; fails the test (instead of hanging it) if fn blocks."""
+    import threading
+
+    out: list[Any] = []
+    thread = threading.Thread(target=lambda: out.append(fn()), daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert not thread.is_alive(), f"{fn} still blocked after {seconds} s"
+    return out[0]
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")
+def test_fifo_entry_is_never_opened(cache: TuningCache) -> None:
+    cache.put(make(shape=(1024, 1024, 1024)))
+    fifo = cache.path_for(*key(make()))
+    os.mkfifo(fifo)
+    try:
+        with pytest.warns(CacheWarning, match="FIFO"):
+            entries = _in_thread(cache.entries)
+        assert [r.shape for _, r in entries] == [(1024, 1024, 1024)]
+        assert len(cache.problems) == 1 and str(fifo) in cache.problems[0]
+        assert _in_thread(lambda: cache.get(*pkey(make()))) is None
+        # A put moves the FIFO aside (a rename does not open it) and writes the entry.
+        with pytest.warns(CacheWarning, match="moved to"):
+            assert _in_thread(lambda: cache.put(make(time_ms=3.0)))
+        assert stored_ms(cache) == 3.0
+        assert fifo.with_name(fifo.name + ".corrupt").is_fifo()
+    finally:
+        # Unblock a reader that a regression left waiting on the FIFO, so the process can end.
+        for name in (fifo, fifo.with_name(fifo.name + ".corrupt")):
+            try:
+                os.close(os.open(name, os.O_WRONLY | os.O_NONBLOCK))
+            except OSError:
+                pass
+
+
+def test_folder_named_like_an_entry_is_reported(cache: TuningCache) -> None:
+    cache.put(make(shape=(1024, 1024, 1024)))
+    folder = cache.path_for(*key(make()))
+    folder.mkdir()
+    with pytest.warns(CacheWarning, match="a folder"):
+        assert len(cache.entries()) == 1
+    with pytest.warns(CacheWarning, match="left in place"):
+        assert cache.clear() == 1  # the real entry; the folder is reported and left
+    assert folder.is_dir()
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="symlinks need privileges on Windows")
+def test_link_out_of_the_cache_is_not_followed(cache: TuningCache, tmp_path: Path) -> None:
+    outside = tmp_path / "outside.json"
+    outside.write_text(json.dumps(make().to_json()))  # even a valid record is not read through a link
+    path = cache.path_for(*key(make()))
+    path.parent.mkdir(parents=True)
+    path.symlink_to(outside)
+    with pytest.warns(CacheWarning, match="link out of the cache"):
+        assert cache.get(*pkey(make())) is None
+    assert str(path) in cache.problems[0] and str(outside) in cache.problems[0]
+    # /dev/zero would be read until memory runs out; it is refused without being opened.
+    zero = cache.path_for(*key(make(shape=(8, 8, 8))))
+    zero.symlink_to("/dev/zero")
+    with pytest.warns(CacheWarning, match="link out of the cache"):
+        assert _in_thread(cache.entries) == []
+    with pytest.warns(CacheWarning, match="moved to"):
+        assert cache.put(make(shape=(8, 8, 8)))  # the link (not /dev/zero) is moved aside
+    assert zero.with_name(zero.name + ".corrupt").is_symlink() and outside.exists()
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="symlinks need privileges on Windows")
+def test_link_inside_the_cache_is_followed(cache: TuningCache) -> None:
+    cache.put(make(dtype="float64"))
+    target = cache.path_for(*key(make(dtype="float64")))
+    link = target.with_name(target.name.replace("4096x4096x4096", "default"))
+    link.symlink_to(target.name)  # a fallback entry that names a tuned one, as a shipped cache may
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert len(cache.entries()) == 2 and cache.problems == []
+
+
+def test_too_large_file_is_not_read(cache: TuningCache) -> None:
+    path = cache.path_for(*key(make()))
+    path.parent.mkdir(parents=True)
+    with open(path, "wb") as f:  # sparse: no disk used
+        f.truncate(cache_mod.MAX_RECORD_BYTES + 1)
+    with pytest.warns(CacheWarning, match="too large"):
+        assert cache.entries() == []
+    assert f"{cache_mod.MAX_RECORD_BYTES + 1} bytes" in cache.problems[0]
+
+
+def test_read_is_capped_whatever_the_size_says(cache: TuningCache, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A file that grows after the stat (or a /proc-like file that reports size 0) is cut off at the limit.
+    cache.put(make())
+    monkeypatch.setattr(cache_mod, "MAX_RECORD_BYTES", 100)  # the record itself is about 600 bytes
+    for name in ("lstat", "stat", "fstat"):
+        real = getattr(os, name)
+
+        def tiny(*args: Any, _real: Any = real, **kwargs: Any) -> os.stat_result:
+            st = _real(*args, **kwargs)
+            return os.stat_result((st.st_mode, st.st_ino, st.st_dev, st.st_nlink, st.st_uid, st.st_gid, 0,
+                                   int(st.st_atime), int(st.st_mtime), int(st.st_ctime)))
+
+        monkeypatch.setattr(os, name, tiny)
+    with pytest.warns(CacheWarning, match="too large"):
+        assert cache.entries() == []
+
+
+def test_cache_dir_that_is_a_file_is_an_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    not_a_folder = tmp_path / "cache.txt"
+    not_a_folder.write_text("notes")
+    monkeypatch.setenv("AUTOTILE_CACHE_DIR", str(not_a_folder))
+    cache = TuningCache(shipped_root=None)
+    for call in (cache.entries, lambda: cache.put(make()), cache.clear):
+        with pytest.raises(CacheError, match="AUTOTILE_CACHE_DIR") as info:
+            call()
+        assert str(not_a_folder) in str(info.value) and "\n" not in str(info.value)
+    with pytest.raises(CacheError, match="not a folder"):
+        TuningCache(not_a_folder, shipped_root=None).entries()
+    assert not_a_folder.read_text() == "notes"
+
+
+# ------------------------------------------------------------------------------- locks and leftovers
+
+def test_one_lock_file_per_device_folder(cache: TuningCache) -> None:
+    for shape in ((8, 8, 8), (16, 16, 16), (32, 32, 32)):
+        cache.put(make(shape=shape))
+        cache.put(make(shape=shape, time_ms=0.5))
+    names = sorted(p.name for p in (cache.root / DEV).iterdir())
+    assert names == [cache_mod.LOCK_NAME] + sorted(cache.path_for(*key(make(shape=s))).name
+                                                   for s in ((8, 8, 8), (16, 16, 16), (32, 32, 32)))
+
+
+def _age(path: Path, seconds: float) -> None:
+    import time
+
+    os.utime(path, (time.time() - seconds, time.time() - seconds))
+
+
+def test_clear_removes_stale_temporary_files(cache: TuningCache) -> None:
+    cache.put(make())
+    cache.put(make(kernel="matvec"))
+    folder = cache.root / DEV
+    name = cache.path_for(*key(make())).name
+    stale = folder / f".{name}.k1ll3d.tmp"  # a writer killed between mkstemp and os.replace
+    stale.write_bytes(b"x" * 1000)
+    _age(stale, 3600)
+    fresh = folder / f".{name}.wr1t1n.tmp"  # perhaps a writer of an older autotile, mid-write
+    fresh.write_bytes(b"x")
+    other = folder / f".{cache.path_for(*key(make(kernel='matvec'))).name}.k1ll3d.tmp"
+    other.write_bytes(b"x")
+    _age(other, 3600)
+    assert cache.clear(kernel="matmul") == 1
+    assert not stale.exists() and fresh.exists() and other.exists()  # other: another kernel's leftover
+    assert cache.clear() == 1
+    assert not other.exists() and fresh.exists()
+
+
+def test_clear_removes_the_entry_lock_files_of_older_versions(cache: TuningCache) -> None:
+    import filelock
+
+    cache.put(make())
+    cache.put(make(shape=(8, 8, 8)))
+    old = cache.path_for(*key(make()))
+    old_lock = old.with_name(old.name + ".lock")  # what earlier autotile versions left per entry
+    old_lock.touch()
+    orphan = old.with_name("matmul-float32-row-64x64x64-" + COMPAT[:12] + ".json.lock")
+    orphan.touch()
+    held = cache.path_for(*key(make(shape=(8, 8, 8))))
+    held_lock = held.with_name(held.name + ".lock")
+    with filelock.FileLock(str(held_lock)):  # an older autotile is writing this entry now
+        assert cache.clear() == 2
+        assert held_lock.exists()  # its lock stays: deleting it would let a second old writer in
+    assert not old_lock.exists() and not orphan.exists()
+    assert sorted(p.name for p in old.parent.iterdir()) == sorted([cache_mod.LOCK_NAME, held_lock.name])
+
+
+def test_clear_waits_for_a_writer(cache: TuningCache) -> None:
+    import threading
+    import time
+
+    import filelock
+
+    cache.put(make())
+    removed: list[int] = []
+    with filelock.FileLock(str(cache.root / DEV / cache_mod.LOCK_NAME)):
+        clearer = threading.Thread(target=lambda: removed.append(cache.clear()))
+        clearer.start()
+        time.sleep(0.2)
+        assert clearer.is_alive() and cache.get(*pkey(make())) is not None
+    clearer.join(10)
+    assert removed == [1] and cache.get(*pkey(make())) is None
+
+
+def test_docs_say_what_the_compat_hash_covers() -> None:
+    # kernels.compat_hash hashes the kernel and its parameter names; the template and the compiler are
+    # checked per record (source_sha, compiler). The docs said otherwise once.
+    for text in (cache_mod.__doc__ or "", (REPO / "cache" / "README.md").read_text()):
+        flat = " ".join(text.split())
+        assert "names of its parameters that have no default" in flat
+        assert "source_sha" in flat and "compiler" in flat
+        assert "from the template" not in flat and "hashes the kernel's template" not in flat
