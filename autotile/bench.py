@@ -72,7 +72,15 @@ def measure_ceilings(limits: Any) -> dict[str, float]:
     grid, args = (limits.sm_count * 16,), (a, np.uint64(n // 4), out)
     read = time_launch(lambda: reader(grid, (256,), args), None, min_reps=10, target_ms=100)
     clock_khz = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id).get("clockRate", 0)
-    lanes = 128 if limits.compute_capability[0] >= 8 else 64  # FP32 lanes per SM (sm_80/sm_90: 128)
+    # FP32 lanes (FMA units) per SM, from the CUDA C Programming Guide's table of arithmetic-instruction
+    # throughput per SM and clock cycle. Not a function of the major version alone: the A100 (sm_80) and
+    # the V100 (sm_70) have 64, the consumer and inference parts of the same generation as the A100 (sm_86,
+    # sm_89) and the H100/H200 (sm_90) 128; the P100 (sm_60) 64, the other Pascals (sm_61) 128.
+    lanes_by_cc = {(5, 0): 128, (6, 0): 64, (6, 1): 128, (7, 0): 64, (7, 5): 64, (8, 0): 64, (8, 6): 128,
+                   (8, 9): 128, (9, 0): 128, (10, 0): 128, (12, 0): 128}
+    cc = tuple(limits.compute_capability)
+    # A version the table lacks (sm_72, sm_87, a newer GPU) takes the entry below it, its likeliest kin.
+    lanes = lanes_by_cc[max((k for k in lanes_by_cc if k <= cc), default=(5, 0))]
     return {
         "copy_gbps": 2 * n * 4 / (copy.median_ms * 1e-3) / 1e9,
         "read_gbps": n * 4 / (read.median_ms * 1e-3) / 1e9,
@@ -229,9 +237,10 @@ def to_markdown(rows: list[Row], env: dict[str, Any], ceilings: dict[str, float]
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m autotile.bench", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m autotile.bench", description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a few representative shapes only")
-    parser.add_argument("--kernels", default="matmul,matvec")
+    parser.add_argument("--kernels", default="matmul,matvec",
+                        help="comma-separated, from matmul, matvec (default both)")
     parser.add_argument("--dtype", default="float32", choices=["float32", "float64"])
     parser.add_argument("--out", default="bench-results", help="folder for results.md and results.json")
     parser.add_argument("--tune", type=int, default=0, metavar="TRIALS",
@@ -248,74 +257,132 @@ def main(argv: list[str] | None = None) -> int:
                         help="also time untuned shapes: the nearest tuned config against one tuned for the shape")
     args = parser.parse_args(argv)
 
-    import cupy
+    from . import validate
+    from .errors import AutotileError, InvalidValueError
 
-    from .device import live_device
-    from .timing import L2Flusher
+    def fail(message: str, status: int = 2) -> int:
+        print(f"autotile.bench: error: {message}", file=sys.stderr)
+        return status
 
-    limits = live_device()
-    env = environment(limits)
-    ceilings = measure_ceilings(limits)
-    flush = L2Flusher(limits.l2_bytes)
-    rng = cupy.random.default_rng(2026)
-    rows: list[Row] = []
-    todo = []
-    if "matmul" in args.kernels:
-        todo += [("matmul", s, "row", MATMUL_SEEDS) for s in (QUICK_MATMUL if args.quick else MATMUL_SHAPES)]
-    if "matvec" in args.kernels:
-        for s in (QUICK_MATVEC if args.quick else MATVEC_SHAPES):
-            todo += [("matvec", s, layout, MATVEC_SEEDS) for layout in ("row", "col")]
-    if args.only:
-        wanted = {tuple(int(x) for x in item.split("x")) for item in args.only.split(",")}
-        todo = [t for t in todo if t[1] in wanted]
-    if args.tune:
-        from .api import tune
+    # Every argument is checked before CuPy is imported or the GPU touched: a bad one found later would
+    # cost the ceilings' measurement first or, for --fix, hours of tuning the shapes before the one it breaks.
+    try:
+        chosen = [k.strip() for k in args.kernels.split(",")]
+        unknown = [k for k in chosen if k not in ("matmul", "matvec")]
+        if unknown:
+            raise InvalidValueError(f"--kernels {args.kernels!r}: unknown kernel(s) {', '.join(map(repr, unknown))}; "
+                                    "choose from matmul, matvec (comma-separated)")
+        todo: list[tuple[str, tuple[int, ...], str, tuple[str, ...]]] = []
+        if "matmul" in chosen:
+            todo += [("matmul", s, "row", MATMUL_SEEDS) for s in (QUICK_MATMUL if args.quick else MATMUL_SHAPES)]
+        if "matvec" in chosen:
+            for s in (QUICK_MATVEC if args.quick else MATVEC_SHAPES):
+                todo += [("matvec", s, layout, MATVEC_SEEDS) for layout in ("row", "col")]
+        if args.only:
+            wanted = set()
+            for item in args.only.split(","):
+                parts = item.strip().split("x")
+                if len(parts) not in (2, 3) or not all(p.isdigit() and int(p) > 0 for p in parts):
+                    raise InvalidValueError(f"--only {args.only!r}: {item!r} is not a shape such as 4096x4096x4096 "
+                                            "(matmul) or 8192x8192 (matvec)")
+                wanted.add(tuple(int(p) for p in parts))
+            known = sorted({t[1] for t in todo}, key=lambda s: (len(s), s))
+            todo = [t for t in todo if t[1] in wanted]
+            if not todo:
+                raise InvalidValueError(
+                    f"--only {args.only!r} matches none of the shapes benchmarked for --kernels {args.kernels}"
+                    f"{' --quick' if args.quick else ''}: {', '.join('x'.join(map(str, s)) for s in known)}")
+        validate.count(args.tune, name="--tune", minimum=0)
+        validate.count(args.fallback, name="--fallback", minimum=0)
+        unused = [flag for flag, given in (("--retune", args.retune), ("--tune-only", args.tune_only),
+                                           ("--fix", bool(args.fix)), ("--tune-timeout", args.tune_timeout is not None))
+                  if given]
+        if unused and not args.tune:
+            raise InvalidValueError(f"{' and '.join(unused)} {'act' if len(unused) > 1 else 'acts'} only with "
+                                    "--tune TRIALS, which is not given")
+        validate.seconds(args.tune_timeout, name="--tune-timeout", allow_none=True)
+        fix = validate.fix_items(args.fix, name="--fix")
+        for kernel in sorted({t[0] for t in todo}) if fix else ():
+            try:
+                kernels.get(kernel).space.restricted(fix)
+            except AutotileError as exc:  # every kernel tuned takes the same --fix
+                raise InvalidValueError(f"--fix: {exc} (--fix applies to every kernel in --kernels)") from None
+        out: Path = validate.writable_folder(args.out, name="--out")
+    except AutotileError as exc:
+        return fail(str(exc))
 
-        fix = dict(item.split("=", 1) for item in args.fix)
-        fix = {name: value.split(",") for name, value in fix.items()}
+    try:
+        from .device import live_device
 
-        for kernel, shape, layout, _ in todo:
-            sel = select(ProblemKey(kernel, args.dtype, layout, shape), limits)
-            if sel.source == "exact" and not args.retune:
-                continue
-            t0 = time.time()
-            # Re-tuning starts from the config in use, so the new entry is never slower than the old one,
-            # and from this shape's own entry where a template change has retired it (still a good guess).
-            start = {f"in use ({sel.source})": sel.config} if sel.source != "built-in default" else {}
-            retired = _retired_entry(kernel, args.dtype, layout, shape, limits.fingerprint)
-            if retired is not None and retired != sel.config:
-                start["this shape's retired entry"] = retired
-            result = tune(kernel, shape, dtype=args.dtype, layout=layout, trials=args.tune,
-                          timeout=args.tune_timeout, start=start or None, fix=fix or None)
-            print(f"tuned {kernel} {layout} {'x'.join(map(str, shape))}: {result.best.median_ms:.4f} ms, "
-                  f"{result.vs_baseline or 0:.2f}x cuBLAS, {time.time() - t0:.0f} s", flush=True)
-    if args.tune_only:
-        return 0
-    for kernel, shape, layout, seeds in todo:
-        new = _bench_problem(kernel, shape, layout, args.dtype, seeds, limits, ceilings, flush, rng)
-        rows += new
-        for r in new:
-            print(f"{r.kernel:<6} {r.layout:<3} {'x'.join(map(str, r.shape)):<17} {r.name:<28} {r.time_ms:9.4f} ms "
-                  f"{r.metric:>10,.0f} {r.unit:<7} {r.vs_cublas:5.2f}x cuBLAS {r.vs_ceiling:5.2f}x ceiling"
-                  + ("" if r.error == r.error else "  WRONG RESULT"), flush=True)
-    if args.fallback:
-        for kernel, shape, layout in FALLBACK:
-            new = _fallback_problem(kernel, shape, layout, args.dtype, args.fallback, limits, ceilings, flush, rng)
+        limits = live_device()  # before CuPy is imported: no GPU or no CuPy is one line, not a traceback
+
+        import cupy
+
+        from .timing import L2Flusher
+
+        env = environment(limits)
+        ceilings = measure_ceilings(limits)
+        flush = L2Flusher(limits.l2_bytes)
+        rng = cupy.random.default_rng(2026)
+        rows: list[Row] = []
+        if args.tune:
+            from .api import tune
+
+            for kernel, shape, layout, _ in todo:
+                sel = select(ProblemKey(kernel, args.dtype, layout, shape), limits)
+                if sel.source == "exact" and not args.retune:
+                    continue
+                t0 = time.time()
+                # Re-tuning starts from the config in use, so the new entry is never slower than the old one,
+                # and from this shape's own entry where a template change has retired it (still a good guess).
+                start = {f"in use ({sel.source})": sel.config} if sel.source != "built-in default" else {}
+                retired = _retired_entry(kernel, args.dtype, layout, shape, limits.fingerprint)
+                if retired is not None and retired != sel.config:
+                    start["this shape's retired entry"] = retired
+                result = tune(kernel, shape, dtype=args.dtype, layout=layout, trials=args.tune,
+                              timeout=args.tune_timeout, start=start or None, fix=fix or None)
+                label = f"{kernel} {layout} {'x'.join(map(str, shape))}"
+                print(f"tuned {label}: {result.best.median_ms:.4f} ms, {result.vs_baseline or 0:.2f}x cuBLAS, "
+                      f"{time.time() - t0:.0f} s", flush=True)
+                note = getattr(result, "save_note", None)  # fields of newer libraries: read with getattr
+                if note:
+                    print(note, flush=True)
+                error = getattr(result, "save_error", None)
+                if error:  # the next shapes' tuning would be lost the same way, and the benchmark not use it
+                    where = getattr(result, "saved_path", None) or "the cache"
+                    return fail(f"{label} was tuned but not saved to {where}: {' '.join(str(error).split())}", 1)
+        if args.tune_only:
+            return 0
+        for kernel, shape, layout, seeds in todo:
+            new = _bench_problem(kernel, shape, layout, args.dtype, seeds, limits, ceilings, flush, rng)
             rows += new
-            print(f"fallback {kernel} {layout} {'x'.join(map(str, shape))}: {new[1].name} runs at "
-                  f"{new[2].time_ms / new[1].time_ms:.2f}x the speed of a config tuned for the shape "
-                  f"({new[1].vs_cublas:.2f} vs {new[2].vs_cublas:.2f} x cuBLAS)", flush=True)
-    overhead = host_overhead() if args.overhead else {}
-    for name, us in overhead.items():
-        print(f"host time per call: {name:<30} {us:6.1f} us", flush=True)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    markdown = to_markdown(rows, env, ceilings)
-    (out / "results.md").write_text(markdown)
-    results = {"environment": env, "ceilings": ceilings, "host_overhead_us": overhead,
-               "rows": [dataclasses.asdict(r) for r in rows]}
-    (out / "results.json").write_text(json.dumps(results, indent=1))
-    (out / "summary.md").write_text(summary_markdown(results))  # the README's tables
+            for r in new:
+                print(f"{r.kernel:<6} {r.layout:<3} {'x'.join(map(str, r.shape)):<17} {r.name:<28} "
+                      f"{r.time_ms:9.4f} ms {r.metric:>10,.0f} {r.unit:<7} {r.vs_cublas:5.2f}x cuBLAS "
+                      f"{r.vs_ceiling:5.2f}x ceiling" + ("" if r.error == r.error else "  WRONG RESULT"), flush=True)
+        if args.fallback:
+            for kernel, shape, layout in FALLBACK:
+                new = _fallback_problem(kernel, shape, layout, args.dtype, args.fallback, limits, ceilings, flush,
+                                        rng)
+                rows += new
+                print(f"fallback {kernel} {layout} {'x'.join(map(str, shape))}: {new[1].name} runs at "
+                      f"{new[2].time_ms / new[1].time_ms:.2f}x the speed of a config tuned for the shape "
+                      f"({new[1].vs_cublas:.2f} vs {new[2].vs_cublas:.2f} x cuBLAS)", flush=True)
+        overhead = host_overhead() if args.overhead else {}
+        for name, us in overhead.items():
+            print(f"host time per call: {name:<30} {us:6.1f} us", flush=True)
+        out.mkdir(parents=True, exist_ok=True)
+        markdown = to_markdown(rows, env, ceilings)
+        (out / "results.md").write_text(markdown)
+        results = {"environment": env, "ceilings": ceilings, "host_overhead_us": overhead,
+                   "rows": [dataclasses.asdict(r) for r in rows]}
+        (out / "results.json").write_text(json.dumps(results, indent=1))
+        (out / "summary.md").write_text(summary_markdown(results))  # the README's tables
+    except AutotileError as exc:
+        return fail(str(exc))
+    except KeyboardInterrupt:
+        print("autotile.bench: interrupted", file=sys.stderr)
+        return 130
     print()
     print(markdown)
     return 0

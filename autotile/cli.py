@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Sequence
 
@@ -12,10 +13,13 @@ from .errors import AutotileError, InvalidValueError
 from .space import Problem
 
 
-def _add_problem_options(p: argparse.ArgumentParser, with_device: bool = True) -> None:
+def _add_problem_options(p: argparse.ArgumentParser, with_device: bool = True,
+                         layout_default: str = "row") -> None:
+    """--dtype, --layout and (unless `with_device` is False) --device. `layout_default` ends the --layout
+    help: what the command does without it, which differs between commands."""
     p.add_argument("--dtype", default="float32", choices=["float32", "float64"], help="element type")
     p.add_argument("--layout", choices=["row", "col"], default=None,
-                   help="storage of A (matvec only; matmul is row-major). Default: the named config's, else row")
+                   help=f"storage of A (matvec only; matmul is row-major). Default: {layout_default}")
     if with_device:
         p.add_argument("--device", default=None, metavar="PROFILE",
                        help=f"offline device profile ({', '.join(device_mod.PROFILES)}); default: the live GPU, "
@@ -96,6 +100,25 @@ def _limits_rows(d: device_mod.DeviceLimits) -> list[tuple[str, str]]:
     ]
 
 
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _no_gpu_reason() -> str:
+    """Why `live_devices` found nothing, in one line: CuPy missing, or the CUDA runtime's own error text
+    (an old driver and a container without the GPU passed through look alike otherwise)."""
+    try:
+        import cupy
+
+        n = cupy.cuda.runtime.getDeviceCount()
+    except ImportError as exc:
+        return f"CuPy is not installed: {_first_line(exc)}"
+    except Exception as exc:  # CUDARuntimeError, or CuPy failing to load its CUDA libraries
+        return _first_line(exc)
+    return "the CUDA runtime reports no devices" if n == 0 else f"the CUDA runtime reports {n} device(s)"
+
+
 def cmd_devices(args: argparse.Namespace) -> int:
     live = device_mod.live_devices()
     if live:
@@ -104,7 +127,7 @@ def cmd_devices(args: argparse.Namespace) -> int:
             for k, v in _limits_rows(d):
                 print(f"  {k:<44} {v}")
         return 0
-    print("no CUDA GPU visible (or CuPy not installed); offline profiles:")
+    print(f"no CUDA GPU visible ({_no_gpu_reason()}); offline profiles:")
     for key, d in device_mod.PROFILES.items():
         print(f"\n{key}: {d.name}")
         for k, v in _limits_rows(d):
@@ -113,20 +136,23 @@ def cmd_devices(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from . import __version__
+
     parser = argparse.ArgumentParser(
         prog="autotile", description="Generate, tune and cache CUDA matmul/matvec kernels.")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("render", help="print the CUDA source of one config")
     p.add_argument("kernel", help=f"one of {', '.join(kernels.KERNELS)}")
     p.add_argument("--config", help="a named config of the space (default: the built-in default)")
     p.add_argument("--set", action="append", metavar="PARAM=VALUE", help="override one parameter (repeatable)")
-    _add_problem_options(p)
+    _add_problem_options(p, layout_default="the --config's layout, else row")
     p.set_defaults(func=cmd_render)
 
     p = sub.add_parser("space", help="print a search space and how many configs the device allows")
-    p.add_argument("kernel")
-    _add_problem_options(p)
+    p.add_argument("kernel", help=f"one of {', '.join(kernels.KERNELS)}")
+    _add_problem_options(p, layout_default="every layout the kernel supports")
     p.set_defaults(func=cmd_space)
 
     p = sub.add_parser("devices", help="show the live GPUs' limits, or the offline profiles")
@@ -149,7 +175,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("autotile: interrupted", file=sys.stderr)
         return 130
-    except BrokenPipeError:
+    except BrokenPipeError:  # the reader (head, less) stopped early; nor may the flush at exit complain
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
 
 

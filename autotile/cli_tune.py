@@ -7,25 +7,29 @@ import json
 import sys
 from typing import Any, Callable
 
-from . import kernels
+from . import kernels, validate
 from .errors import InvalidValueError
 from .tuner import SAMPLERS
 
 
 def add_commands(sub: Any, add_problem_options: Callable[..., None]) -> None:
     p = sub.add_parser("tune", help="search a kernel's space on this GPU and cache the fastest config")
-    p.add_argument("kernel")
+    p.add_argument("kernel", help=f"one of {', '.join(kernels.KERNELS)}")
     p.add_argument("--shape", required=True, help="MxNxK for matmul, MxK for matvec")
-    add_problem_options(p, with_device=False)
+    add_problem_options(p, with_device=False, layout_default="row")
     p.add_argument("--trials", type=int, default=100, help="candidates to compile and run (default 100)")
-    p.add_argument("--timeout", type=float, default=None, metavar="SECONDS", help="stop searching after this long")
-    p.add_argument("--sampler", choices=SAMPLERS, default="tpe")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
+                   help="stop drawing candidates after this long (default: no limit)")
+    p.add_argument("--sampler", choices=SAMPLERS, default="tpe",
+                   help="optuna sampler that draws the candidates (default tpe; grid walks the space in order)")
+    p.add_argument("--seed", type=int, default=0,
+                   help=f"seed of the sampler and of the inputs, 0..{validate.SEED_MAX} (default 0)")
     p.add_argument("--storage", default=None,
                    help="optuna storage URL, e.g. sqlite:///tune.db to resume later (default: in memory)")
-    p.add_argument("--study-name", default=None)
+    p.add_argument("--study-name", default=None,
+                   help="the study to create or, in --storage, resume (default: KERNEL-DTYPE-LAYOUT-SHAPE-DEVICE)")
     p.add_argument("--candidate-timeout", type=float, default=60.0, metavar="SECONDS",
-                   help="a candidate silent this long is recorded as a hang and its worker replaced")
+                   help="a candidate silent this long is recorded as a hang and its worker replaced (default 60)")
     p.add_argument("--fix", action="append", metavar="PARAM=VALUE[,VALUE...]",
                    help="narrow the space: PARAM takes only these values (repeatable)")
     p.add_argument("--no-cache", action="store_true", help="do not write the winner to the cache")
@@ -33,18 +37,19 @@ def add_commands(sub: Any, add_problem_options: Callable[..., None]) -> None:
 
     c = sub.add_parser("cache", help="list, show or clear tuned configs")
     csub = c.add_subparsers(dest="cache_command", required=True)
+    device_help = "only this device key (as `autotile cache list` shows it)"
     q = csub.add_parser("list", help="one line per cached entry")
-    q.add_argument("--device", default=None, help="only this device key")
+    q.add_argument("--device", default=None, help=device_help)
     q.add_argument("--shipped", action="store_true", help="include the configs shipped with autotile")
     q.set_defaults(func=cmd_cache_list)
     q = csub.add_parser("show", help="print entries in full (JSON)")
-    q.add_argument("kernel", nargs="?")
-    q.add_argument("--device", default=None)
-    q.add_argument("--shipped", action="store_true")
+    q.add_argument("kernel", nargs="?", help=f"only this kernel ({', '.join(kernels.KERNELS)})")
+    q.add_argument("--device", default=None, help=device_help)
+    q.add_argument("--shipped", action="store_true", help="include the configs shipped with autotile")
     q.set_defaults(func=cmd_cache_show)
     q = csub.add_parser("clear", help="delete cached entries (the shipped ones stay)")
-    q.add_argument("--device", default=None)
-    q.add_argument("--kernel", default=None)
+    q.add_argument("--device", default=None, help=device_help)
+    q.add_argument("--kernel", default=None, help=f"only this kernel ({', '.join(kernels.KERNELS)})")
     q.set_defaults(func=cmd_cache_clear)
 
 
@@ -56,14 +61,14 @@ def cmd_tune(args: argparse.Namespace) -> int:
     layout = args.layout or "row"
     if layout not in spec.space.layouts:
         raise InvalidValueError(f"{spec.name} supports layout(s) {list(spec.space.layouts)}, not {layout!r}")
-    if args.trials < 1:
-        raise InvalidValueError(f"--trials must be at least 1, got {args.trials}")
-    fix = {}
-    for item in args.fix or []:
-        name, sep, values = item.partition("=")
-        if not sep or not values:
-            raise InvalidValueError(f"--fix {item!r} must look like PARAM=VALUE or PARAM=V1,V2")
-        fix[name.strip()] = [v.strip() for v in values.split(",")]
+    # Every option is checked here, before the GPU: a bad value found by optuna or the worker would cost the
+    # worker's start-up and the seeds' compile and timing first, and come back as a traceback.
+    validate.count(args.trials, name="--trials", minimum=1)
+    validate.seconds(args.timeout, name="--timeout", allow_none=True)
+    validate.seconds(args.candidate_timeout, name="--candidate-timeout", allow_none=False)
+    validate.seed(args.seed, name="--seed")
+    validate.storage_url(args.storage, name="--storage")
+    fix = validate.fix_items(args.fix or [], name="--fix")
     if fix:
         spec.space.restricted(fix)  # unknown names and values fail here, before the GPU is touched
     from .device import live_device
@@ -74,6 +79,26 @@ def cmd_tune(args: argparse.Namespace) -> int:
                   cache=None if args.no_cache else "default", progress=True,
                   candidate_timeout=args.candidate_timeout, fix=fix or None)
     print(format_result(result))
+    return report_saving(result)
+
+
+def report_saving(result: Any) -> int:
+    """Say what became of the cache write after the table, which is printed whatever happened: a tuning
+    run is too costly to lose its result to an unwritable cache. Exit status 1 if it was not saved.
+
+    The fields are read with getattr: libraries older than `saved_path`, `save_note` and `save_error`
+    raise CacheError from the write instead (and the table is lost)."""
+    note = getattr(result, "save_note", None)
+    error = getattr(result, "save_error", None)
+    saved = getattr(result, "saved_path", None)
+    if note:  # the cache kept a faster entry it already had
+        print(note)
+    if error:
+        why = " ".join(str(error).split())  # one line, whatever the error text held
+        print(f"autotile: error: the result was not saved to {saved or 'the cache'}: {why}", file=sys.stderr)
+        return 1
+    if saved and not note:
+        print(f"saved to {saved}")
     return 0
 
 
@@ -86,7 +111,7 @@ def format_result(r: Any) -> str:
              f"failures: {', '.join(f'{n} {s}' for s, n in r.failures.items()) or 'none'}",
              "",
              f"{'':<4} {'time ms':>9} {'spread':>7} {unit:>10} {'x cuBLAS':>9}  config"]
-    for i, f in enumerate(r.finalists):
+    for f in r.finalists:
         m = kernels.metric(r.kernel, r.shape, r.dtype, f.median_ms)[0]
         ratio = f"{r.baseline_ms / f.median_ms:.2f}" if r.baseline_ms else "-"
         tag = "best" if f is r.best else (f.seed_name or "")
@@ -125,13 +150,30 @@ def _entries(args: argparse.Namespace) -> tuple[Any, list[Any]]:
     return cache, entries
 
 
+def _nothing_for(cache: Any, device: str | None, kernel: str | None, include_shipped: bool) -> str:
+    """The line printed where a filter matched nothing. For a device key that has no entries (often a
+    profile name, h100, typed for a key such as NVIDIA-H100-80GB-HBM3_sm_90) it lists the keys there are."""
+    line = f"no cached {kernel + ' ' if kernel else ''}entries{f' for device {device!r}' if device else ''} " \
+           f"under {cache.root}"
+    if device:
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # unreadable files were reported once already
+            devices = sorted({rec.device for _, rec in cache.entries(None, include_shipped=include_shipped)})
+        if device not in devices:
+            line += f"; device keys with entries: {', '.join(devices) or 'none'}"
+    return line
+
+
 def cmd_cache_list(args: argparse.Namespace) -> int:
     cache, entries = _entries(args)
     if not entries:
-        print(f"no cached entries under {cache.root}")
+        print(_nothing_for(cache, args.device, None, args.shipped))
         return 0
-    print(f"{'device':<34} {'kernel':<7} {'dtype':<8} {'lay':<4} {'shape':<18} {'ms':>9} {'metric':>16} {'x cuBLAS':>9}")
-    for path, rec in entries:
+    print(f"{'device':<34} {'kernel':<7} {'dtype':<8} {'lay':<4} {'shape':<18} {'ms':>9} {'metric':>16} "
+          f"{'x cuBLAS':>9}")
+    for _, rec in entries:
         ratio = f"{rec.baseline_ms / rec.time_ms:.2f}" if rec.baseline_ms else "-"
         print(f"{rec.device:<34} {rec.kernel:<7} {rec.dtype:<8} {rec.layout:<4} {'x'.join(map(str, rec.shape)):<18} "
               f"{rec.time_ms:>9.4f} {rec.metric:>9,.0f} {rec.metric_unit:<6} {ratio:>9}")
@@ -139,17 +181,25 @@ def cmd_cache_list(args: argparse.Namespace) -> int:
 
 
 def cmd_cache_show(args: argparse.Namespace) -> int:
-    _, entries = _entries(args)
-    for path, rec in entries:
-        if args.kernel and rec.kernel != args.kernel:
-            continue
+    if args.kernel is not None:
+        kernels.get(args.kernel)  # an unknown kernel is an error naming the known ones, not an empty listing
+    cache, entries = _entries(args)
+    shown = [(path, rec) for path, rec in entries if args.kernel is None or rec.kernel == args.kernel]
+    if not shown:
+        print(_nothing_for(cache, args.device, args.kernel, args.shipped))
+    for path, rec in shown:
         print(f"# {path}")
         print(json.dumps(rec.to_json(), indent=2))
     return 0
 
 
 def cmd_cache_clear(args: argparse.Namespace) -> int:
+    if args.kernel is not None:
+        kernels.get(args.kernel)  # a typo must not read as "removed 0 entries"
     cache = _cache(args)
     n = cache.clear(args.device, args.kernel)
+    if n == 0 and args.device:
+        print("removed nothing: " + _nothing_for(cache, args.device, args.kernel, include_shipped=False))
+        return 0
     print(f"removed {n} entr{'y' if n == 1 else 'ies'} from {cache.root}")
     return 0

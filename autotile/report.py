@@ -8,6 +8,7 @@ bandwidth) and the nearest-shape fallback table.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -52,7 +53,8 @@ def summary_markdown(results: dict[str, Any]) -> str:
             continue
         cublas, mine = group[0], autotile[0]
         seeds = [r for r in group if r["name"].startswith("seed")]
-        best = f"{max(r['metric'] for r in seeds) / 1e3:.1f} ({max(r['vs_cublas'] for r in seeds):.2f})" if seeds else "-"
+        best = (f"{max(r['metric'] for r in seeds) / 1e3:.1f} ({max(r['vs_cublas'] for r in seeds):.2f})"
+                if seeds else "-")
         math = "tf32x3" if "MATH=tf32x3" in mine["config"] else "simt"
         lines.append(f"| {_shape(mine)} | {cublas['metric'] / 1e3:.1f} | {best} | {mine['metric'] / 1e3:.1f} | "
                      f"**{mine['vs_cublas']:.2f}** | {math} | {_error(cublas)} / {_error(mine)} |")
@@ -92,18 +94,65 @@ def summary_markdown(results: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _load(path: str) -> dict[str, Any]:
+    """The results in `path`, or ValueError with the reason in one line: unreadable, not JSON, or JSON
+    that `python -m autotile.bench` did not write (checked here, so the tables fail on no missing key)."""
+    try:
+        results = json.loads(Path(path).read_text())
+    except OSError as exc:
+        raise ValueError(f"cannot read {path}: {exc.strerror or exc}") from None
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError
+        raise ValueError(f"cannot read {path}: not JSON ({exc})") from None
+    what = f"{path} is not a result of python -m autotile.bench"
+    if not isinstance(results, dict):
+        raise ValueError(f"{what}: it holds a JSON {type(results).__name__}, not an object")
+    needs = {"environment": ("gpu", "date", "cupy", "cuda_runtime", "driver", "compiler"),
+             "ceilings": ("copy_gbps", "read_gbps", "fp32_peak_tflops")}
+    for section, keys in needs.items():
+        if not isinstance(results.get(section), dict):
+            raise ValueError(f"{what}: no {section!r} object")
+        missing = [k for k in keys if k not in results[section]]
+        if missing:
+            raise ValueError(f"{what}: {section!r} lacks {', '.join(map(repr, missing))}")
+    rows = results.get("rows")
+    if not isinstance(rows, list):
+        raise ValueError(f"{what}: no 'rows' list")
+    row_keys = ("kernel", "layout", "shape", "name", "time_ms", "metric", "vs_cublas", "vs_ceiling", "config")
+    for i, row in enumerate(rows):
+        missing = [k for k in row_keys if k not in row] if isinstance(row, dict) else list(row_keys)
+        if missing:
+            raise ValueError(f"{what}: row {i} lacks {', '.join(map(repr, missing))}")
+    return results
+
+
 def main(argv: list[str] | None = None) -> int:
-    paths = argv if argv is not None else sys.argv[1:]
-    if not paths:
-        print("usage: python -m autotile.report RESULTS.json [RESULTS.json ...]", file=sys.stderr)
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m autotile.report", description=(__doc__ or "").splitlines()[0])
+    # nargs="*" and a check of our own: argparse's "required" error would print the usage line too.
+    parser.add_argument("paths", nargs="*", metavar="RESULTS.json", help="results.json of python -m autotile.bench")
+    args = parser.parse_args(argv)
+    if not args.paths:
+        print(f"autotile.report: error: no results file given; usage: {parser.prog} RESULTS.json [RESULTS.json ...]",
+              file=sys.stderr)
         return 2
-    for path in paths:
-        try:
-            results = json.loads(Path(path).read_text())
-        except (OSError, ValueError) as exc:
-            print(f"autotile.report: cannot read {path}: {exc}", file=sys.stderr)
-            return 2
-        print(summary_markdown(results))
+    tables = []
+    try:  # every file is read before any table is printed: no half report, then an error
+        for path in args.paths:
+            results = _load(path)
+            try:
+                tables.append(summary_markdown(results))
+            except (KeyError, TypeError, ValueError, StopIteration) as exc:  # a value of the wrong kind
+                raise ValueError(f"{path}: cannot make the tables ({type(exc).__name__}: {exc})") from None
+    except ValueError as exc:
+        print(f"autotile.report: error: {' '.join(str(exc).split())}", file=sys.stderr)
+        return 2
+    try:
+        for table in tables:
+            print(table)
+        sys.stdout.flush()
+    except BrokenPipeError:  # the reader (head, less) stopped early; nor may the flush at exit complain
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 0
 
 

@@ -4,9 +4,11 @@ Through `autotile.cli.main` in-process, and through `python -m autotile` in a su
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -31,8 +33,9 @@ def run(capsys, *argv: str) -> tuple[int, str, str]:
 
 
 def assert_one_line_error(rc: int, out: str, err: str, *needles: str) -> str:
+    """Exit status 2, nothing on stdout, and stderr exactly one line naming the needles. (In-process, an
+    unexpected exception propagates and fails the test; the subprocess tests below see what a user sees.)"""
     assert rc == 2, (rc, out, err)
-    assert "Traceback" not in err and "Traceback" not in out
     lines = err.splitlines()
     assert len(lines) == 1, err
     assert lines[0].startswith("autotile: error: "), err
@@ -139,7 +142,8 @@ def test_cache_list_on_an_empty_cache(capsys, tmp_path, monkeypatch):
     assert (rc, err) == (0, "")
     assert out == f"no cached entries under {root}\n"
     rc, out, err = run(capsys, "cache", "list", "--shipped")
-    assert rc == 0 and "Traceback" not in err
+    assert (rc, err) == (0, "")
+    assert out.startswith("device ") and len(out.splitlines()) > 1  # the shipped entries
     assert list(root.iterdir()) == []  # listing writes nothing
 
 
@@ -206,7 +210,7 @@ def test_python_m_autotile(tmp_path):
     assert proc.stdout == (GOLDEN / "matmul-seed-tiled16-float32-row.cu").read_text()
     proc = _python_m("render", "matmul", *INFEASIBLE, cwd=tmp_path)
     assert proc.returncode == 2 and proc.stdout == ""
-    assert len(proc.stderr.splitlines()) == 1 and "Traceback" not in proc.stderr
+    assert len(proc.stderr.splitlines()) == 1, proc.stderr
     assert proc.stderr.startswith("autotile: error: matmul config is infeasible")
     assert "static shared memory per block" in proc.stderr
     proc = _python_m("render", cwd=tmp_path)  # argparse's own usage error keeps status 2
@@ -231,3 +235,326 @@ def test_importing_autotile_needs_no_gpu_and_loads_neither_cupy_nor_optuna(tmp_p
                           check=True)
     assert done.stdout.strip() == "[]"
     assert not (tmp_path / "cache").exists()  # no directory is created on import
+
+
+# -- tune: every option checked before the GPU ---------------------------------------------------------
+
+@pytest.fixture
+def gpu_forbidden(monkeypatch):
+    """Touching the GPU fails the test: live_device raises AssertionError (which main does not catch) and
+    `import cupy` raises ImportError. A check made after the GPU one would show up as a failure here on a
+    machine with a GPU and on one without alike."""
+
+    def live_device(*args, **kwargs):
+        raise AssertionError("the GPU was touched before the options were checked")
+
+    monkeypatch.setattr("autotile.device.live_device", live_device)
+    monkeypatch.setitem(sys.modules, "cupy", None)
+
+
+TUNE = ["tune", "matmul", "--shape", "64x64x64"]
+
+TUNE_ERRORS = {
+    "storage unknown scheme": (["--storage", "garbage://x"], ["--storage 'garbage://x'", "unknown database 'garbage'",
+                                                              "sqlite:///", "postgresql", "mysql"]),
+    "storage unknown driver": (["--storage", "postgresql+bogus://u@h/db"], ["'postgresql+bogus://u@h/db'",
+                                                                            "unknown driver 'postgresql+bogus'"]),
+    "storage no scheme": (["--storage", "tune.db"], ["--storage 'tune.db'", "not a storage URL", "sqlite:///tune.db"]),
+    "storage bad port": (["--storage", "postgresql://u@h:port/db"], ["'postgresql://u@h:port/db'", "not a valid"]),
+    "redis is gone": (["--storage", "redis://localhost:6379"], ["unknown database 'redis'"]),
+    "seed negative": (["--seed", "-3"], ["--seed -3", "0..4294967295"]),
+    "seed too large": (["--seed", str(2**32)], ["--seed 4294967296", "0..4294967295"]),
+    "timeout negative": (["--timeout", "-5"], ["--timeout", "positive, finite", "got -5"]),
+    "timeout nan": (["--timeout", "nan"], ["--timeout", "positive, finite", "got nan"]),
+    "timeout inf": (["--timeout", "inf"], ["--timeout", "got inf"]),
+    "timeout zero": (["--timeout", "0"], ["--timeout", "got 0"]),
+    "candidate timeout nan": (["--candidate-timeout", "nan"], ["--candidate-timeout", "positive, finite", "got nan"]),
+    "candidate timeout zero": (["--candidate-timeout", "0"], ["--candidate-timeout", "got 0"]),
+    "trials zero": (["--trials", "0"], ["--trials", "at least 1", "got 0"]),
+    "trials negative": (["--trials", "-4"], ["--trials", "got -4"]),
+    "fix without =": (["--fix", "BM"], ["--fix 'BM'", "PARAM=VALUE"]),
+    "fix without values": (["--fix", "BM="], ["--fix 'BM='"]),
+    "fix unknown param": (["--fix", "BX=16"], ["unknown parameter 'BX'"]),
+}
+
+
+@pytest.mark.parametrize("extra,needles", TUNE_ERRORS.values(), ids=TUNE_ERRORS.keys())
+def test_tune_rejects_bad_options_before_the_gpu(capsys, gpu_forbidden, extra, needles):
+    rc, out, err = run(capsys, *TUNE, *extra)
+    assert_one_line_error(rc, out, err, *needles)
+
+
+def test_tune_rejects_sqlite_files_it_could_not_create(capsys, gpu_forbidden, tmp_path):
+    missing = tmp_path / "no" / "such" / "folder"
+    rc, out, err = run(capsys, *TUNE, "--storage", f"sqlite:///{missing}/tune.db")
+    assert_one_line_error(rc, out, err, f"folder '{missing}' does not exist")
+    a_file = tmp_path / "plain.txt"
+    a_file.write_text("x")
+    rc, out, err = run(capsys, *TUNE, "--storage", f"sqlite:///{a_file}/tune.db")
+    assert_one_line_error(rc, out, err, f"'{a_file}' is not a folder")
+    rc, out, err = run(capsys, *TUNE, "--storage", f"sqlite:///{tmp_path}")
+    assert_one_line_error(rc, out, err, "is a folder, not a database file")
+
+
+def test_tune_rejects_an_sqlite_folder_it_cannot_write(capsys, gpu_forbidden, tmp_path, monkeypatch):
+    # Root may write anywhere, so the permission is denied through os.access, the call the check makes.
+    folder = tmp_path / "readonly"
+    folder.mkdir()
+    original = os.access
+
+    def access(path, mode):
+        return False if Path(path) == folder and mode & os.W_OK else original(path, mode)
+
+    monkeypatch.setattr(os, "access", access)
+    rc, out, err = run(capsys, *TUNE, "--storage", f"sqlite:///{folder}/tune.db")
+    assert_one_line_error(rc, out, err, f"folder '{folder}' is not writable")
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() == 0, reason="root writes to read-only folders")
+def test_tune_rejects_a_read_only_sqlite_folder(capsys, gpu_forbidden, tmp_path):
+    folder = tmp_path / "readonly"
+    folder.mkdir()
+    folder.chmod(0o555)
+    try:
+        rc, out, err = run(capsys, *TUNE, "--storage", f"sqlite:///{folder}/tune.db")
+    finally:
+        folder.chmod(0o755)
+    assert_one_line_error(rc, out, err, "is not writable")
+
+
+GOOD_STORAGE = ["sqlite:///{tmp}/tune.db", "sqlite:///relative.db", "sqlite://", "sqlite:///:memory:",
+                "postgresql://user:pw@db.example:5432/optuna", "postgresql+psycopg2://db.example/optuna",
+                "mysql+pymysql://user@db.example/optuna", "mysql://db.example/optuna"]
+
+
+@pytest.mark.parametrize("storage", GOOD_STORAGE)
+def test_tune_accepts_good_options_and_only_then_asks_for_the_gpu(capsys, monkeypatch, tmp_path, storage):
+    from autotile.errors import DeviceUnavailableError
+
+    def live_device(*args, **kwargs):
+        raise DeviceUnavailableError("no GPU here (test stub)")
+
+    monkeypatch.setattr("autotile.device.live_device", live_device)
+    monkeypatch.chdir(tmp_path)
+    rc, out, err = run(capsys, *TUNE, "--storage", storage.format(tmp=tmp_path), "--seed", str(2**32 - 1),
+                       "--timeout", "0.5", "--candidate-timeout", "30", "--trials", "1", "--fix", "BM=64,128")
+    assert (rc, out, err) == (2, "", "autotile: error: no GPU here (test stub)\n")
+    assert list(tmp_path.iterdir()) == []  # no database was created: nothing connected
+
+
+SUBPROCESS_ERRORS = {
+    "seed": (["--seed", "-3"], "--seed -3"),
+    "storage": (["--storage", "garbage://x"], "'garbage://x'"),
+    "timeout": (["--timeout", "nan"], "got nan"),
+}
+
+
+@pytest.mark.parametrize("extra,needle", SUBPROCESS_ERRORS.values(), ids=SUBPROCESS_ERRORS.keys())
+def test_python_m_autotile_tune_bad_options_are_one_line(tmp_path, extra, needle):
+    proc = _python_m(*TUNE, *extra, cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stdout == ""
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1, proc.stderr  # a traceback would be many lines
+    assert lines[0].startswith("autotile: error: ") and needle in lines[0], lines[0]
+
+
+# -- validate: the same checks for the library -----------------------------------------------------------
+
+def test_validate_returns_good_values_and_names_the_option():
+    from autotile import validate
+    from autotile.errors import InvalidValueError
+
+    assert validate.seed(0) == 0 and validate.seed(2**32 - 1) == 2**32 - 1
+    assert validate.count(3, name="trials") == 3 and validate.count(0, name="n", minimum=0) == 0
+    assert validate.seconds(None, name="timeout", allow_none=True) is None
+    assert validate.seconds(2, name="timeout", allow_none=True) == 2.0
+    assert validate.storage_url(None) is None
+    assert validate.storage_url("sqlite://") == "sqlite://"
+    assert validate.fix_items(["BM=64, 128", " TM = 4"]) == {"BM": ["64", "128"], "TM": ["4"]}
+    for call, words in [(lambda: validate.seed(-1), "seed -1 is out of range"),
+                        (lambda: validate.seed(True), "seed must be an integer"),
+                        (lambda: validate.seed(1.5), "seed must be an integer"),
+                        (lambda: validate.count(0, name="trials"), "trials must be at least 1, got 0"),
+                        (lambda: validate.seconds(None, name="candidate_timeout", allow_none=False),
+                         "candidate_timeout must be a positive"),
+                        (lambda: validate.seconds(float("nan"), name="timeout", allow_none=True), "got nan"),
+                        (lambda: validate.seconds("5", name="timeout", allow_none=True), "got '5'"),
+                        (lambda: validate.storage_url("oracle+nope://h/d"), "storage 'oracle+nope://h/d'"),
+                        (lambda: validate.storage_url(5), "storage must be a URL string")]:
+        with pytest.raises(InvalidValueError, match=re.escape(words)):
+            call()
+
+
+def test_validate_writable_folder(tmp_path):
+    from autotile import validate
+    from autotile.errors import InvalidValueError
+
+    assert validate.writable_folder(tmp_path / "a" / "b", name="--out") == tmp_path / "a" / "b"
+    assert not (tmp_path / "a").exists()  # creates nothing
+    (tmp_path / "f").write_text("")
+    with pytest.raises(InvalidValueError, match="is a file, not a folder"):
+        validate.writable_folder(tmp_path / "f", name="--out")
+    with pytest.raises(InvalidValueError, match="is a file, not a folder"):
+        validate.writable_folder(tmp_path / "f" / "sub", name="--out")
+
+
+# -- help, version ------------------------------------------------------------------------------------
+
+def _subparsers(parser):
+    import argparse
+
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield name, sub
+                for inner_name, inner in _subparsers(sub):
+                    yield f"{name} {inner_name}", inner
+
+
+def test_every_argument_of_every_command_has_help():
+    import argparse
+
+    # A group of subcommands lists each subcommand with its own help instead.
+    missing = [f"{name}: {action.dest}" for name, sub in _subparsers(cli.build_parser()) for action in sub._actions
+               if not action.help and not isinstance(action, argparse._SubParsersAction)]
+    assert missing == []
+
+
+def test_layout_help_fits_each_command(capsys):
+    for command, expected in [("render", "the --config's layout, else row"), ("tune", "Default: row"),
+                              ("space", "every layout the kernel supports")]:
+        with pytest.raises(SystemExit) as exit_:
+            cli.main([command, "--help"])
+        out = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
+        assert exit_.value.code == 0
+        assert expected in out, (command, out)
+        if command != "render":
+            assert "--config" not in out, (command, out)  # only render has --config
+
+
+def test_version(capsys):
+    import autotile
+
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["--version"])
+    assert exit_.value.code == 0
+    assert capsys.readouterr().out == f"autotile {autotile.__version__}\n"
+
+
+# -- cache commands: unknown kernels and devices ----------------------------------------------------------
+
+def test_cache_unknown_kernel_is_an_error(capsys, isolated_cache):
+    rc, out, err = run(capsys, "cache", "show", "nonsense")
+    assert_one_line_error(rc, out, err, "unknown kernel 'nonsense'", "matmul, matvec")
+    rc, out, err = run(capsys, "cache", "clear", "--kernel", "bogus")
+    assert_one_line_error(rc, out, err, "unknown kernel 'bogus'", "matmul, matvec")
+
+
+def test_cache_unknown_device_says_there_are_no_entries_for_it(capsys, isolated_cache):
+    rc, out, err = run(capsys, "cache", "list", "--device", "h100", "--shipped")
+    assert (rc, err) == (0, "")
+    assert out.startswith(f"no cached entries for device 'h100' under {isolated_cache}; device keys with entries: ")
+    assert "NVIDIA-H100-80GB-HBM3_sm_90" in out  # a shipped key, named so the user can copy it
+    rc, out, err = run(capsys, "cache", "show", "matvec", "--device", "h100")
+    assert (rc, err) == (0, "")
+    assert out == f"no cached matvec entries for device 'h100' under {isolated_cache}; device keys with entries: none\n"
+    rc, out, err = run(capsys, "cache", "clear", "--device", "h100")
+    assert (rc, err) == (0, "")
+    assert out.startswith("removed nothing: no cached entries for device 'h100'")
+    assert not isolated_cache.exists()
+
+
+# -- devices: why no GPU is listed --------------------------------------------------------------------
+
+def test_devices_says_cupy_is_missing(capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "cupy", None)  # `import cupy` raises ImportError
+    rc, out, err = run(capsys, "devices")
+    assert (rc, err) == (0, "")
+    first = out.splitlines()[0]
+    assert first.startswith("no CUDA GPU visible (CuPy is not installed: ") and first.endswith("); offline profiles:")
+
+
+def test_devices_gives_the_cuda_error(capsys, monkeypatch):
+    import types
+
+    def no_device():
+        raise RuntimeError("cudaErrorNoDevice: no CUDA-capable device is detected\nsecond line")
+
+    fake = types.SimpleNamespace(cuda=types.SimpleNamespace(runtime=types.SimpleNamespace(getDeviceCount=no_device)))
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+    rc, out, err = run(capsys, "devices")
+    assert (rc, err) == (0, "")
+    assert out.splitlines()[0] == ("no CUDA GPU visible (cudaErrorNoDevice: no CUDA-capable device is detected); "
+                                   "offline profiles:")
+    assert "\nh100: NVIDIA H100 80GB HBM3\n" in out
+
+
+# -- tune: the table is printed even when the result cannot be saved ---------------------------------------
+
+def _result(**save_fields: Any) -> Any:
+    """A TuneResult as the library returns it, with the save fields it adds (if given)."""
+    import dataclasses
+
+    from autotile.tuner import Finalist, TuneResult
+
+    space = load_space("matmul")
+    best = Finalist(space.named("seed-tiled32"), None, 0.5, (0.5, 0.51, 0.49))
+    seed = Finalist(space.named("seed-tiled16"), "seed-tiled16", 1.0, (1.0, 1.0, 1.0))
+    fields: dict[str, Any] = dict(
+        kernel="matmul", shape=(1024, 1024, 1024), dtype="float32", layout="row", best=best, finalists=(best, seed),
+        best_seed=seed, baseline_ms=0.4, metric=4295.0, metric_unit="GFLOP/s", trials=2, failures={}, pruned=0,
+        duplicates=0, seconds=3.0, environment={"gpu": "Test GPU"}, study_name="s")
+    if not save_fields:
+        return TuneResult(**fields)
+
+    @dataclasses.dataclass(frozen=True)
+    class Saved(TuneResult):
+        saved_path: str | None = None
+        save_error: str | None = None
+        save_note: str | None = None
+
+    return Saved(**fields, **save_fields)
+
+
+@pytest.fixture
+def fake_tune(monkeypatch):
+    """`autotile tune` with a stand-in GPU and library call that returns what the test sets."""
+    returned = {}
+    monkeypatch.setattr("autotile.device.live_device", lambda *a, **k: PROFILES["h100"])
+    monkeypatch.setattr("autotile.api.tune", lambda *a, **k: returned["result"])
+    return returned
+
+
+def test_tune_prints_the_table_then_says_the_result_was_not_saved(capsys, fake_tune):
+    fake_tune["result"] = _result(saved_path="/ro/cache/x.json", save_error="[Errno 30] Read-only file\nsystem")
+    rc, out, err = run(capsys, *TUNE)
+    assert rc == 1
+    assert "matmul 1024x1024x1024 float32 layout row on Test GPU" in out
+    assert "best: 0.5000 ms" in out and "seed-tiled16" in out
+    assert err == "autotile: error: the result was not saved to /ro/cache/x.json: [Errno 30] Read-only file system\n"
+
+
+def test_tune_not_saved_without_a_path(capsys, fake_tune):
+    fake_tune["result"] = _result(save_error="cache root is a file")
+    rc, out, err = run(capsys, *TUNE)
+    assert rc == 1 and "best: 0.5000 ms" in out
+    assert err == "autotile: error: the result was not saved to the cache: cache root is a file\n"
+
+
+def test_tune_says_where_it_saved_or_why_it_kept_the_old_entry(capsys, fake_tune):
+    fake_tune["result"] = _result(saved_path="/c/x.json")
+    rc, out, err = run(capsys, *TUNE)
+    assert (rc, err) == (0, "")
+    assert out.endswith("\nsaved to /c/x.json\n")
+    fake_tune["result"] = _result(saved_path="/c/x.json", save_note="kept the cached entry: 0.4000 ms is faster")
+    rc, out, err = run(capsys, *TUNE)
+    assert (rc, err) == (0, "")
+    assert out.endswith("\nkept the cached entry: 0.4000 ms is faster\n")
+
+
+def test_tune_with_a_library_without_the_save_fields(capsys, fake_tune):
+    fake_tune["result"] = _result()
+    rc, out, err = run(capsys, *TUNE, "--no-cache")
+    assert (rc, err) == (0, "")
+    assert out.endswith(", 0.80x cuBLAS, 2.00x the best seed (seed-tiled16)\n")  # the table is the last line

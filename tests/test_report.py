@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import copy
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 from autotile import report
 
 DATA = Path(__file__).parent / "data" / "bench_results_h200.json"
+REPO = Path(__file__).resolve().parents[1]
 
 
 def _results():
@@ -44,4 +48,78 @@ def test_command_reads_files_and_rejects_a_missing_one(tmp_path, capsys):
     assert report.main([str(DATA)]) == 0
     assert "| matmul float32 M x N x K |" in capsys.readouterr().out
     assert report.main([str(tmp_path / "missing.json")]) == 2
-    assert "cannot read" in capsys.readouterr().err
+    assert capsys.readouterr().err == f"autotile.report: error: cannot read {tmp_path / 'missing.json'}: " \
+                                      "No such file or directory\n"
+
+
+# -- the command: one line and exit status 2 for anything it cannot read ---------------------------------
+
+def _one_line_error(capsys, argv, *needles):
+    rc = report.main(argv)
+    out, err = capsys.readouterr()
+    assert rc == 2, (rc, out, err)
+    assert out == ""  # no table printed for the good files before the bad one
+    lines = err.splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("autotile.report: error: "), err
+    for needle in needles:
+        assert needle in lines[0], (needle, lines[0])
+
+
+def _write(tmp_path, name, data):
+    path = tmp_path / name
+    path.write_text(data if isinstance(data, str) else json.dumps(data))
+    return str(path)
+
+
+def test_bad_files_are_one_line(tmp_path, capsys):
+    good = str(DATA)
+    _one_line_error(capsys, [good, str(tmp_path / "missing.json")], "cannot read", "missing.json",
+                    "No such file or directory")
+    _one_line_error(capsys, [_write(tmp_path, "text.json", "not json\n")], "cannot read", "text.json", "not JSON")
+    _one_line_error(capsys, [_write(tmp_path, "list.json", [1, 2])], "list.json is not a result of python -m "
+                    "autotile.bench", "JSON list")
+    _one_line_error(capsys, [_write(tmp_path, "empty.json", {})], "empty.json", "no 'environment' object")
+    results = _results()
+    del results["ceilings"]["read_gbps"]
+    _one_line_error(capsys, [_write(tmp_path, "ceil.json", results)], "'ceilings' lacks 'read_gbps'")
+    results = _results()
+    del results["rows"][3]["vs_cublas"]
+    _one_line_error(capsys, [good, _write(tmp_path, "row.json", results)], "row.json", "row 3 lacks 'vs_cublas'")
+    results = _results()
+    results["rows"][0]["metric"] = "fast"
+    _one_line_error(capsys, [_write(tmp_path, "kind.json", results)], "kind.json: cannot make the tables")
+
+
+def test_no_file_is_one_line(capsys):
+    _one_line_error(capsys, [], "no results file given", "usage: python -m autotile.report RESULTS.json")
+
+
+def _python_m(*argv: str, cwd: Path) -> subprocess.CompletedProcess:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    return subprocess.run([sys.executable, "-m", "autotile.report", *argv], capture_output=True, text=True,
+                          cwd=cwd, env=env, timeout=120)
+
+
+def test_python_m_report(tmp_path):
+    proc = _python_m("--help", cwd=tmp_path)
+    assert (proc.returncode, proc.stderr) == (0, "")
+    assert proc.stdout.startswith("usage: python -m autotile.report")
+    proc = _python_m(str(DATA), cwd=tmp_path)
+    assert (proc.returncode, proc.stderr) == (0, "")
+    assert "| matmul float32 M x N x K |" in proc.stdout
+    proc = _python_m(_write(tmp_path, "x.json", {"rows": []}), cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert len(proc.stderr.splitlines()) == 1, proc.stderr  # a traceback would be many lines
+    assert proc.stderr.startswith("autotile.report: error: ") and "x.json" in proc.stderr
+
+
+def test_report_needs_no_cupy(tmp_path):
+    code = ("import sys; sys.modules['cupy'] = None\n"  # `import cupy` would raise ImportError
+            "from autotile import report\n"
+            f"sys.exit(report.main([{str(DATA)!r}]))\n")
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, env=env,
+                          timeout=120)
+    assert (proc.returncode, proc.stderr) == (0, "")
