@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable
 
-from . import build, kernels
+from . import build, kernels, validate
 from .device import DeviceLimits
 from .errors import CacheError
 from .problem import ProblemKey, parse_shape
@@ -48,6 +48,12 @@ def tune(kernel: str, shape: str | tuple[int, ...], *, dtype: str = "float32", l
     mapping) to run right after the seeds, such as the config in use when re-tuning.
     """
     key = ProblemKey.of(kernel, shape, dtype, layout)
+    # Everything cheap is checked before a worker starts: the same checks, and words, as the command's.
+    trials = validate.count(trials, name="trials")
+    timeout = validate.seconds(timeout, name="timeout", allow_none=True)
+    candidate_timeout = validate.seconds(candidate_timeout, name="candidate_timeout", allow_none=False)
+    seed = validate.seed(seed)
+    storage = validate.storage_url(storage)
     options = TuneOptions(trials=trials, timeout_s=timeout, sampler=sampler, seed=seed, storage=storage,
                           study_name=study_name, candidate_timeout_s=candidate_timeout,
                           start=tuple((name, dict(values)) for name, values in (start or {}).items()))

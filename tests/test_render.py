@@ -30,6 +30,14 @@ UPDATE = os.environ.get("AUTOTILE_UPDATE_GOLDEN") == "1"
 
 SEEDS = [("matmul", "seed-naive", "float32", "row"), ("matmul", "seed-tiled16", "float32", "row"),
          ("matmul", "seed-tiled32", "float32", "row"), ("matvec", "seed-matvec-colmajor", "float32", "col")]
+# Named configs beyond the seeds, so that a template change shows in review for every kernel family: the
+# tensor-core kernel, split-K, the row-major matvec, and float64 (SIMT matmul, both matvec layouts).
+GOLDEN_CONFIGS = SEEDS + [("matmul", "tf32x3-128", "float32", "row"),
+                          ("matmul", "regtile-64x128-splitk", "float32", "row"),
+                          ("matvec", "warp-per-row", "float32", "row"),
+                          ("matmul", "regtile-128x64", "float64", "row"),
+                          ("matvec", "warp-per-row-vec2", "float64", "row"),
+                          ("matvec", "col-vec2", "float64", "col")]
 
 
 def golden_name(kernel: str, config: str, dtype: str, layout: str) -> str:
@@ -57,8 +65,8 @@ def check_golden(name: str, text: str) -> None:
                     pytrace=False)
 
 
-@pytest.mark.parametrize("kernel,name,dtype,layout", SEEDS, ids=[s[1] for s in SEEDS])
-def test_seed_matches_golden_file(kernel, name, dtype, layout):
+@pytest.mark.parametrize("kernel,name,dtype,layout", GOLDEN_CONFIGS, ids=[f"{s[1]}-{s[2]}" for s in GOLDEN_CONFIGS])
+def test_named_config_matches_golden_file(kernel, name, dtype, layout):
     check_golden(golden_name(kernel, name, dtype, layout), seed_source(kernel, name, dtype, layout))
 
 
@@ -78,7 +86,7 @@ def test_golden_comparison_reports_a_unified_diff(monkeypatch):
 def test_golden_files_are_the_only_ones():
     if UPDATE:
         pytest.skip("regenerating golden files")
-    expected = {golden_name(*s) for s in SEEDS}
+    expected = {golden_name(*s) for s in GOLDEN_CONFIGS}
     assert {p.name for p in GOLDEN.glob("*.cu")} == expected
 
 

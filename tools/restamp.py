@@ -44,7 +44,7 @@ def render_all(tree: Path, records: list[dict]) -> list[str]:
 def cubin(source: str, arch: str) -> bytes:
     from autotile import build
 
-    return build.compile_source(source, arch).binary
+    return build.compile(source, arch).binary
 
 
 def main() -> int:

@@ -1,12 +1,14 @@
 // autotile matmul, float32: C = A B, row-major.
 // config: smem=static,BM=16,BN=16,TM=1,TN=1,BK=16,VEC=1,A_TRANSPOSED=False,PAD=0,STAGES=1,SPLIT_K=1,SWIZZLE=1,UNROLL=full
 // block 16 x 16 threads computes a 16 x 16 tile of C; each thread 1 x 1 outputs.
+using T = float;
+
 // Loads V consecutive elements starting at p[offset] into out[0..V). `valid` is how many of them lie
 // inside the matrix; the rest read as zero, so partial tiles need no special case in the main loop.
 // One wide load when the whole vector is inside and aligned, scalar loads otherwise.
 template <int V>
-__device__ __forceinline__ void load_guarded(const float* __restrict__ p, size_t offset, int valid,
-                                             bool vector_ok, float* out) {
+__device__ __forceinline__ void load_guarded(const T* __restrict__ p, size_t offset, int valid,
+                                             bool vector_ok, T* out) {
     if (V == 2 && vector_ok && valid >= 2) {
         const float2 v = *reinterpret_cast<const float2*>(p + offset);
         out[0] = v.x;
@@ -22,7 +24,7 @@ __device__ __forceinline__ void load_guarded(const float* __restrict__ p, size_t
         return;
     }
 #pragma unroll
-    for (int i = 0; i < V; ++i) out[i] = (i < valid) ? p[offset + i] : float(0);
+    for (int i = 0; i < V; ++i) out[i] = (i < valid) ? p[offset + i] : T(0);
 }
 
 __device__ __forceinline__ bool aligned_to(const void* p, int bytes) {
@@ -30,7 +32,7 @@ __device__ __forceinline__ bool aligned_to(const void* p, int bytes) {
 }
 
 extern "C" __global__ void __launch_bounds__(256)
-autotile_matmul(const float* __restrict__ A, const float* __restrict__ B, float* __restrict__ C,
+autotile_matmul(const T* __restrict__ A, const T* __restrict__ B, T* __restrict__ C,
                  int M, int N, int K)
 {
     constexpr int BM = 16, BN = 16, TM = 1, TN = 1;
@@ -43,30 +45,30 @@ autotile_matmul(const float* __restrict__ A, const float* __restrict__ B, float*
     auto local_row = [&](int i) { return (i / 1) * (TY * 1) + ty * 1 + i % 1; };
     auto local_col = [&](int j) { return (j / 1) * (TX * 1) + tx * 1 + j % 1; };
 
-    float acc[TM][TN];
+    T acc[TM][TN];
 #pragma unroll
     for (int i = 0; i < TM; ++i)
 #pragma unroll
-        for (int j = 0; j < TN; ++j) acc[i][j] = float(0);
+        for (int j = 0; j < TN; ++j) acc[i][j] = T(0);
 
     // Shared-memory tiles, 1 stage(s). A is staged as [BM][BK + PAD]
     // and B as [BK][BN + PAD].
     constexpr int BK = 16, VEC = 1, STAGES = 1;
     constexpr int A_STRIDE = 16, A_TILE = 16 * A_STRIDE;
-    constexpr int B_STRIDE = BN + 0, B_TILE = BK * B_STRIDE;
-    __shared__ __align__(16) float As[STAGES * A_TILE];
-    __shared__ __align__(16) float Bs[STAGES * B_TILE];
+    constexpr int B_STRIDE = 16, B_TILE = BK * B_STRIDE;
+    __shared__ __align__(16) T As[STAGES * A_TILE];
+    __shared__ __align__(16) T Bs[STAGES * B_TILE];
 
     const int tid = ty * TX + tx;
     // Wide loads only where every row starts aligned; otherwise the scalar path of load_guarded.
-    const bool a_vector_ok = (K % VEC == 0) && aligned_to(A, VEC * sizeof(float));
-    const bool b_vector_ok = (N % VEC == 0) && aligned_to(B, VEC * sizeof(float));
+    const bool a_vector_ok = (K % VEC == 0) && aligned_to(A, VEC * sizeof(T));
+    const bool b_vector_ok = (N % VEC == 0) && aligned_to(B, VEC * sizeof(T));
 
     const int k_begin = 0, k_end = K;
     const int n_tiles = k_end > k_begin ? (k_end - k_begin + BK - 1) / BK : 0;
 
     // Global -> registers: 1 vector(s) of A and 1 of B per thread, zero outside the matrix.
-    float a_stage[1], b_stage[1];
+    T a_stage[1], b_stage[1];
     auto load_tiles = [&](int k0) {
 #pragma unroll
         for (int l = 0; l < 1; ++l) {
@@ -105,11 +107,11 @@ autotile_matmul(const float* __restrict__ A, const float* __restrict__ B, float*
     };
     // The tiled loop of the seeds: TM x TN products per thread for each k of the staged tile.
     auto multiply_tile = [&](int s) {
-        const float* as = As + s * A_TILE;
-        const float* bs = Bs + s * B_TILE;
+        const T* as = As + s * A_TILE;
+        const T* bs = Bs + s * B_TILE;
 #pragma unroll
         for (int k = 0; k < BK; ++k) {
-            float a[TM], b[TN];
+            T a[TM], b[TN];
 #pragma unroll
             for (int i = 0; i < TM; ++i)
                 a[i] = as[local_row(i) * A_STRIDE + k];
