@@ -316,15 +316,17 @@ def test_samplers_with_different_seeds_differ(space, table, limits):
 
 
 def test_tpe_at_60_trials_is_near_the_recorded_best(space, table, limits):
-    # Measured (seeds 0-19, 60 trials each): TPE's winner is at most 1.008x the table's best (0.0726 ms),
-    # exactly the best for seed 0; random search, same seeds, ends up to 1.346x off. So the 1.5x bar holds
-    # with a wide margin and a 1.05x bar still passes for every seed measured.
+    # A property of the search over several seeds, not one seed's draw (which moves with optuna's
+    # version): measured with optuna 4-5, seeds 0-19 at 60 trials, TPE's winner is at most 1.008x the
+    # table's best (0.0726 ms) and random search's up to 1.346x. The median over five seeds must stay
+    # within 1.05x and no seed beyond 1.5x.
     best = min(medians(table).values())
-    evaluator, result = tune(space, table, limits, sampler="tpe", seed=0, trials=60)
-    assert len(set(evaluator.evaluated)) == 60
-    ratio = result.best.median_ms / best
-    assert ratio <= 1.5
-    assert ratio <= 1.05
+    ratios = []
+    for seed in range(5):
+        evaluator, result = tune(space, table, limits, sampler="tpe", seed=seed, trials=60)
+        assert len(set(evaluator.evaluated)) == 60
+        ratios.append(result.best.median_ms / best)
+    assert sorted(ratios)[2] <= 1.05 and max(ratios) <= 1.5, ratios
 
 
 # -- failure records --------------------------------------------------------------------------------------

@@ -1,0 +1,162 @@
+"""`autotile.tune` on a machine without a GPU: typed errors, results that are never lost, re-tunes that
+replace retired entries, studies bound to their problem, and a worker that never re-runs the caller's
+script. The tuning loop itself is replayed from recorded timings (tests/data)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import yaml
+from replay_space import DATA
+
+from autotile import api, kernels
+from autotile.cache import Record, TuningCache
+from autotile.errors import AutotileError, DeviceUnavailableError, InvalidValueError
+from autotile.problem import ProblemKey
+from autotile.testing import ReplayEvaluator
+from autotile.worker import IsolatedRunner, Setup, WorkerError
+
+REPO = Path(__file__).resolve().parent.parent
+SHAPE = (1024, 1024, 1024)
+NARROW = yaml.safe_load((DATA / "matmul_replay_space.yaml").read_text())["choices"]
+
+
+@pytest.fixture(scope="module")
+def table() -> dict:
+    from test_tuner import load_table
+
+    return load_table()
+
+
+def _tune(table: dict, **kwargs):
+    kwargs.setdefault("trials", 6)
+    kwargs.setdefault("cache", None)
+    return api.tune("matmul", SHAPE, evaluator=ReplayEvaluator(json.loads(json.dumps(table))), fix=NARROW, **kwargs)
+
+
+def _no_gpu(monkeypatch) -> None:
+    """Make the GPU check fail as it does on a machine without one, whatever this machine has."""
+    from autotile import device
+
+    def live_device(device_id=None):
+        raise DeviceUnavailableError("no usable CUDA GPU: cudaErrorNoDevice")
+
+    monkeypatch.setattr(device, "live_device", live_device)
+
+
+def test_tune_without_a_gpu_raises_a_typed_error(monkeypatch):
+    _no_gpu(monkeypatch)
+    with pytest.raises(DeviceUnavailableError, match="no usable CUDA GPU"):
+        api.tune("matmul", SHAPE, trials=2)
+
+
+@pytest.mark.parametrize("kwargs,named", [
+    ({"seed": -3}, "-3"), ({"timeout": -5}, "-5"), ({"candidate_timeout": float("nan")}, "nan"),
+    ({"trials": 0}, "0"), ({"storage": "garbage://x"}, "garbage"), ({"shape": "4096x4096²x4"}, "²"),
+    ({"shape": (1.5, 2.9, 3)}, "1.5"), ({"shape": (True, 2, 3)}, "True"), ({"shape": (2**31, 2, 3)}, "2147483648"),
+])
+def test_bad_options_fail_before_any_gpu_work(monkeypatch, kwargs, named):
+    _no_gpu(monkeypatch)  # were the GPU asked for first, the error would be DeviceUnavailableError
+    shape = kwargs.pop("shape", SHAPE)
+    with pytest.raises(InvalidValueError) as info:
+        api.tune("matmul", shape, **kwargs)
+    assert named in str(info.value) and "\n" not in str(info.value)
+
+
+def test_a_result_that_cannot_be_saved_is_returned_with_the_reason(tmp_path, table):
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("a file where the cache folder should be")
+    cache = TuningCache(root=blocker, shipped_root=None)
+    result = _tune(table, cache=cache)
+    assert result.best.median_ms > 0  # the tuning result is there...
+    assert result.save_error and str(blocker) in result.save_error  # ...and says why it was not saved
+    assert result.saved_path is None
+
+
+def _record(config, time_ms: float, source_sha: str, device: str) -> Record:
+    return Record(kernel="matmul", dtype="float32", layout="row", shape=SHAPE, compat=kernels.compat_hash("matmul"),
+                  config=dict(config), time_ms=time_ms, spread=0.01, metric=1.0, metric_unit="GFLOP/s",
+                  baseline_ms=1.0, device=device, environment={"source_sha": source_sha, "compiler": "nvrtc-13.0"})
+
+
+def test_a_retune_replaces_a_faster_entry_whose_kernel_changed(tmp_path, table):
+    device = table["environment"]["device"]
+    cache = TuningCache(root=tmp_path, shipped_root=None)
+    retired = kernels.get("matmul").space.named("regtile-128")
+    cache.put(_record(retired, 1e-6, "0" * 16, device))  # faster than anything, but its source is gone
+    result = _tune(table, cache=cache)
+    assert result.save_error is None and result.save_note is None
+    stored = cache.get(device, ProblemKey("matmul", "float32", "row", SHAPE), kernels.compat_hash("matmul"))
+    assert stored is not None and stored.config == dict(result.best.config)
+
+
+def test_a_retune_keeps_a_faster_current_entry_and_says_so(tmp_path, table):
+    device = table["environment"]["device"]
+    cache = TuningCache(root=tmp_path, shipped_root=None)
+    spec = kernels.get("matmul")
+    current = spec.space.named("regtile-128")
+    cache.put(_record(current, 1e-6, kernels.source_hash(spec.render(current)), device))
+    result = _tune(table, cache=cache)
+    assert result.save_note and "kept" in result.save_note
+    stored = cache.get(device, ProblemKey("matmul", "float32", "row", SHAPE), kernels.compat_hash("matmul"))
+    assert stored is not None and stored.time_ms == 1e-6
+
+
+def test_a_study_is_bound_to_its_problem(tmp_path, table):
+    storage = f"sqlite:///{tmp_path / 'studies.db'}"
+    first = _tune(table, storage=storage, study_name="mine", trials=4)
+    again = _tune(table, storage=storage, study_name="mine", trials=6)  # the same problem resumes
+    assert first.trials == 4 and again.trials == 2
+    with pytest.raises(InvalidValueError, match="study 'mine' tunes matmul float32 row 1024x1024x1024"):
+        api.tune("matmul", (512, 1024, 1024), evaluator=ReplayEvaluator(table), fix=NARROW, trials=6,
+                 storage=storage, study_name="mine", cache=None)
+    with pytest.raises(InvalidValueError, match="float64"):
+        api.tune("matmul", SHAPE, dtype="float64", evaluator=ReplayEvaluator(table), fix=NARROW, trials=6,
+                 storage=storage, study_name="mine", cache=None)
+
+
+def test_every_failure_reaches_the_caller_as_an_autotile_error(table):
+    failing = json.loads(json.dumps(table))
+    for entry in failing["results"].values():
+        entry.update(status="compile", message="error: nothing compiles today")
+    with pytest.raises(AutotileError, match="no candidate of matmul float32 row 1024x1024x1024 ran correctly"):
+        api.tune("matmul", SHAPE, evaluator=ReplayEvaluator(failing), fix=NARROW, trials=4, cache=None)
+
+
+def test_the_worker_never_reruns_the_callers_script(tmp_path):
+    """A script without `if __name__ == "__main__":` that starts a worker: the worker is `python -m
+    autotile.worker`, so the script runs once and the worker's failure (no GPU here, or an answer on a GPU
+    machine) is reported as an AutotileError, never as multiprocessing's bootstrapping error."""
+    script = tmp_path / "user_script.py"
+    marker = tmp_path / "runs.txt"
+    script.write_text(textwrap.dedent(f"""
+        from pathlib import Path
+        from autotile.problem import ProblemKey
+        from autotile.worker import IsolatedRunner, Setup
+        with open({str(marker)!r}, "a") as f:
+            f.write("run\\n")
+        runner = IsolatedRunner(Setup(ProblemKey("matmul", "float32", "row", (8, 8, 8))), setup_timeout_s=120)
+        try:
+            runner.start()
+            print("worker ready")
+        except Exception as exc:
+            print(type(exc).__name__, exc)
+        finally:
+            runner.close()
+    """))
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=180,
+                          env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
+    assert marker.read_text() == "run\n", proc.stderr
+    assert "bootstrapping" not in proc.stdout + proc.stderr
+    assert proc.stdout.startswith(("worker ready", "WorkerError")), proc.stdout + proc.stderr
+
+
+def test_worker_error_is_typed():
+    assert issubclass(WorkerError, AutotileError)
+    runner = IsolatedRunner(Setup(ProblemKey("matmul", "float32", "row", (8, 8, 8))))
+    runner.close()  # closing a runner that never started is harmless
