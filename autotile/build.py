@@ -35,11 +35,12 @@ COMPILE_OPTIONS: tuple[str, ...] = (
     "-std=c++17",
     # Flush float32 denormals to zero. Not our choice: CuPy appends it to every NVRTC compile. Kept
     # deliberately for now, since every shipped record was tuned and verified with it; whether the kernels
-    # should keep denormals is a precision question that a later issue revisits (changing it changes
-    # `options_key()`, which retires those records).
+    # should keep denormals is a precision question that a later issue revisits (a change here changes
+    # `options_key()`, the cache key's name for compiler and options).
     "-ftz=true",
     # CuPy passes it too: functions and namespace-scope variables without __host__/__device__ are device
-    # code. The templates annotate everything, so it changes no kernel; kept so that the options match.
+    # code. The templates annotate their functions, so it should change no kernel; kept so that the
+    # options, and the cubins (tests/test_build.py compares them), stay CuPy's.
     "--device-as-default-execution-space",
 )
 # ptxas prints registers, static shared memory, stack frame and spills of each entry function: the
@@ -220,6 +221,8 @@ def compile(source: str, arch: str, options: tuple[str, ...] = COMPILE_OPTIONS) 
             raise CompileError(f"NVRTC failed ({arch}): {_first_error(log) or exc}", source, full, log) from None
         log = _log(nvrtc, prog)
         binary = nvrtc.getCUBIN(prog) if kind == "cubin" else nvrtc.getPTX(prog)
+        if isinstance(binary, str):  # older CuPy gives PTX as str; Module.load takes bytes
+            binary = binary.encode()
     finally:
         nvrtc.destroyProgram(prog)
     try:

@@ -168,6 +168,39 @@ def test_compile_error_carries_source_options_and_log() -> None:
     assert 'identifier "undeclared_name" is undefined' in message
 
 
+@needs_nvrtc
+@pytest.mark.parametrize("arch", ["sm_90", "sm_80"])
+def test_cubin_is_the_one_cupys_rawmodule_built(monkeypatch: pytest.MonkeyPatch, arch: str) -> None:
+    """Before build called NVRTC itself, kernels came from cupy.RawModule(code, options=("-std=c++17",)),
+    which adds options of its own. Its compile path (CuPy internals: the device's arch and the module load
+    replaced, as there is no GPU here) must give the very cubin that build.compile gives."""
+    from types import SimpleNamespace
+
+    from autotile import kernels
+
+    try:
+        from cupy.cuda import compiler
+
+        captured: dict[str, Any] = {}
+
+        class Module:
+            def load(self, cubin: bytes) -> None:
+                captured["cubin"] = cubin
+
+            def _set_mapping(self, mapping: Any) -> None:
+                pass
+
+        monkeypatch.setattr(compiler, "_get_arch_for_options_for_nvrtc", lambda a=None: (f"-arch=sm_{a}", "cubin"))
+        monkeypatch.setattr(compiler, "function", SimpleNamespace(Module=Module))
+        monkeypatch.setattr(compiler, "_get_cupy_cache_key", lambda: "")
+        spec = kernels.get("matmul")
+        source = spec.render(spec.space.named("seed-tiled32"), "float32", "row")
+        compiler._compile_with_cache_cuda(source, ("-std=c++17",), arch[3:], cache_in_memory=True)
+    except (AttributeError, TypeError) as exc:  # another CuPy's internals: nothing to compare with
+        pytest.skip(f"CuPy's compile path differs from 14.2's ({type(exc).__name__}: {exc})")
+    assert captured["cubin"] == build.compile(source, arch).binary
+
+
 def test_missing_nvrtc_is_a_compile_error(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(build, "_nvrtc", lambda: (None, "OSError: libnvrtc.so: cannot open shared object file"))
     with pytest.raises(CompileError, match=r"^NVRTC is not available \(OSError: .*\): install autotile\[dev\] "
