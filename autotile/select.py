@@ -30,8 +30,9 @@ from .problem import ProblemKey
 from .space import Config, Problem
 
 MIN_K_PER_SPLIT = 128  # elements of K per split below which more splits only add atomics
-# Records made before they kept their compile options were compiled by CuPy, which adds -ftz=true.
-LEGACY_COMPILE_OPTIONS = ("-std=c++17", "-ftz=true")
+# Records made before they kept their compile options were compiled through CuPy's RawModule, whose
+# options are exactly today's COMPILE_OPTIONS (tests/test_build.py compares the cubins of the two paths).
+LEGACY_COMPILE_OPTIONS = ("-std=c++17", "-ftz=true", "--device-as-default-execution-space")
 
 
 @dataclasses.dataclass(frozen=True)

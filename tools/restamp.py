@@ -67,7 +67,7 @@ def main() -> int:
         if env.get("source_sha") != kernels.source_hash(old_src):
             print(f"skip {path.name}: its source_sha is not {args.rev}'s render")
             continue
-        arch = path.parent.name.rsplit("_", 1)[-1]  # the device folder ends in the arch, e.g. _sm_90
+        arch = "sm_" + path.parent.name.rsplit("_sm_", 1)[-1]  # the device folder ends in the arch: ..._sm_90
         if cubin(old_src, arch) != cubin(new_src, arch):
             print(f"DIFFERS {path.name}: the compiled kernel changed; re-tune it")
             continue
