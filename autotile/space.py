@@ -20,8 +20,8 @@ import yaml
 
 from . import resources
 from .device import DEFAULT_OFFLINE_PROFILE, PROFILES, DeviceLimits
-from .errors import (InfeasibleConfigError, InvalidValueError, SpaceDefinitionError, UnknownNameError)
-from .expr import FUNCTIONS, Expr
+from .errors import InfeasibleConfigError, InvalidValueError, SpaceDefinitionError, UnknownNameError
+from .expr import FUNCTIONS, Bound, Expr, check_size, value_bound
 
 DTYPE_SIZES = {"float32": 4, "float64": 8}
 LAYOUTS = ("row", "col")
@@ -144,6 +144,33 @@ class Problem:
 
 CONTEXT_NAMES = frozenset(Problem(PROFILES[DEFAULT_OFFLINE_PROFILE]).names())
 
+# What enumeration assumes of the problem's names (see `Bound` in expr.py): the device limits are integers
+# up to 2**40 (a terabyte), the element size is one of DTYPE_SIZES, the layout is text. A problem outside
+# these is enumerated with every guard on.
+_CONTEXT_BOUNDS: dict[str, Bound | None] = {
+    name: (2.0**40, True) if type(value) is int else None
+    for name, value in Problem(PROFILES[DEFAULT_OFFLINE_PROFILE]).names().items()}
+_CONTEXT_BOUNDS["dtype_size"] = (float(max(DTYPE_SIZES.values())), True)
+
+
+def _within(values: Mapping[str, Any], bounds: Mapping[str, Bound | None]) -> bool:
+    """Whether every value that `bounds` says is an integer is one, within its magnitude bound."""
+    for name, bound in bounds.items():
+        if bound is not None:
+            value = values.get(name)
+            if type(value) is not int or abs(value) > bound[0]:
+                return False
+    return True
+
+
+def _choices_bound(choices: tuple[Any, ...]) -> Bound | None:
+    """The bound of a parameter: the largest magnitude among its choices, if all are numbers."""
+    bounds = [value_bound(c) for c in choices]
+    known = [b for b in bounds if b is not None]
+    if not known or len(known) < len(bounds):
+        return None
+    return (max(m for m, _ in known), all(i for _, i in known))
+
 
 class Space:
     """One kernel's search space, as declared by its YAML file plus the device-limit model."""
@@ -229,14 +256,26 @@ class Space:
         # The built-in default per layout: a name, or a list of names tried in order until one is
         # feasible for the dtype and device at hand.
         default = data.get("default")
-        by_layout = {layout: default for layout in self.layouts} if isinstance(default, (str, list)) else dict(default or {})
+        by_layout = ({layout: default for layout in self.layouts} if isinstance(default, (str, list))
+                     else dict(default or {}))
         self.defaults: dict[str, list[str]] = {
             layout: [names] if isinstance(names, str) else list(names) for layout, names in by_layout.items()}
         for layout, names in self.defaults.items():
             for name in names:
                 if name not in self.named_configs:
                     raise SpaceDefinitionError(f"{where}: default {name!r} for layout {layout} is not a named config")
-        self._plan = self._make_plan()
+        # What is known of each name's values before enumeration (see `Bound` in expr.py): the plan's
+        # expressions leave out the guards this proves needless. A derived quantity that may not be a number
+        # (text, say) is checked against the size limits as it is computed, since `+` could double it from
+        # one derived quantity to the next.
+        bounds: dict[str, Bound | None] = dict(_CONTEXT_BOUNDS)
+        bounds.update((name, _choices_bound(param.choices)) for name, param in self.params.items())
+        for name, expr in self.derived.items():
+            bounds[name] = expr.bound(bounds)
+        self._bounds = bounds
+        self._unsized = frozenset(name for name in self.derived if bounds[name] is None)
+        self._plan = self._make_plan(bounds)
+        self._guarded_plan: list[tuple[list[tuple[str, Expr]], list[Constraint]]] | None = None
 
     def restricted(self, choices: Mapping[str, Any]) -> "Space":
         """This space with some parameters narrowed to the given values (one value or a list of them).
@@ -384,19 +423,26 @@ class Space:
     def is_feasible(self, config: Config, problem: Problem) -> bool:
         return not self.violations(config, problem)
 
-    @staticmethod
-    def _eval(expr: Expr, scope: dict[str, Any], name: str) -> Any:
+    def _eval(self, expr: Expr, scope: dict[str, Any], name: str) -> Any:
+        """The value of the derived quantity `name`, checked against the size limits where it may be text."""
         try:
-            return expr.eval_in(scope)
+            value = expr.eval_in(scope)
         except ZeroDivisionError:
             raise SpaceDefinitionError(f"derived {name}: division by zero in {expr.text!r}") from None
+        if name in self._unsized:
+            why = check_size(value)
+            if why is not None:
+                raise SpaceDefinitionError(f"{self._source}: derived {name}: {expr.text!r}: {why}")
+        return value
 
     # -- enumeration ---------------------------------------------------------------------------------
 
-    def _make_plan(self) -> list[tuple[list[tuple[str, Expr]], list[Constraint]]]:
+    def _make_plan(self, bounds: Mapping[str, Bound | None] | None
+                   ) -> list[tuple[list[tuple[str, Expr]], list[Constraint]]]:
         """For each parameter index, the derived values and constraints that become computable once that
         parameter is bound (index 0 also takes those that read no parameter). Checking a constraint as
-        early as possible prunes whole subtrees of the product of choices."""
+        early as possible prunes whole subtrees of the product of choices. With `bounds`, the expressions
+        are specialized to them (see `Expr.specialized`)."""
         order = {name: i for i, name in enumerate(self.params)}
         level: dict[str, int] = {}
 
@@ -406,9 +452,10 @@ class Space:
         plan: list[tuple[list[tuple[str, Expr]], list[Constraint]]] = [([], []) for _ in self.params]
         for name, expr in self.derived.items():
             level[name] = level_of(expr.names)
-            plan[level[name]][0].append((name, expr))
+            plan[level[name]][0].append((name, expr if bounds is None else expr.specialized(bounds)))
         for c in self.constraints:
-            plan[level_of(c.expr.names)][1].append(c)
+            fast = c if bounds is None else dataclasses.replace(c, expr=c.expr.specialized(bounds))
+            plan[level_of(c.expr.names)][1].append(fast)
         return plan
 
     def _walk(self, problem: Problem, on_feasible: Callable[[dict[str, Any]], None] | None) -> SpaceCount:
@@ -421,6 +468,10 @@ class Space:
         scope = dict(FUNCTIONS)
         scope.update(problem.names())
         plan = self._plan
+        if not _within(scope, _CONTEXT_BOUNDS):  # the plan's shortcuts assume these bounds
+            if self._guarded_plan is None:
+                self._guarded_plan = self._make_plan(None)
+            plan = self._guarded_plan
         last = len(params) - 1
 
         def visit(i: int) -> None:

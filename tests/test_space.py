@@ -4,6 +4,7 @@ the seeds, config parsing, and the optuna bridge. No GPU."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import itertools
 import random
 from pathlib import Path
@@ -13,8 +14,7 @@ import yaml
 
 from autotile import resources
 from autotile.device import PROFILES
-from autotile.errors import (InfeasibleConfigError, InvalidValueError, SpaceDefinitionError,
-                             UnknownNameError)
+from autotile.errors import InfeasibleConfigError, InvalidValueError, SpaceDefinitionError, UnknownNameError
 from autotile.expr import Expr
 from autotile.space import DEVICE_CONSTRAINTS, Config, Problem, Space, load_space
 
@@ -238,7 +238,7 @@ def test_pruned_enumeration_equals_brute_force(kernel, layout, dtype, profile):
     space = _reduced(kernel, REDUCED[kernel])
     prob = problem(profile, dtype, layout)
     params = list(space.params.values())
-    brute = [Config(dict(zip(space.params, values)))
+    brute = [Config(dict(zip(space.params, values, strict=True)))
              for values in itertools.product(*(p.choices for p in params))]
     good = [c for c in brute if space.is_feasible(c, prob)]
     assert 0 < len(good) < len(brute)
@@ -519,7 +519,7 @@ def test_suggest_in_a_real_study(matvec):
 
     study.optimize(objective, n_trials=12)
     assert len(seen) == 12 and len(study.trials) == 12
-    for cfg, trial in zip(seen, study.trials):
+    for cfg, trial in zip(seen, study.trials, strict=True):
         assert isinstance(cfg, Config)
         assert list(cfg) == list(matvec.params)
         assert matvec.from_drawn(trial.params) == cfg  # the draws, plus inactive values
@@ -566,3 +566,44 @@ def test_tf32x3_needs_float32_and_sm80(matmul):
     assert matmul.is_feasible(config, problem("a100")) and matmul.is_feasible(config, problem("h100"))
     for prob in (problem("v100"), problem("p100"), problem("h100", "float64")):
         assert any("tf32x3 on float32 and sm_80" in line for line in matmul.violations(config, prob))
+
+
+# -- bounded evaluation ----------------------------------------------------------------------------
+
+def _tiny(derived: dict | None = None, constraints: list | None = None, params: dict | None = None) -> dict:
+    """A minimal space: three parameters and the derived quantities every space needs (plus `derived`)."""
+    return {"kernel": "tiny", "template": "tiny.cu.j2",
+            "params": {"smem": ["none", "static"], "A": [1, 2, 4], "B": [1, 2], **(params or {})},
+            "derived": {"threads": "32 * A", "smem_bytes": "0", "regs_per_thread": "32", **(derived or {})},
+            "constraints": constraints or []}
+
+
+def test_derived_text_cannot_double_from_one_quantity_to_the_next():
+    # Each `+` only doubles its operand, but a chain of derived quantities doubles it again and again.
+    chain = {"d0": "smem + smem", **{f"d{i}": f"d{i - 1} + d{i - 1}" for i in range(1, 8)}}
+    space = Space(_tiny(chain), "tiny.yaml")
+    with pytest.raises(SpaceDefinitionError) as info:
+        space.count(problem())
+    assert str(info.value).startswith("tiny.yaml: derived d7: 'd6 + d6': a str of length 1536 passes the limit")
+    config = space.config({"smem": "static", "A": 1, "B": 1})
+    with pytest.raises(SpaceDefinitionError, match="d7"):
+        space.derive(config, problem())
+    assert len(space.derive(space.with_overrides(config, {"smem": "none"}), problem())["d7"]) == 1024
+
+
+def test_enumeration_keeps_the_guards_for_a_device_outside_the_assumed_bounds():
+    space = Space(_tiny({"x": "sm_count * 4"}, [{"name": "some", "expr": "x > 0"}]), "tiny.yaml")
+    assert space.count(problem()).feasible == 12
+    huge = Problem(dataclasses.replace(PROFILES["h100"], sm_count=2**63))
+    with pytest.raises(SpaceDefinitionError, match=r"tiny.yaml: derived x: 'sm_count \* 4': .*2\*\*64"):
+        space.count(huge)
+
+
+@pytest.mark.parametrize("kernel", ["matmul", "matvec"])
+def test_shipped_spaces_enumerate_without_guards(kernel):
+    """The bounds of the shipped parameters prove every `*` and `%` of their spaces safe, so enumeration
+    runs plain arithmetic (the guards would cost a function call each, millions of times)."""
+    space = load_space(kernel)
+    for derived, constraints in space._plan:
+        for expr in [e for _, e in derived] + [c.expr for c in constraints]:
+            assert not [n for n in expr._code.co_names if n.startswith("<")], expr.text
