@@ -542,7 +542,7 @@ class Space:
         parameter is active (the others take their inactive value, so no draw is wasted on them)."""
         values: dict[str, Any] = {}
         for p in self.params.values():
-            if p.active is not None and not p.active.eval_in(dict(values)):
+            if p.active is not None and not p.active(values):  # __call__ adds the functions to the scope
                 values[p.name] = p.inactive
             else:
                 values[p.name] = trial.suggest_categorical(p.name, list(p.choices))
@@ -555,7 +555,7 @@ class Space:
         for p in self.params.values():
             if p.name in drawn:
                 values[p.name] = self._coerce(p, drawn[p.name])
-            elif p.active is not None and not p.active.eval_in(dict(values)):
+            elif p.active is not None and not p.active(values):
                 values[p.name] = p.inactive
             else:
                 raise InvalidValueError(f"{self.kernel}: trial lacks parameter {p.name}")

@@ -607,3 +607,22 @@ def test_shipped_spaces_enumerate_without_guards(kernel):
     for derived, constraints in space._plan:
         for expr in [e for _, e in derived] + [c.expr for c in constraints]:
             assert not [n for n in expr._code.co_names if n.startswith("<")], expr.text
+
+
+def test_suggest_evaluates_conditions_that_call_functions():
+    """An `active` condition may call the allowed functions (max here) in suggest() and from_drawn() too."""
+    optuna = pytest.importorskip("optuna")
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    space = Space(_tiny(params={"C": {"choices": [8, 16], "active": "max(A, B) >= 4", "inactive": 8}}), "tiny.yaml")
+    study = optuna.create_study()
+    study.enqueue_trial({"smem": "none", "A": 4, "B": 1, "C": 16})
+    study.enqueue_trial({"smem": "none", "A": 2, "B": 2, "C": 16})
+    drawn = []
+    for _ in range(2):
+        trial = study.ask()
+        config = space.suggest(trial)
+        drawn.append((dict(config), set(trial.params)))
+        assert space.from_drawn(trial.params) == config
+        study.tell(trial, 0.0)
+    assert drawn[0] == ({"smem": "none", "A": 4, "B": 1, "C": 16}, {"smem", "A", "B", "C"})
+    assert drawn[1] == ({"smem": "none", "A": 2, "B": 2, "C": 8}, {"smem", "A", "B"})  # C not drawn
