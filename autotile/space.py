@@ -243,6 +243,7 @@ class Space:
                 self.constraints.append(Constraint(
                     f"{param.name} only where {param.active.text}", expr,
                     f"{param.name} is {param.inactive!r} elsewhere"))
+        # Last: violations() and check() list the space's own rules before the device limits.
         for name, text, doc in DEVICE_CONSTRAINTS:
             self.constraints.append(Constraint(name, Expr(text, f"device constraint {name}"), doc, True))
 
@@ -397,7 +398,8 @@ class Space:
         return out
 
     def violations(self, config: Config, problem: Problem) -> list[str]:
-        """One line for each constraint the config breaks, naming the values involved; empty if feasible."""
+        """One line for each constraint the config breaks, naming the values involved; empty if feasible.
+        The space's own constraints come first, then the device limits (`self.constraints` keeps that order)."""
         scope = dict(FUNCTIONS)
         scope.update(problem.names())
         scope.update(config)
@@ -411,14 +413,13 @@ class Space:
         return lines
 
     def check(self, config: Config, problem: Problem) -> None:
-        """Raise `InfeasibleConfigError` naming the first constraint the config breaks."""
+        """Raise `InfeasibleConfigError` naming every constraint the config breaks, in one line: the space's
+        own constraints first, then the device limits. A device limit is often only the symptom (a tf32x3
+        tile on an sm_60 device also overflows its shared memory); the structural rule names the cause."""
         broken = self.violations(config, problem)
         if broken:
-            # A device limit is the more useful news: report it before a structural constraint.
-            device_first = sorted(broken, key=lambda line: not any(
-                line.startswith(f"breaks '{c.name}'") for c in self.constraints if c.from_device))
             raise InfeasibleConfigError(
-                f"{self.kernel} config is infeasible on {problem.device.name} ({problem.dtype}): {device_first[0]}")
+                f"{self.kernel} config is infeasible on {problem.device.name} ({problem.dtype}): {'; '.join(broken)}")
 
     def is_feasible(self, config: Config, problem: Problem) -> bool:
         return not self.violations(config, problem)

@@ -317,16 +317,33 @@ def test_more_than_1024_threads_is_infeasible(matmul, matvec):
     assert "threads per block" in failed(matvec, mv, problem())
 
 
-def test_check_reports_a_device_limit_first(matmul):
+def test_check_reports_every_broken_rule_structural_first(matmul):
     # Breaks a structural rule of the space (BK=32 without shared memory) and a device limit (2048 threads).
     cfg = _matmul_cfg(matmul, smem="none", BM=64, BN=64, TM=1, TN=2, BK=32)
     names = failed(matmul, cfg, problem())
-    assert names[0] == "BK only where smem != 'none'" and "threads per block" in names
+    assert names == ["BK only where smem != 'none'", "threads per block", "registers per block"]
     with pytest.raises(InfeasibleConfigError) as info:
         matmul.check(cfg, problem("v100"))
+    assert str(info.value) == (
+        "matmul config is infeasible on Tesla V100 (float32): "
+        "breaks 'BK only where smem != 'none'' ((smem != 'none') or BK == 16) with BK=32, smem=none; "
+        "breaks 'threads per block' (threads <= max_threads_per_block) with max_threads_per_block=1024, threads=2048; "
+        "breaks 'registers per block' (regs_per_block <= regs_per_block_limit) with regs_per_block=98304, "
+        "regs_per_block_limit=65536")
+
+
+def test_check_names_the_structural_cause_next_to_a_device_limit(matmul):
+    """tf32x3 on a P100: the tile also overflows its shared memory, but the cause is the architecture."""
+    cfg = matmul.named("tf32x3-128")
+    names = failed(matmul, cfg, problem("p100"))
+    assert names == ["tf32x3 on float32 and sm_80 or newer", "dynamic shared memory per block (opt-in)"]
+    with pytest.raises(InfeasibleConfigError) as info:
+        matmul.check(cfg, problem("p100"))
     message = str(info.value)
-    assert message.startswith("matmul config is infeasible on Tesla V100 (float32): breaks 'threads per block'")
-    assert "threads=2048" in message and "max_threads_per_block=1024" in message and "only where" not in message
+    assert message.startswith("matmul config is infeasible on Tesla P100 (float32): "
+                              "breaks 'tf32x3 on float32 and sm_80 or newer' (")
+    assert all(f"breaks '{name}' (" in message for name in names) and message.count("; breaks '") == 1
+    assert "cc=60" in message and "smem_bytes=62208" in message and "\n" not in message
 
 
 def test_register_limits(matmul):
