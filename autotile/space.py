@@ -11,6 +11,7 @@ constraints once for all kernels, so that a config that cannot launch never reac
 from __future__ import annotations
 
 import dataclasses
+import keyword
 import math
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -36,6 +37,8 @@ DEVICE_DERIVED: tuple[tuple[str, str], ...] = (
     ("blocks_by_regs", "regs_per_sm // max(regs_per_block, 1)"),
     ("blocks_per_sm", "min(max_blocks_per_sm, blocks_by_threads, blocks_by_smem, blocks_by_regs)"),
 )
+
+_DEVICE_DERIVED_NAMES = frozenset(name for name, _ in DEVICE_DERIVED)
 
 DEVICE_CONSTRAINTS: tuple[tuple[str, str, str], ...] = (
     ("threads per block", "threads <= max_threads_per_block",
@@ -172,68 +175,117 @@ def _choices_bound(choices: tuple[Any, ...]) -> Bound | None:
     return (max(m for m, _ in known), all(i for _, i in known))
 
 
+def _kind(value: Any) -> str:
+    """What a YAML value is, for an error message: null, a list, a mapping, the text '64', the number 256."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return f"the boolean {str(value).lower()}"
+    if isinstance(value, str):
+        return f"the text {value[:40]!r}" + ("..." if len(value) > 40 else "")
+    if isinstance(value, (int, float)):
+        return f"the number {value}" if abs(value) < 1e12 else "a number"
+    if isinstance(value, Mapping):
+        return "a mapping"
+    if isinstance(value, (list, tuple)):
+        return "a list"
+    return f"a {type(value).__name__}"
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """A YAML parser's complaint in one line: what is wrong and where (its own text spans several lines)."""
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None)
+    if problem and mark is not None:
+        return f"{problem} at line {mark.line + 1}, column {mark.column + 1}"
+    return " ".join(str(exc).split())
+
+
+def _is_scalar(value: Any) -> bool:
+    """A value a parameter can take: text, a number or a boolean (a config must be hashable and rendered)."""
+    return isinstance(value, (str, int, float, bool))
+
+
+def _mapping(value: Any, where: str, key: str, of_what: str) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping):
+        raise SpaceDefinitionError(f"{where}: {key} must be a mapping of {of_what}, not {_kind(value)}")
+    return value
+
+
+def _text(value: Any, where: str, key: str) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise SpaceDefinitionError(f"{where}: {key} must be a non-empty text, not {_kind(value)}")
+    return value
+
+
+def _expr(text: Any, where: str, key: str) -> Expr:
+    """The expression of `key` (for example ``derived threads``); YAML reads ``256`` or ``true`` as a number
+    or a boolean, so the text must be quoted."""
+    if not isinstance(text, str):
+        raise SpaceDefinitionError(f"{where}: {key} must be an expression in quotes, not {_kind(text)}")
+    return Expr(text, f"{where}: {key}")
+
+
 class Space:
     """One kernel's search space, as declared by its YAML file plus the device-limit model."""
 
     def __init__(self, data: Mapping[str, Any], source: str = "<space>"):
         where = source
+        if not isinstance(data, Mapping):
+            what = "empty" if data is None else f"{_kind(data)}, not a mapping"
+            raise SpaceDefinitionError(
+                f"{where}: the space is {what}; it needs the keys kernel, template, params and derived")
         self._data = dict(data)
         self._source = source
-        try:
-            self.kernel: str = str(data["kernel"])
-            self.template: str = str(data["template"])
-            raw_params = data["params"]
-        except (KeyError, TypeError) as exc:
-            raise SpaceDefinitionError(f"{where}: missing field {exc}") from None
+        for key in ("kernel", "template", "params"):
+            if key not in data:
+                raise SpaceDefinitionError(f"{where}: missing field {key!r}")
+        self.kernel: str = _text(data["kernel"], where, "'kernel'")
+        self.template: str = _text(data["template"], where, "'template'")
         self.description: str = str(data.get("description", "")).strip()
-        self.layouts: tuple[str, ...] = tuple(data.get("layouts", ["row"]))
+        layouts = data.get("layouts", ["row"])
+        if not isinstance(layouts, (list, tuple)) or not layouts:
+            raise SpaceDefinitionError(f"{where}: 'layouts' must be a list of layouts such as [row, col], "
+                                       f"not {_kind(layouts)}")
+        self.layouts: tuple[str, ...] = tuple(_text(v, where, "an entry of 'layouts'") for v in layouts)
         self.params: dict[str, Param] = {}
+        raw_params = _mapping(data["params"], where, "'params'", "parameter names to their choices")
         for name, spec in raw_params.items():
-            spec = spec if isinstance(spec, Mapping) else {"choices": spec}
-            choices = tuple(spec.get("choices", ()))
-            if not choices:
-                raise SpaceDefinitionError(f"{where}: parameter {name!r} has no choices")
-            param = Param(name, choices, str(spec.get("doc", "")))
-            if "default" in spec:
-                try:
-                    param = dataclasses.replace(param, has_default=True, default=self._coerce(param, spec["default"]))
-                except InvalidValueError:
-                    raise SpaceDefinitionError(
-                        f"{where}: default {spec['default']!r} of {name!r} is not among its choices") from None
-            if "active" in spec:
-                if "inactive" not in spec:
-                    raise SpaceDefinitionError(f"{where}: conditional parameter {name!r} needs an 'inactive' value")
-                active = Expr(str(spec["active"]), f"{where}: active of {name}")
-                self._check_names(active, set(self.params), where)  # earlier parameters only
-                try:
-                    inactive = self._coerce(param, spec["inactive"])
-                except InvalidValueError:
-                    # Allowed (a narrowed space may leave the value out): the parameter is then active
-                    # in every feasible config. The shipped spaces' inactive values are among their
-                    # choices (tests/test_space.py).
-                    inactive = spec["inactive"]
-                param = dataclasses.replace(param, active=active, inactive=inactive)
-            self.params[name] = param
+            self._check_new_name(name, "parameter", where, set(self.params))
+            self.params[name] = self._param(name, spec, where)
         if "smem" not in self.params:
             raise SpaceDefinitionError(f"{where}: every space needs the parameter 'smem' (none/static/dynamic)")
 
         known = set(self.params) | CONTEXT_NAMES
         self.derived: dict[str, Expr] = {}
-        derived_items = list(dict(data.get("derived", {})).items()) + list(DEVICE_DERIVED)
-        for name, text in derived_items:
-            expr = Expr(text, f"{where}: derived {name}")
+        raw_derived = _mapping(data.get("derived") or {}, where, "'derived'", "names to expressions")
+        for name, text in raw_derived.items():
+            self._check_new_name(name, "derived quantity", where, known)
+            expr = _expr(text, where, f"derived {name}")
             self._check_names(expr, known, where)
             self.derived[name] = expr
+            known.add(name)
+        for name, text in DEVICE_DERIVED:
+            self.derived[name] = Expr(text, f"{where}: derived {name}")
             known.add(name)
         for required in ("threads", "smem_bytes", "regs_per_thread"):
             if required not in self.derived:
                 raise SpaceDefinitionError(f"{where}: the derived quantity {required!r} is missing")
 
         self.constraints: list[Constraint] = []
-        for item in data.get("constraints", []):
-            expr = Expr(item["expr"], f"{where}: constraint {item.get('name', item['expr'])}")
+        raw_constraints = data.get("constraints") or []
+        if not isinstance(raw_constraints, (list, tuple)):
+            raise SpaceDefinitionError(f"{where}: 'constraints' must be a list of mappings with 'name' and 'expr', "
+                                       f"not {_kind(raw_constraints)}")
+        for number, item in enumerate(raw_constraints, 1):
+            if not isinstance(item, Mapping) or "expr" not in item:
+                got = f"has no 'expr' (keys: {', '.join(map(str, item))})" if isinstance(item, Mapping) else (
+                    f"is {_kind(item)}, not a mapping with 'name' and 'expr'")
+                raise SpaceDefinitionError(f"{where}: constraint {number} of 'constraints' {got}")
+            name = str(item.get("name", item["expr"]))
+            expr = _expr(item["expr"], where, f"constraint {name}")
             self._check_names(expr, known, where)
-            self.constraints.append(Constraint(str(item.get("name", item["expr"])), expr, str(item.get("doc", ""))))
+            self.constraints.append(Constraint(name, expr, str(item.get("doc", ""))))
         # A conditional parameter outside its condition takes one value: a constraint like any other, so
         # that enumeration, counting and checking treat it alike (and prune as soon as it is bound).
         for param in self.params.values():
@@ -249,18 +301,28 @@ class Space:
 
         self.named_configs: dict[str, Config] = {}
         self.named_layouts: dict[str, str] = {}  # the layout a named config was made for, if only one
-        for name, values in dict(data.get("configs", {})).items():
-            values = dict(values)
+        raw_configs = _mapping(data.get("configs") or {}, where, "'configs'", "names to parameter values")
+        for name, values in raw_configs.items():
+            values = dict(_mapping(values, where, f"config {name!r}", "parameters to values"))
             if "layout" in values:
                 self.named_layouts[str(name)] = str(values.pop("layout"))
-            self.named_configs[str(name)] = self.config(values)
+            try:
+                self.named_configs[str(name)] = self.config(values)
+            except (InvalidValueError, UnknownNameError) as exc:
+                raise SpaceDefinitionError(f"{where}: config {name!r}: {exc}") from None
         # The built-in default per layout: a name, or a list of names tried in order until one is
         # feasible for the dtype and device at hand.
         default = data.get("default")
         by_layout = ({layout: default for layout in self.layouts} if isinstance(default, (str, list))
-                     else dict(default or {}))
-        self.defaults: dict[str, list[str]] = {
-            layout: [names] if isinstance(names, str) else list(names) for layout, names in by_layout.items()}
+                     else dict(_mapping(default or {}, where, "'default'", "layouts to config names")))
+        self.defaults: dict[str, list[str]] = {}
+        for layout, names in by_layout.items():
+            if isinstance(names, str):
+                names = [names]
+            if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+                raise SpaceDefinitionError(f"{where}: 'default' for layout {layout} must be a config name or a "
+                                           f"list of them, not {_kind(names)}")
+            self.defaults[str(layout)] = list(names)
         for layout, names in self.defaults.items():
             for name in names:
                 if name not in self.named_configs:
@@ -277,6 +339,54 @@ class Space:
         self._unsized = frozenset(name for name in self.derived if bounds[name] is None)
         self._plan = self._make_plan(bounds)
         self._guarded_plan: list[tuple[list[tuple[str, Expr]], list[Constraint]]] | None = None
+
+    def _param(self, name: str, spec: Any, where: str) -> Param:
+        """One parameter from its entry in 'params': a list of choices, or a mapping with 'choices'."""
+        if isinstance(spec, (list, tuple)):
+            spec = {"choices": spec}
+        elif not isinstance(spec, Mapping):
+            raise SpaceDefinitionError(f"{where}: parameter {name!r} must be a list of choices or a mapping with "
+                                       f"'choices', not {_kind(spec)}")
+        choices = spec.get("choices")
+        if choices is None or (isinstance(choices, (list, tuple)) and not choices):
+            raise SpaceDefinitionError(f"{where}: parameter {name!r} has no choices")
+        if not isinstance(choices, (list, tuple)):
+            raise SpaceDefinitionError(f"{where}: 'choices' of parameter {name!r} must be a list, not {_kind(choices)}")
+        for value in [*choices, *([spec["inactive"]] if "inactive" in spec else [])]:
+            if not _is_scalar(value):
+                raise SpaceDefinitionError(f"{where}: a value of parameter {name!r} must be text, a number or a "
+                                           f"boolean, not {_kind(value)}")
+        param = Param(name, tuple(choices), str(spec.get("doc", "")))
+        if "default" in spec:
+            try:
+                param = dataclasses.replace(param, has_default=True, default=self._coerce(param, spec["default"]))
+            except InvalidValueError:
+                raise SpaceDefinitionError(
+                    f"{where}: default {spec['default']!r} of {name!r} is not among its choices") from None
+        if "active" in spec:
+            if "inactive" not in spec:
+                raise SpaceDefinitionError(f"{where}: conditional parameter {name!r} needs an 'inactive' value")
+            active = _expr(spec["active"], where, f"active of {name}")
+            self._check_names(active, set(self.params), where)  # earlier parameters only
+            try:
+                inactive = self._coerce(param, spec["inactive"])
+            except InvalidValueError:
+                # Allowed (a narrowed space may leave the value out): the parameter is then active
+                # in every feasible config. The shipped spaces' inactive values are among their
+                # choices (tests/test_space.py).
+                inactive = spec["inactive"]
+            param = dataclasses.replace(param, active=active, inactive=inactive)
+        return param
+
+    @staticmethod
+    def _check_new_name(name: Any, what: str, where: str, taken: set[str]) -> None:
+        """A parameter or derived name must be an identifier that expressions can read and that hides nothing
+        else an expression reads: a function, a quantity of the problem or the device model, a name in `taken`."""
+        if not isinstance(name, str) or not name.isidentifier() or keyword.iskeyword(name):
+            raise SpaceDefinitionError(f"{where}: the {what} name {name!r} is not an identifier")
+        if name in FUNCTIONS or name in CONTEXT_NAMES or name in _DEVICE_DERIVED_NAMES or name in taken:
+            raise SpaceDefinitionError(f"{where}: the {what} name {name!r} is taken (by a function, a problem or "
+                                       f"device quantity, or an earlier name)")
 
     def restricted(self, choices: Mapping[str, Any]) -> "Space":
         """This space with some parameters narrowed to the given values (one value or a list of them).
@@ -306,10 +416,16 @@ class Space:
     @classmethod
     def load(cls, path: str | Path) -> "Space":
         path = Path(path)
+        raw = path.read_bytes()
         try:
-            data = yaml.safe_load(path.read_text())
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise SpaceDefinitionError(
+                f"{path}: not UTF-8 text (byte {raw[exc.start]:#04x} at offset {exc.start})") from None
+        try:
+            data = yaml.safe_load(text)
         except yaml.YAMLError as exc:
-            raise SpaceDefinitionError(f"{path}: not valid YAML: {exc}") from None
+            raise SpaceDefinitionError(f"{path}: not valid YAML: {_yaml_problem(exc)}") from None
         return cls(data, str(path))
 
     @staticmethod

@@ -643,3 +643,109 @@ def test_suggest_evaluates_conditions_that_call_functions():
         study.tell(trial, 0.0)
     assert drawn[0] == ({"smem": "none", "A": 4, "B": 1, "C": 16}, {"smem", "A", "B", "C"})
     assert drawn[1] == ({"smem": "none", "A": 2, "B": 2, "C": 8}, {"smem", "A", "B"})  # C not drawn
+
+
+# -- malformed space files -------------------------------------------------------------------------
+
+def _edit(**changes):
+    """A change to the tiny space's data: a key set to a value (None: removed), or params.X / derived.X."""
+    def apply(data: dict) -> dict:
+        for key, value in changes.items():
+            section, _, name = key.partition("__")
+            target = data[section] if name else data
+            name = name or section
+            if value is _DROP:
+                del target[name]
+            else:
+                target[name] = value
+        return data
+    return apply
+
+
+_DROP = object()
+
+# (file content: bytes, text, or an edit of the tiny space) -> a piece of the one-line message
+MALFORMED = {
+    "empty file": ("", "the space is empty"),
+    "only a comment": ("# nothing yet\n", "the space is empty"),
+    "list at top level": ("- kernel\n- params\n", "the space is a list, not a mapping"),
+    "text at top level": ("matmul\n", "the space is the text 'matmul', not a mapping"),
+    "binary": (b"kernel: \xff\xfe\x00\x81 \x89PNG\n", "not UTF-8 text (byte 0xff at offset 8)"),
+    "bad YAML": ("kernel: [unclosed\n", "not valid YAML: expected ',' or ']'"),
+    "no kernel": (_edit(kernel=_DROP), "missing field 'kernel'"),
+    "template a list": (_edit(template=["a.cu.j2"]), "'template' must be a non-empty text, not a list"),
+    "layouts a text": (_edit(layouts="row"), "'layouts' must be a list of layouts such as [row, col], not the text"),
+    "params a list": (_edit(params=["smem", "A"]), "'params' must be a mapping of parameter names to their choices, "
+                                                   "not a list"),
+    "params a text": (_edit(params="smem"), "'params' must be a mapping"),
+    "param without choices": (_edit(params__A={"doc": "rows"}), "parameter 'A' has no choices"),
+    "param with empty choices": (_edit(params__A={"choices": []}), "parameter 'A' has no choices"),
+    "param null": (_edit(params__A=None), "parameter 'A' must be a list of choices or a mapping with 'choices', "
+                                          "not null"),
+    "param a number": (_edit(params__A=64), "parameter 'A' must be a list of choices or a mapping with 'choices', "
+                                            "not the number 64"),
+    "choices a text": (_edit(params__A={"choices": "64"}), "'choices' of parameter 'A' must be a list, not the "
+                                                          "text '64'"),
+    "choices a mapping": (_edit(params__A={"choices": {"a": 1}}), "'choices' of parameter 'A' must be a list, "
+                                                                  "not a mapping"),
+    "choice a list": (_edit(params__A=[[1, 2], 4]), "a value of parameter 'A' must be text, a number or a boolean, "
+                                                    "not a list"),
+    "param name a number": (lambda data: dict(data, params={**data["params"], 3: [1, 2]}),
+                            "the parameter name 3 is not an identifier"),
+    "param name not an identifier": (_edit(**{"params__A-B": [1]}), "the parameter name 'A-B' is not an identifier"),
+    "param name of a function": (_edit(params__max=[1, 2]), "the parameter name 'max' is taken"),
+    "param name of a device quantity": (_edit(params__cc=[80]), "the parameter name 'cc' is taken"),
+    "active not text": (_edit(params__C={"choices": [1, 2], "active": 5, "inactive": 1}),
+                        "active of C must be an expression in quotes, not the number 5"),
+    "derived a list": (_edit(derived=["threads"]), "'derived' must be a mapping of names to expressions, not a list"),
+    "derived a text": (_edit(derived="threads = 32"), "'derived' must be a mapping of names to expressions, "
+                                                      "not the text"),
+    "derived a number": (_edit(derived__threads=256), "derived threads must be an expression in quotes, "
+                                                      "not the number 256"),
+    "derived null": (_edit(derived__threads=None), "derived threads must be an expression in quotes, not null"),
+    "derived name of a parameter": (_edit(derived__A="2"), "the derived quantity name 'A' is taken"),
+    "derived name of the device model": (_edit(derived__blocks_per_sm="2"),
+                                         "the derived quantity name 'blocks_per_sm' is taken"),
+    "constraints a mapping": (_edit(constraints={"a": "A > 1"}), "'constraints' must be a list of mappings with "
+                                                                 "'name' and 'expr', not a mapping"),
+    "constraint without expr": (_edit(constraints=[{"name": "big"}]), "constraint 1 of 'constraints' has no 'expr' "
+                                                                      "(keys: name)"),
+    "constraint a text": (_edit(constraints=[{"expr": "A > 0"}, "A > 1"]),
+                          "constraint 2 of 'constraints' is the text 'A > 1', not a mapping with 'name' and 'expr'"),
+    "constraint expr a boolean": (_edit(constraints=[{"name": "on", "expr": True}]),
+                                  "constraint on must be an expression in quotes, not the boolean true"),
+    "constraint expr a list": (_edit(constraints=[{"name": "on", "expr": ["A > 1"]}]),
+                               "constraint on must be an expression in quotes, not a list"),
+    "configs a list": (_edit(configs=["c"]), "'configs' must be a mapping of names to parameter values, not a list"),
+    "config a list": (_edit(configs={"c": [1, 2]}), "config 'c' must be a mapping of parameters to values, not a list"),
+    "config value not a choice": (_edit(configs={"c": {"smem": "none", "A": 3, "B": 1}}),
+                                  "config 'c': A=3 is not among the choices [1, 2, 4]"),
+    "config unknown param": (_edit(configs={"c": {"smem": "none", "A": 1, "B": 1, "Z": 1}}),
+                             "config 'c': tiny: unknown parameter 'Z'"),
+    "default a number": (_edit(default=5), "'default' must be a mapping of layouts to config names, not the number 5"),
+    "default of a layout a number": (_edit(default={"row": 5}), "'default' for layout row must be a config name or "
+                                                                "a list of them, not the number 5"),
+}
+
+
+@pytest.mark.parametrize("content,needle", MALFORMED.values(), ids=MALFORMED.keys())
+def test_malformed_space_file_is_one_line_naming_file_and_key(tmp_path, content, needle):
+    path = tmp_path / "tiny.yaml"
+    if callable(content):
+        path.write_text(yaml.safe_dump(content(_tiny()), sort_keys=False))
+    elif isinstance(content, bytes):
+        path.write_bytes(content)
+    else:
+        path.write_text(content)
+    with pytest.raises(SpaceDefinitionError) as info:
+        Space.load(path)
+    message = str(info.value)
+    assert message.startswith(f"{path}: ") and needle in message and "\n" not in message, message
+
+
+def test_tiny_space_loads_through_a_file(tmp_path):
+    # The control for the cases above.
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump(_tiny(), sort_keys=False))
+    space = Space.load(path)
+    assert list(space.params) == ["smem", "A", "B"] and space.count(problem()).feasible == 12
