@@ -40,6 +40,10 @@ DEVICE_DERIVED: tuple[tuple[str, str], ...] = (
 
 _DEVICE_DERIVED_NAMES = frozenset(name for name, _ in DEVICE_DERIVED)
 
+# What evaluating a checked expression can raise where the space is at fault: text compared with a number,
+# a division by zero, an unknown name (Expr refuses those at load, but a scope may lack one).
+_EVAL_ERRORS = (ArithmeticError, TypeError, ValueError, NameError)
+
 DEVICE_CONSTRAINTS: tuple[tuple[str, str, str], ...] = (
     ("threads per block", "threads <= max_threads_per_block",
      "a block may not have more threads than the device allows"),
@@ -199,6 +203,12 @@ def _yaml_problem(exc: yaml.YAMLError) -> str:
     if problem and mark is not None:
         return f"{problem} at line {mark.line + 1}, column {mark.column + 1}"
     return " ".join(str(exc).split())
+
+
+def _short(value: Any) -> str:
+    """A value's repr for an error message, cut after 40 characters."""
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:37]}..."
 
 
 def _is_scalar(value: Any) -> bool:
@@ -523,7 +533,7 @@ class Space:
             scope[name] = self._eval(expr, scope, name)
         lines = []
         for c in self.constraints:
-            if not c.expr.eval_in(scope):
+            if not self._holds(c, scope):
                 involved = ", ".join(f"{n}={scope[n]}" for n in sorted(c.expr.names) if n in scope)
                 lines.append(f"breaks '{c.name}' ({c.expr.text}) with {involved}")
         return lines
@@ -544,13 +554,44 @@ class Space:
         """The value of the derived quantity `name`, checked against the size limits where it may be text."""
         try:
             value = expr.eval_in(scope)
-        except ZeroDivisionError:
-            raise SpaceDefinitionError(f"derived {name}: division by zero in {expr.text!r}") from None
+        except SpaceDefinitionError:
+            raise
+        except _EVAL_ERRORS as exc:
+            raise self._failure(f"derived {name}", expr, scope, exc) from None
         if name in self._unsized:
             why = check_size(value)
             if why is not None:
                 raise SpaceDefinitionError(f"{self._source}: derived {name}: {expr.text!r}: {why}")
         return value
+
+    def _holds(self, c: Constraint, scope: dict[str, Any]) -> bool:
+        try:
+            return bool(c.expr.eval_in(scope))
+        except SpaceDefinitionError:
+            raise
+        except _EVAL_ERRORS as exc:
+            raise self._failure(f"constraint {c.name}", c.expr, scope, exc) from None
+
+    def _failure(self, what: str, expr: Expr, scope: Mapping[str, Any], exc: Exception) -> SpaceDefinitionError:
+        """An expression that cannot be evaluated for values of the space (text compared with a number, a
+        division by zero): the space is at fault, so the error names it, the expression and the values."""
+        involved = ", ".join(f"{n}={_short(scope[n])}" for n in sorted(expr.names) if n in scope)
+        return SpaceDefinitionError(
+            f"{self._source}: {what}: {expr.text!r} fails with {involved}: {type(exc).__name__}: {exc}")
+
+    def _diagnose(self, scope: Mapping[str, Any], exc: Exception) -> SpaceDefinitionError:
+        """The error of an evaluation that failed during enumeration (which, to stay fast, does not track
+        the expression it is at): the first derived quantity or constraint that fails for the parameter
+        values in `scope`."""
+        values = {name: value for name, value in scope.items() if name not in self.derived}
+        try:
+            for name, expr in self.derived.items():
+                values[name] = self._eval(expr, values, name)
+            for c in self.constraints:
+                self._holds(c, values)
+        except SpaceDefinitionError as found:
+            return found
+        return SpaceDefinitionError(f"{self._source}: an expression fails: {type(exc).__name__}: {exc}")
 
     # -- enumeration ---------------------------------------------------------------------------------
 
@@ -611,7 +652,12 @@ class Space:
                         if on_feasible is not None:
                             on_feasible(scope)
 
-        visit(0)
+        try:
+            visit(0)
+        except SpaceDefinitionError:
+            raise
+        except _EVAL_ERRORS as exc:
+            raise self._diagnose(scope, exc) from None
         return SpaceCount(total, count, excluded)
 
     def count(self, problem: Problem) -> SpaceCount:

@@ -749,3 +749,25 @@ def test_tiny_space_loads_through_a_file(tmp_path):
     path.write_text(yaml.safe_dump(_tiny(), sort_keys=False))
     space = Space.load(path)
     assert list(space.params) == ["smem", "A", "B"] and space.count(problem()).feasible == 12
+
+
+def test_an_expression_that_fails_on_the_space_values_is_a_definition_error():
+    """A choice of the wrong kind or a division by zero surfaces when the space is evaluated: the error names
+    the file, the expression and the values, whichever method met it."""
+    data = _tiny({"per_a": "64 // (A - 1)"}, [{"name": "positive", "expr": "B > 0"}])
+    data["params"]["B"] = [1, 2, "x"]
+    space = Space(data, "tiny.yaml")
+    with pytest.raises(SpaceDefinitionError) as info:
+        space.count(problem())
+    assert str(info.value) == ("tiny.yaml: derived per_a: '64 // (A - 1)' fails with A=1: "
+                               "ZeroDivisionError: integer division or modulo by zero")
+    with pytest.raises(SpaceDefinitionError, match="tiny.yaml: derived per_a: .* with A=1: ZeroDivisionError"):
+        space.violations(space.config({"smem": "none", "A": 1, "B": 1}), problem())
+    data["derived"]["per_a"] = "64 // A"
+    space = Space(data, "tiny.yaml")
+    with pytest.raises(SpaceDefinitionError) as info:
+        space.feasible(problem())
+    assert str(info.value) == ("tiny.yaml: constraint positive: 'B > 0' fails with B='x': "
+                               "TypeError: '>' not supported between instances of 'str' and 'int'")
+    with pytest.raises(SpaceDefinitionError, match="'B > 0' fails with B='x': TypeError"):
+        space.check(space.config({"smem": "none", "A": 1, "B": "x"}), problem())
