@@ -11,6 +11,7 @@ constraints once for all kernels, so that a config that cannot launch never reac
 from __future__ import annotations
 
 import dataclasses
+import keyword
 import math
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -21,7 +22,7 @@ import yaml
 from . import resources
 from .device import DEFAULT_OFFLINE_PROFILE, PROFILES, DeviceLimits
 from .errors import InfeasibleConfigError, InvalidValueError, SpaceDefinitionError, UnknownNameError
-from .expr import FUNCTIONS, Expr
+from .expr import FUNCTIONS, Bound, Expr, check_size, value_bound
 
 DTYPE_SIZES = {"float32": 4, "float64": 8}
 LAYOUTS = ("row", "col")
@@ -36,6 +37,12 @@ DEVICE_DERIVED: tuple[tuple[str, str], ...] = (
     ("blocks_by_regs", "regs_per_sm // max(regs_per_block, 1)"),
     ("blocks_per_sm", "min(max_blocks_per_sm, blocks_by_threads, blocks_by_smem, blocks_by_regs)"),
 )
+
+_DEVICE_DERIVED_NAMES = frozenset(name for name, _ in DEVICE_DERIVED)
+
+# What evaluating a checked expression can raise where the space is at fault: text compared with a number,
+# a division by zero, an unknown name (Expr refuses those at load, but a scope may lack one).
+_EVAL_ERRORS = (ArithmeticError, TypeError, ValueError, NameError)
 
 DEVICE_CONSTRAINTS: tuple[tuple[str, str, str], ...] = (
     ("threads per block", "threads <= max_threads_per_block",
@@ -144,69 +151,151 @@ class Problem:
 
 CONTEXT_NAMES = frozenset(Problem(PROFILES[DEFAULT_OFFLINE_PROFILE]).names())
 
+# What enumeration assumes of the problem's names (see `Bound` in expr.py): the device limits are integers
+# up to 2**40 (a terabyte), the element size is one of DTYPE_SIZES, the layout is text. A problem outside
+# these is enumerated with every guard on.
+_CONTEXT_BOUNDS: dict[str, Bound | None] = {
+    name: (2.0**40, True) if type(value) is int else None
+    for name, value in Problem(PROFILES[DEFAULT_OFFLINE_PROFILE]).names().items()}
+_CONTEXT_BOUNDS["dtype_size"] = (float(max(DTYPE_SIZES.values())), True)
+
+
+def _within(values: Mapping[str, Any], bounds: Mapping[str, Bound | None]) -> bool:
+    """Whether every value that `bounds` says is an integer is one, within its magnitude bound."""
+    for name, bound in bounds.items():
+        if bound is not None:
+            value = values.get(name)
+            if type(value) is not int or abs(value) > bound[0]:
+                return False
+    return True
+
+
+def _choices_bound(choices: tuple[Any, ...]) -> Bound | None:
+    """The bound of a parameter: the largest magnitude among its choices, if all are numbers."""
+    bounds = [value_bound(c) for c in choices]
+    known = [b for b in bounds if b is not None]
+    if not known or len(known) < len(bounds):
+        return None
+    return (max(m for m, _ in known), all(i for _, i in known))
+
+
+def _kind(value: Any) -> str:
+    """What a YAML value is, for an error message: null, a list, a mapping, the text '64', the number 256."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return f"the boolean {str(value).lower()}"
+    if isinstance(value, str):
+        return f"the text {value[:40]!r}" + ("..." if len(value) > 40 else "")
+    if isinstance(value, (int, float)):
+        return f"the number {value}" if abs(value) < 1e12 else "a number"
+    if isinstance(value, Mapping):
+        return "a mapping"
+    if isinstance(value, (list, tuple)):
+        return "a list"
+    return f"a {type(value).__name__}"
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """A YAML parser's complaint in one line: what is wrong and where (its own text spans several lines)."""
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None)
+    if problem and mark is not None:
+        return f"{problem} at line {mark.line + 1}, column {mark.column + 1}"
+    return " ".join(str(exc).split())
+
+
+def _short(value: Any) -> str:
+    """A value's repr for an error message, cut after 40 characters."""
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:37]}..."
+
+
+def _is_scalar(value: Any) -> bool:
+    """A value a parameter can take: text, a number or a boolean (a config must be hashable and rendered)."""
+    return isinstance(value, (str, int, float, bool))
+
+
+def _mapping(value: Any, where: str, key: str, of_what: str) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping):
+        raise SpaceDefinitionError(f"{where}: {key} must be a mapping of {of_what}, not {_kind(value)}")
+    return value
+
+
+def _text(value: Any, where: str, key: str) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise SpaceDefinitionError(f"{where}: {key} must be a non-empty text, not {_kind(value)}")
+    return value
+
+
+def _expr(text: Any, where: str, key: str) -> Expr:
+    """The expression of `key` (for example ``derived threads``); YAML reads ``256`` or ``true`` as a number
+    or a boolean, so the text must be quoted."""
+    if not isinstance(text, str):
+        raise SpaceDefinitionError(f"{where}: {key} must be an expression in quotes, not {_kind(text)}")
+    return Expr(text, f"{where}: {key}")
+
 
 class Space:
     """One kernel's search space, as declared by its YAML file plus the device-limit model."""
 
     def __init__(self, data: Mapping[str, Any], source: str = "<space>"):
         where = source
+        if not isinstance(data, Mapping):
+            what = "empty" if data is None else f"{_kind(data)}, not a mapping"
+            raise SpaceDefinitionError(
+                f"{where}: the space is {what}; it needs the keys kernel, template, params and derived")
         self._data = dict(data)
         self._source = source
-        try:
-            self.kernel: str = str(data["kernel"])
-            self.template: str = str(data["template"])
-            raw_params = data["params"]
-        except (KeyError, TypeError) as exc:
-            raise SpaceDefinitionError(f"{where}: missing field {exc}") from None
+        for key in ("kernel", "template", "params"):
+            if key not in data:
+                raise SpaceDefinitionError(f"{where}: missing field {key!r}")
+        self.kernel: str = _text(data["kernel"], where, "'kernel'")
+        self.template: str = _text(data["template"], where, "'template'")
         self.description: str = str(data.get("description", "")).strip()
-        self.layouts: tuple[str, ...] = tuple(data.get("layouts", ["row"]))
+        layouts = data.get("layouts", ["row"])
+        if not isinstance(layouts, (list, tuple)) or not layouts:
+            raise SpaceDefinitionError(f"{where}: 'layouts' must be a list of layouts such as [row, col], "
+                                       f"not {_kind(layouts)}")
+        self.layouts: tuple[str, ...] = tuple(_text(v, where, "an entry of 'layouts'") for v in layouts)
         self.params: dict[str, Param] = {}
+        raw_params = _mapping(data["params"], where, "'params'", "parameter names to their choices")
         for name, spec in raw_params.items():
-            spec = spec if isinstance(spec, Mapping) else {"choices": spec}
-            choices = tuple(spec.get("choices", ()))
-            if not choices:
-                raise SpaceDefinitionError(f"{where}: parameter {name!r} has no choices")
-            param = Param(name, choices, str(spec.get("doc", "")))
-            if "default" in spec:
-                try:
-                    param = dataclasses.replace(param, has_default=True, default=self._coerce(param, spec["default"]))
-                except InvalidValueError:
-                    raise SpaceDefinitionError(
-                        f"{where}: default {spec['default']!r} of {name!r} is not among its choices") from None
-            if "active" in spec:
-                if "inactive" not in spec:
-                    raise SpaceDefinitionError(f"{where}: conditional parameter {name!r} needs an 'inactive' value")
-                active = Expr(str(spec["active"]), f"{where}: active of {name}")
-                self._check_names(active, set(self.params), where)  # earlier parameters only
-                try:
-                    inactive = self._coerce(param, spec["inactive"])
-                except InvalidValueError:
-                    # Allowed (a narrowed space may leave the value out): the parameter is then active
-                    # in every feasible config. The shipped spaces' inactive values are among their
-                    # choices (tests/test_space.py).
-                    inactive = spec["inactive"]
-                param = dataclasses.replace(param, active=active, inactive=inactive)
-            self.params[name] = param
+            self._check_new_name(name, "parameter", where, set(self.params))
+            self.params[name] = self._param(name, spec, where)
         if "smem" not in self.params:
             raise SpaceDefinitionError(f"{where}: every space needs the parameter 'smem' (none/static/dynamic)")
 
         known = set(self.params) | CONTEXT_NAMES
         self.derived: dict[str, Expr] = {}
-        derived_items = list(dict(data.get("derived", {})).items()) + list(DEVICE_DERIVED)
-        for name, text in derived_items:
-            expr = Expr(text, f"{where}: derived {name}")
+        raw_derived = _mapping(data.get("derived") or {}, where, "'derived'", "names to expressions")
+        for name, text in raw_derived.items():
+            self._check_new_name(name, "derived quantity", where, known)
+            expr = _expr(text, where, f"derived {name}")
             self._check_names(expr, known, where)
             self.derived[name] = expr
+            known.add(name)
+        for name, text in DEVICE_DERIVED:
+            self.derived[name] = Expr(text, f"{where}: derived {name}")
             known.add(name)
         for required in ("threads", "smem_bytes", "regs_per_thread"):
             if required not in self.derived:
                 raise SpaceDefinitionError(f"{where}: the derived quantity {required!r} is missing")
 
         self.constraints: list[Constraint] = []
-        for item in data.get("constraints", []):
-            expr = Expr(item["expr"], f"{where}: constraint {item.get('name', item['expr'])}")
+        raw_constraints = data.get("constraints") or []
+        if not isinstance(raw_constraints, (list, tuple)):
+            raise SpaceDefinitionError(f"{where}: 'constraints' must be a list of mappings with 'name' and 'expr', "
+                                       f"not {_kind(raw_constraints)}")
+        for number, item in enumerate(raw_constraints, 1):
+            if not isinstance(item, Mapping) or "expr" not in item:
+                got = f"has no 'expr' (keys: {', '.join(map(str, item))})" if isinstance(item, Mapping) else (
+                    f"is {_kind(item)}, not a mapping with 'name' and 'expr'")
+                raise SpaceDefinitionError(f"{where}: constraint {number} of 'constraints' {got}")
+            name = str(item.get("name", item["expr"]))
+            expr = _expr(item["expr"], where, f"constraint {name}")
             self._check_names(expr, known, where)
-            self.constraints.append(Constraint(str(item.get("name", item["expr"])), expr, str(item.get("doc", ""))))
+            self.constraints.append(Constraint(name, expr, str(item.get("doc", ""))))
         # A conditional parameter outside its condition takes one value: a constraint like any other, so
         # that enumeration, counting and checking treat it alike (and prune as soon as it is bound).
         for param in self.params.values():
@@ -216,27 +305,98 @@ class Space:
                 self.constraints.append(Constraint(
                     f"{param.name} only where {param.active.text}", expr,
                     f"{param.name} is {param.inactive!r} elsewhere"))
+        # Last: violations() and check() list the space's own rules before the device limits.
         for name, text, doc in DEVICE_CONSTRAINTS:
             self.constraints.append(Constraint(name, Expr(text, f"device constraint {name}"), doc, True))
 
         self.named_configs: dict[str, Config] = {}
         self.named_layouts: dict[str, str] = {}  # the layout a named config was made for, if only one
-        for name, values in dict(data.get("configs", {})).items():
-            values = dict(values)
+        raw_configs = _mapping(data.get("configs") or {}, where, "'configs'", "names to parameter values")
+        for name, values in raw_configs.items():
+            values = dict(_mapping(values, where, f"config {name!r}", "parameters to values"))
             if "layout" in values:
                 self.named_layouts[str(name)] = str(values.pop("layout"))
-            self.named_configs[str(name)] = self.config(values)
+            try:
+                self.named_configs[str(name)] = self.config(values)
+            except (InvalidValueError, UnknownNameError) as exc:
+                raise SpaceDefinitionError(f"{where}: config {name!r}: {exc}") from None
         # The built-in default per layout: a name, or a list of names tried in order until one is
         # feasible for the dtype and device at hand.
         default = data.get("default")
-        by_layout = {layout: default for layout in self.layouts} if isinstance(default, (str, list)) else dict(default or {})
-        self.defaults: dict[str, list[str]] = {
-            layout: [names] if isinstance(names, str) else list(names) for layout, names in by_layout.items()}
+        by_layout = ({layout: default for layout in self.layouts} if isinstance(default, (str, list))
+                     else dict(_mapping(default or {}, where, "'default'", "layouts to config names")))
+        self.defaults: dict[str, list[str]] = {}
+        for layout, names in by_layout.items():
+            if isinstance(names, str):
+                names = [names]
+            if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+                raise SpaceDefinitionError(f"{where}: 'default' for layout {layout} must be a config name or a "
+                                           f"list of them, not {_kind(names)}")
+            self.defaults[str(layout)] = list(names)
         for layout, names in self.defaults.items():
             for name in names:
                 if name not in self.named_configs:
                     raise SpaceDefinitionError(f"{where}: default {name!r} for layout {layout} is not a named config")
-        self._plan = self._make_plan()
+        # What is known of each name's values before enumeration (see `Bound` in expr.py): the plan's
+        # expressions leave out the guards this proves needless. A derived quantity that may not be a number
+        # (text, say) is checked against the size limits as it is computed, since `+` could double it from
+        # one derived quantity to the next.
+        bounds: dict[str, Bound | None] = dict(_CONTEXT_BOUNDS)
+        bounds.update((name, _choices_bound(param.choices)) for name, param in self.params.items())
+        for name, expr in self.derived.items():
+            bounds[name] = expr.bound(bounds)
+        self._bounds = bounds
+        self._unsized = frozenset(name for name in self.derived if bounds[name] is None)
+        self._plan = self._make_plan(bounds)
+        self._guarded_plan: list[tuple[list[tuple[str, Expr]], list[Constraint]]] | None = None
+
+    def _param(self, name: str, spec: Any, where: str) -> Param:
+        """One parameter from its entry in 'params': a list of choices, or a mapping with 'choices'."""
+        if isinstance(spec, (list, tuple)):
+            spec = {"choices": spec}
+        elif not isinstance(spec, Mapping):
+            raise SpaceDefinitionError(f"{where}: parameter {name!r} must be a list of choices or a mapping with "
+                                       f"'choices', not {_kind(spec)}")
+        choices = spec.get("choices")
+        if choices is None or (isinstance(choices, (list, tuple)) and not choices):
+            raise SpaceDefinitionError(f"{where}: parameter {name!r} has no choices")
+        if not isinstance(choices, (list, tuple)):
+            raise SpaceDefinitionError(f"{where}: 'choices' of parameter {name!r} must be a list, not {_kind(choices)}")
+        for value in [*choices, *([spec["inactive"]] if "inactive" in spec else [])]:
+            if not _is_scalar(value):
+                raise SpaceDefinitionError(f"{where}: a value of parameter {name!r} must be text, a number or a "
+                                           f"boolean, not {_kind(value)}")
+        param = Param(name, tuple(choices), str(spec.get("doc", "")))
+        if "default" in spec:
+            try:
+                param = dataclasses.replace(param, has_default=True, default=self._coerce(param, spec["default"]))
+            except InvalidValueError:
+                raise SpaceDefinitionError(
+                    f"{where}: default {spec['default']!r} of {name!r} is not among its choices") from None
+        if "active" in spec:
+            if "inactive" not in spec:
+                raise SpaceDefinitionError(f"{where}: conditional parameter {name!r} needs an 'inactive' value")
+            active = _expr(spec["active"], where, f"active of {name}")
+            self._check_names(active, set(self.params), where)  # earlier parameters only
+            try:
+                inactive = self._coerce(param, spec["inactive"])
+            except InvalidValueError:
+                # Allowed (a narrowed space may leave the value out): the parameter is then active
+                # in every feasible config. The shipped spaces' inactive values are among their
+                # choices (tests/test_space.py).
+                inactive = spec["inactive"]
+            param = dataclasses.replace(param, active=active, inactive=inactive)
+        return param
+
+    @staticmethod
+    def _check_new_name(name: Any, what: str, where: str, taken: set[str]) -> None:
+        """A parameter or derived name must be an identifier that expressions can read and that hides nothing
+        else an expression reads: a function, a quantity of the problem or the device model, a name in `taken`."""
+        if not isinstance(name, str) or not name.isidentifier() or keyword.iskeyword(name):
+            raise SpaceDefinitionError(f"{where}: the {what} name {name!r} is not an identifier")
+        if name in FUNCTIONS or name in CONTEXT_NAMES or name in _DEVICE_DERIVED_NAMES or name in taken:
+            raise SpaceDefinitionError(f"{where}: the {what} name {name!r} is taken (by a function, a problem or "
+                                       f"device quantity, or an earlier name)")
 
     def restricted(self, choices: Mapping[str, Any]) -> "Space":
         """This space with some parameters narrowed to the given values (one value or a list of them).
@@ -266,10 +426,16 @@ class Space:
     @classmethod
     def load(cls, path: str | Path) -> "Space":
         path = Path(path)
+        raw = path.read_bytes()
         try:
-            data = yaml.safe_load(path.read_text())
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise SpaceDefinitionError(
+                f"{path}: not UTF-8 text (byte {raw[exc.start]:#04x} at offset {exc.start})") from None
+        try:
+            data = yaml.safe_load(text)
         except yaml.YAMLError as exc:
-            raise SpaceDefinitionError(f"{path}: not valid YAML: {exc}") from None
+            raise SpaceDefinitionError(f"{path}: not valid YAML: {_yaml_problem(exc)}") from None
         return cls(data, str(path))
 
     @staticmethod
@@ -358,7 +524,8 @@ class Space:
         return out
 
     def violations(self, config: Config, problem: Problem) -> list[str]:
-        """One line for each constraint the config breaks, naming the values involved; empty if feasible."""
+        """One line for each constraint the config breaks, naming the values involved; empty if feasible.
+        The space's own constraints come first, then the device limits (`self.constraints` keeps that order)."""
         scope = dict(FUNCTIONS)
         scope.update(problem.names())
         scope.update(config)
@@ -366,37 +533,74 @@ class Space:
             scope[name] = self._eval(expr, scope, name)
         lines = []
         for c in self.constraints:
-            if not c.expr.eval_in(scope):
+            if not self._holds(c, scope):
                 involved = ", ".join(f"{n}={scope[n]}" for n in sorted(c.expr.names) if n in scope)
                 lines.append(f"breaks '{c.name}' ({c.expr.text}) with {involved}")
         return lines
 
     def check(self, config: Config, problem: Problem) -> None:
-        """Raise `InfeasibleConfigError` naming the first constraint the config breaks."""
+        """Raise `InfeasibleConfigError` naming every constraint the config breaks, in one line: the space's
+        own constraints first, then the device limits. A device limit is often only the symptom (a tf32x3
+        tile on an sm_60 device also overflows its shared memory); the structural rule names the cause."""
         broken = self.violations(config, problem)
         if broken:
-            # A device limit is the more useful news: report it before a structural constraint.
-            device_first = sorted(broken, key=lambda line: not any(
-                line.startswith(f"breaks '{c.name}'") for c in self.constraints if c.from_device))
             raise InfeasibleConfigError(
-                f"{self.kernel} config is infeasible on {problem.device.name} ({problem.dtype}): {device_first[0]}")
+                f"{self.kernel} config is infeasible on {problem.device.name} ({problem.dtype}): {'; '.join(broken)}")
 
     def is_feasible(self, config: Config, problem: Problem) -> bool:
         return not self.violations(config, problem)
 
-    @staticmethod
-    def _eval(expr: Expr, scope: dict[str, Any], name: str) -> Any:
+    def _eval(self, expr: Expr, scope: dict[str, Any], name: str) -> Any:
+        """The value of the derived quantity `name`, checked against the size limits where it may be text."""
         try:
-            return expr.eval_in(scope)
-        except ZeroDivisionError:
-            raise SpaceDefinitionError(f"derived {name}: division by zero in {expr.text!r}") from None
+            value = expr.eval_in(scope)
+        except SpaceDefinitionError:
+            raise
+        except _EVAL_ERRORS as exc:
+            raise self._failure(f"derived {name}", expr, scope, exc) from None
+        if name in self._unsized:
+            why = check_size(value)
+            if why is not None:
+                raise SpaceDefinitionError(f"{self._source}: derived {name}: {expr.text!r}: {why}")
+        return value
+
+    def _holds(self, c: Constraint, scope: dict[str, Any]) -> bool:
+        try:
+            return bool(c.expr.eval_in(scope))
+        except SpaceDefinitionError:
+            raise
+        except _EVAL_ERRORS as exc:
+            raise self._failure(f"constraint {c.name}", c.expr, scope, exc) from None
+
+    def _failure(self, what: str, expr: Expr, scope: Mapping[str, Any], exc: Exception) -> SpaceDefinitionError:
+        """An expression that cannot be evaluated for values of the space (text compared with a number, a
+        division by zero): the space is at fault, so the error names it, the expression and the values."""
+        involved = ", ".join(f"{n}={_short(scope[n])}" for n in sorted(expr.names) if n in scope)
+        return SpaceDefinitionError(
+            f"{self._source}: {what}: {expr.text!r} fails with {involved}: {type(exc).__name__}: {exc}")
+
+    def _diagnose(self, scope: Mapping[str, Any], exc: Exception) -> SpaceDefinitionError:
+        """The error of an evaluation that failed during enumeration (which, to stay fast, does not track
+        the expression it is at): the first derived quantity or constraint that fails for the parameter
+        values in `scope`."""
+        values = {name: value for name, value in scope.items() if name not in self.derived}
+        try:
+            for name, expr in self.derived.items():
+                values[name] = self._eval(expr, values, name)
+            for c in self.constraints:
+                self._holds(c, values)
+        except SpaceDefinitionError as found:
+            return found
+        return SpaceDefinitionError(f"{self._source}: an expression fails: {type(exc).__name__}: {exc}")
 
     # -- enumeration ---------------------------------------------------------------------------------
 
-    def _make_plan(self) -> list[tuple[list[tuple[str, Expr]], list[Constraint]]]:
+    def _make_plan(self, bounds: Mapping[str, Bound | None] | None
+                   ) -> list[tuple[list[tuple[str, Expr]], list[Constraint]]]:
         """For each parameter index, the derived values and constraints that become computable once that
         parameter is bound (index 0 also takes those that read no parameter). Checking a constraint as
-        early as possible prunes whole subtrees of the product of choices."""
+        early as possible prunes whole subtrees of the product of choices. With `bounds`, the expressions
+        are specialized to them (see `Expr.specialized`)."""
         order = {name: i for i, name in enumerate(self.params)}
         level: dict[str, int] = {}
 
@@ -406,9 +610,10 @@ class Space:
         plan: list[tuple[list[tuple[str, Expr]], list[Constraint]]] = [([], []) for _ in self.params]
         for name, expr in self.derived.items():
             level[name] = level_of(expr.names)
-            plan[level[name]][0].append((name, expr))
+            plan[level[name]][0].append((name, expr if bounds is None else expr.specialized(bounds)))
         for c in self.constraints:
-            plan[level_of(c.expr.names)][1].append(c)
+            fast = c if bounds is None else dataclasses.replace(c, expr=c.expr.specialized(bounds))
+            plan[level_of(c.expr.names)][1].append(fast)
         return plan
 
     def _walk(self, problem: Problem, on_feasible: Callable[[dict[str, Any]], None] | None) -> SpaceCount:
@@ -421,6 +626,10 @@ class Space:
         scope = dict(FUNCTIONS)
         scope.update(problem.names())
         plan = self._plan
+        if not _within(scope, _CONTEXT_BOUNDS):  # the plan's shortcuts assume these bounds
+            if self._guarded_plan is None:
+                self._guarded_plan = self._make_plan(None)
+            plan = self._guarded_plan
         last = len(params) - 1
 
         def visit(i: int) -> None:
@@ -443,7 +652,12 @@ class Space:
                         if on_feasible is not None:
                             on_feasible(scope)
 
-        visit(0)
+        try:
+            visit(0)
+        except SpaceDefinitionError:
+            raise
+        except _EVAL_ERRORS as exc:
+            raise self._diagnose(scope, exc) from None
         return SpaceCount(total, count, excluded)
 
     def count(self, problem: Problem) -> SpaceCount:
@@ -491,7 +705,7 @@ class Space:
         parameter is active (the others take their inactive value, so no draw is wasted on them)."""
         values: dict[str, Any] = {}
         for p in self.params.values():
-            if p.active is not None and not p.active.eval_in(dict(values)):
+            if p.active is not None and not p.active(values):  # __call__ adds the functions to the scope
                 values[p.name] = p.inactive
             else:
                 values[p.name] = trial.suggest_categorical(p.name, list(p.choices))
@@ -504,7 +718,7 @@ class Space:
         for p in self.params.values():
             if p.name in drawn:
                 values[p.name] = self._coerce(p, drawn[p.name])
-            elif p.active is not None and not p.active.eval_in(dict(values)):
+            elif p.active is not None and not p.active(values):
                 values[p.name] = p.inactive
             else:
                 raise InvalidValueError(f"{self.kernel}: trial lacks parameter {p.name}")

@@ -4,6 +4,7 @@ the seeds, config parsing, and the optuna bridge. No GPU."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import itertools
 import random
 from pathlib import Path
@@ -13,8 +14,7 @@ import yaml
 
 from autotile import resources
 from autotile.device import PROFILES
-from autotile.errors import (InfeasibleConfigError, InvalidValueError, SpaceDefinitionError,
-                             UnknownNameError)
+from autotile.errors import InfeasibleConfigError, InvalidValueError, SpaceDefinitionError, UnknownNameError
 from autotile.expr import Expr
 from autotile.space import DEVICE_CONSTRAINTS, Config, Problem, Space, load_space
 
@@ -238,7 +238,7 @@ def test_pruned_enumeration_equals_brute_force(kernel, layout, dtype, profile):
     space = _reduced(kernel, REDUCED[kernel])
     prob = problem(profile, dtype, layout)
     params = list(space.params.values())
-    brute = [Config(dict(zip(space.params, values)))
+    brute = [Config(dict(zip(space.params, values, strict=True)))
              for values in itertools.product(*(p.choices for p in params))]
     good = [c for c in brute if space.is_feasible(c, prob)]
     assert 0 < len(good) < len(brute)
@@ -317,16 +317,33 @@ def test_more_than_1024_threads_is_infeasible(matmul, matvec):
     assert "threads per block" in failed(matvec, mv, problem())
 
 
-def test_check_reports_a_device_limit_first(matmul):
+def test_check_reports_every_broken_rule_structural_first(matmul):
     # Breaks a structural rule of the space (BK=32 without shared memory) and a device limit (2048 threads).
     cfg = _matmul_cfg(matmul, smem="none", BM=64, BN=64, TM=1, TN=2, BK=32)
     names = failed(matmul, cfg, problem())
-    assert names[0] == "BK only where smem != 'none'" and "threads per block" in names
+    assert names == ["BK only where smem != 'none'", "threads per block", "registers per block"]
     with pytest.raises(InfeasibleConfigError) as info:
         matmul.check(cfg, problem("v100"))
+    assert str(info.value) == (
+        "matmul config is infeasible on Tesla V100 (float32): "
+        "breaks 'BK only where smem != 'none'' ((smem != 'none') or BK == 16) with BK=32, smem=none; "
+        "breaks 'threads per block' (threads <= max_threads_per_block) with max_threads_per_block=1024, threads=2048; "
+        "breaks 'registers per block' (regs_per_block <= regs_per_block_limit) with regs_per_block=98304, "
+        "regs_per_block_limit=65536")
+
+
+def test_check_names_the_structural_cause_next_to_a_device_limit(matmul):
+    """tf32x3 on a P100: the tile also overflows its shared memory, but the cause is the architecture."""
+    cfg = matmul.named("tf32x3-128")
+    names = failed(matmul, cfg, problem("p100"))
+    assert names == ["tf32x3 on float32 and sm_80 or newer", "dynamic shared memory per block (opt-in)"]
+    with pytest.raises(InfeasibleConfigError) as info:
+        matmul.check(cfg, problem("p100"))
     message = str(info.value)
-    assert message.startswith("matmul config is infeasible on Tesla V100 (float32): breaks 'threads per block'")
-    assert "threads=2048" in message and "max_threads_per_block=1024" in message and "only where" not in message
+    assert message.startswith("matmul config is infeasible on Tesla P100 (float32): "
+                              "breaks 'tf32x3 on float32 and sm_80 or newer' (")
+    assert all(f"breaks '{name}' (" in message for name in names) and message.count("; breaks '") == 1
+    assert "cc=60" in message and "smem_bytes=62208" in message and "\n" not in message
 
 
 def test_register_limits(matmul):
@@ -519,7 +536,7 @@ def test_suggest_in_a_real_study(matvec):
 
     study.optimize(objective, n_trials=12)
     assert len(seen) == 12 and len(study.trials) == 12
-    for cfg, trial in zip(seen, study.trials):
+    for cfg, trial in zip(seen, study.trials, strict=True):
         assert isinstance(cfg, Config)
         assert list(cfg) == list(matvec.params)
         assert matvec.from_drawn(trial.params) == cfg  # the draws, plus inactive values
@@ -566,3 +583,191 @@ def test_tf32x3_needs_float32_and_sm80(matmul):
     assert matmul.is_feasible(config, problem("a100")) and matmul.is_feasible(config, problem("h100"))
     for prob in (problem("v100"), problem("p100"), problem("h100", "float64")):
         assert any("tf32x3 on float32 and sm_80" in line for line in matmul.violations(config, prob))
+
+
+# -- bounded evaluation ----------------------------------------------------------------------------
+
+def _tiny(derived: dict | None = None, constraints: list | None = None, params: dict | None = None) -> dict:
+    """A minimal space: three parameters and the derived quantities every space needs (plus `derived`)."""
+    return {"kernel": "tiny", "template": "tiny.cu.j2",
+            "params": {"smem": ["none", "static"], "A": [1, 2, 4], "B": [1, 2], **(params or {})},
+            "derived": {"threads": "32 * A", "smem_bytes": "0", "regs_per_thread": "32", **(derived or {})},
+            "constraints": constraints or []}
+
+
+def test_derived_text_cannot_double_from_one_quantity_to_the_next():
+    # Each `+` only doubles its operand, but a chain of derived quantities doubles it again and again.
+    chain = {"d0": "smem + smem", **{f"d{i}": f"d{i - 1} + d{i - 1}" for i in range(1, 8)}}
+    space = Space(_tiny(chain), "tiny.yaml")
+    with pytest.raises(SpaceDefinitionError) as info:
+        space.count(problem())
+    assert str(info.value).startswith("tiny.yaml: derived d7: 'd6 + d6': a str of length 1536 passes the limit")
+    config = space.config({"smem": "static", "A": 1, "B": 1})
+    with pytest.raises(SpaceDefinitionError, match="d7"):
+        space.derive(config, problem())
+    assert len(space.derive(space.with_overrides(config, {"smem": "none"}), problem())["d7"]) == 1024
+
+
+def test_enumeration_keeps_the_guards_for_a_device_outside_the_assumed_bounds():
+    space = Space(_tiny({"x": "sm_count * 4"}, [{"name": "some", "expr": "x > 0"}]), "tiny.yaml")
+    assert space.count(problem()).feasible == 12
+    huge = Problem(dataclasses.replace(PROFILES["h100"], sm_count=2**63))
+    with pytest.raises(SpaceDefinitionError, match=r"tiny.yaml: derived x: 'sm_count \* 4': .*2\*\*64"):
+        space.count(huge)
+
+
+@pytest.mark.parametrize("kernel", ["matmul", "matvec"])
+def test_shipped_spaces_enumerate_without_guards(kernel):
+    """The bounds of the shipped parameters prove every `*` and `%` of their spaces safe, so enumeration
+    runs plain arithmetic (the guards would cost a function call each, millions of times)."""
+    space = load_space(kernel)
+    for derived, constraints in space._plan:
+        for expr in [e for _, e in derived] + [c.expr for c in constraints]:
+            assert not [n for n in expr._code.co_names if n.startswith("<")], expr.text
+
+
+def test_suggest_evaluates_conditions_that_call_functions():
+    """An `active` condition may call the allowed functions (max here) in suggest() and from_drawn() too."""
+    optuna = pytest.importorskip("optuna")
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    space = Space(_tiny(params={"C": {"choices": [8, 16], "active": "max(A, B) >= 4", "inactive": 8}}), "tiny.yaml")
+    study = optuna.create_study()
+    study.enqueue_trial({"smem": "none", "A": 4, "B": 1, "C": 16})
+    study.enqueue_trial({"smem": "none", "A": 2, "B": 2, "C": 16})
+    drawn = []
+    for _ in range(2):
+        trial = study.ask()
+        config = space.suggest(trial)
+        drawn.append((dict(config), set(trial.params)))
+        assert space.from_drawn(trial.params) == config
+        study.tell(trial, 0.0)
+    assert drawn[0] == ({"smem": "none", "A": 4, "B": 1, "C": 16}, {"smem", "A", "B", "C"})
+    assert drawn[1] == ({"smem": "none", "A": 2, "B": 2, "C": 8}, {"smem", "A", "B"})  # C not drawn
+
+
+# -- malformed space files -------------------------------------------------------------------------
+
+def _edit(**changes):
+    """A change to the tiny space's data: a key set to a value (None: removed), or params.X / derived.X."""
+    def apply(data: dict) -> dict:
+        for key, value in changes.items():
+            section, _, name = key.partition("__")
+            target = data[section] if name else data
+            name = name or section
+            if value is _DROP:
+                del target[name]
+            else:
+                target[name] = value
+        return data
+    return apply
+
+
+_DROP = object()
+
+# (file content: bytes, text, or an edit of the tiny space) -> a piece of the one-line message
+MALFORMED = {
+    "empty file": ("", "the space is empty"),
+    "only a comment": ("# nothing yet\n", "the space is empty"),
+    "list at top level": ("- kernel\n- params\n", "the space is a list, not a mapping"),
+    "text at top level": ("matmul\n", "the space is the text 'matmul', not a mapping"),
+    "binary": (b"kernel: \xff\xfe\x00\x81 \x89PNG\n", "not UTF-8 text (byte 0xff at offset 8)"),
+    "bad YAML": ("kernel: [unclosed\n", "not valid YAML: expected ',' or ']'"),
+    "no kernel": (_edit(kernel=_DROP), "missing field 'kernel'"),
+    "template a list": (_edit(template=["a.cu.j2"]), "'template' must be a non-empty text, not a list"),
+    "layouts a text": (_edit(layouts="row"), "'layouts' must be a list of layouts such as [row, col], not the text"),
+    "params a list": (_edit(params=["smem", "A"]), "'params' must be a mapping of parameter names to their choices, "
+                                                   "not a list"),
+    "params a text": (_edit(params="smem"), "'params' must be a mapping"),
+    "param without choices": (_edit(params__A={"doc": "rows"}), "parameter 'A' has no choices"),
+    "param with empty choices": (_edit(params__A={"choices": []}), "parameter 'A' has no choices"),
+    "param null": (_edit(params__A=None), "parameter 'A' must be a list of choices or a mapping with 'choices', "
+                                          "not null"),
+    "param a number": (_edit(params__A=64), "parameter 'A' must be a list of choices or a mapping with 'choices', "
+                                            "not the number 64"),
+    "choices a text": (_edit(params__A={"choices": "64"}), "'choices' of parameter 'A' must be a list, not the "
+                                                          "text '64'"),
+    "choices a mapping": (_edit(params__A={"choices": {"a": 1}}), "'choices' of parameter 'A' must be a list, "
+                                                                  "not a mapping"),
+    "choice a list": (_edit(params__A=[[1, 2], 4]), "a value of parameter 'A' must be text, a number or a boolean, "
+                                                    "not a list"),
+    "param name a number": (lambda data: dict(data, params={**data["params"], 3: [1, 2]}),
+                            "the parameter name 3 is not an identifier"),
+    "param name not an identifier": (_edit(**{"params__A-B": [1]}), "the parameter name 'A-B' is not an identifier"),
+    "param name of a function": (_edit(params__max=[1, 2]), "the parameter name 'max' is taken"),
+    "param name of a device quantity": (_edit(params__cc=[80]), "the parameter name 'cc' is taken"),
+    "active not text": (_edit(params__C={"choices": [1, 2], "active": 5, "inactive": 1}),
+                        "active of C must be an expression in quotes, not the number 5"),
+    "derived a list": (_edit(derived=["threads"]), "'derived' must be a mapping of names to expressions, not a list"),
+    "derived a text": (_edit(derived="threads = 32"), "'derived' must be a mapping of names to expressions, "
+                                                      "not the text"),
+    "derived a number": (_edit(derived__threads=256), "derived threads must be an expression in quotes, "
+                                                      "not the number 256"),
+    "derived null": (_edit(derived__threads=None), "derived threads must be an expression in quotes, not null"),
+    "derived name of a parameter": (_edit(derived__A="2"), "the derived quantity name 'A' is taken"),
+    "derived name of the device model": (_edit(derived__blocks_per_sm="2"),
+                                         "the derived quantity name 'blocks_per_sm' is taken"),
+    "constraints a mapping": (_edit(constraints={"a": "A > 1"}), "'constraints' must be a list of mappings with "
+                                                                 "'name' and 'expr', not a mapping"),
+    "constraint without expr": (_edit(constraints=[{"name": "big"}]), "constraint 1 of 'constraints' has no 'expr' "
+                                                                      "(keys: name)"),
+    "constraint a text": (_edit(constraints=[{"expr": "A > 0"}, "A > 1"]),
+                          "constraint 2 of 'constraints' is the text 'A > 1', not a mapping with 'name' and 'expr'"),
+    "constraint expr a boolean": (_edit(constraints=[{"name": "on", "expr": True}]),
+                                  "constraint on must be an expression in quotes, not the boolean true"),
+    "constraint expr a list": (_edit(constraints=[{"name": "on", "expr": ["A > 1"]}]),
+                               "constraint on must be an expression in quotes, not a list"),
+    "configs a list": (_edit(configs=["c"]), "'configs' must be a mapping of names to parameter values, not a list"),
+    "config a list": (_edit(configs={"c": [1, 2]}), "config 'c' must be a mapping of parameters to values, not a list"),
+    "config value not a choice": (_edit(configs={"c": {"smem": "none", "A": 3, "B": 1}}),
+                                  "config 'c': A=3 is not among the choices [1, 2, 4]"),
+    "config unknown param": (_edit(configs={"c": {"smem": "none", "A": 1, "B": 1, "Z": 1}}),
+                             "config 'c': tiny: unknown parameter 'Z'"),
+    "default a number": (_edit(default=5), "'default' must be a mapping of layouts to config names, not the number 5"),
+    "default of a layout a number": (_edit(default={"row": 5}), "'default' for layout row must be a config name or "
+                                                                "a list of them, not the number 5"),
+}
+
+
+@pytest.mark.parametrize("content,needle", MALFORMED.values(), ids=MALFORMED.keys())
+def test_malformed_space_file_is_one_line_naming_file_and_key(tmp_path, content, needle):
+    path = tmp_path / "tiny.yaml"
+    if callable(content):
+        path.write_text(yaml.safe_dump(content(_tiny()), sort_keys=False))
+    elif isinstance(content, bytes):
+        path.write_bytes(content)
+    else:
+        path.write_text(content)
+    with pytest.raises(SpaceDefinitionError) as info:
+        Space.load(path)
+    message = str(info.value)
+    assert message.startswith(f"{path}: ") and needle in message and "\n" not in message, message
+
+
+def test_tiny_space_loads_through_a_file(tmp_path):
+    # The control for the cases above.
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump(_tiny(), sort_keys=False))
+    space = Space.load(path)
+    assert list(space.params) == ["smem", "A", "B"] and space.count(problem()).feasible == 12
+
+
+def test_an_expression_that_fails_on_the_space_values_is_a_definition_error():
+    """A choice of the wrong kind or a division by zero surfaces when the space is evaluated: the error names
+    the file, the expression and the values, whichever method met it."""
+    data = _tiny({"per_a": "64 // (A - 1)"}, [{"name": "positive", "expr": "B > 0"}])
+    data["params"]["B"] = [1, 2, "x"]
+    space = Space(data, "tiny.yaml")
+    with pytest.raises(SpaceDefinitionError) as info:
+        space.count(problem())
+    assert str(info.value) == ("tiny.yaml: derived per_a: '64 // (A - 1)' fails with A=1: "
+                               "ZeroDivisionError: integer division or modulo by zero")
+    with pytest.raises(SpaceDefinitionError, match="tiny.yaml: derived per_a: .* with A=1: ZeroDivisionError"):
+        space.violations(space.config({"smem": "none", "A": 1, "B": 1}), problem())
+    data["derived"]["per_a"] = "64 // A"
+    space = Space(data, "tiny.yaml")
+    with pytest.raises(SpaceDefinitionError) as info:
+        space.feasible(problem())
+    assert str(info.value) == ("tiny.yaml: constraint positive: 'B > 0' fails with B='x': "
+                               "TypeError: '>' not supported between instances of 'str' and 'int'")
+    with pytest.raises(SpaceDefinitionError, match="'B > 0' fails with B='x': TypeError"):
+        space.check(space.config({"smem": "none", "A": 1, "B": "x"}), problem())
