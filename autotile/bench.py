@@ -223,7 +223,8 @@ def to_markdown(rows: list[Row], env: dict[str, Any], ceilings: dict[str, float]
              f"CuPy {env['cupy']}, CUDA runtime {env['cuda_runtime']}, driver {env['driver']}, {env['compiler']}. "
              f"Ceilings measured in the same run: copy {ceilings['copy_gbps']:,.0f} GB/s, read "
              f"{ceilings['read_gbps']:,.0f} GB/s, FP32 peak {ceilings['fp32_peak_tflops']:.1f} TFLOP/s "
-             f"({ceilings['clock_mhz']:.0f} MHz). Times are medians with L2 flushed; ratios within this run; rel. error is ||out - ref|| / ||ref|| against a float64 product.",
+             f"({ceilings['clock_mhz']:.0f} MHz). Times are medians with L2 flushed; ratios within this run; "
+             "rel. error is ||out - ref|| / ||ref|| against a float64 product.",
              "",
              "| kernel | layout | shape | implementation | ms | TFLOP/s or GB/s | x cuBLAS | x ceiling | rel. error |",
              "| --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: |"]

@@ -479,7 +479,8 @@ class TuningCache:
         shape_part = _shape_part(key.shape)
         for root in self._roots():
             record = self._load(self._path(root, device, key.kernel, key.dtype, key.layout, shape_part, compat))
-            if record is not None and record.shape == key.shape and self._matches(record, device, *_key_parts(key), compat):
+            if (record is not None and record.shape == key.shape
+                    and self._matches(record, device, *_key_parts(key), compat)):
                 return record
         return None
 

@@ -163,11 +163,12 @@ def tolerance(dtype: str, k: int) -> float:
 
 def compat_hash(kernel: str, space: Space | None = None) -> str:
     """The part of a cache key that says whether a stored config can still be read: the kernel and the
-    names of its parameters (those without a default). Two finer checks are made per record by the library: whether the config
-    still renders the kernel that was timed (`source_hash`, kept in the record: a template change that
-    leaves a config's source alone keeps its entry, one that changes it retires the entry), and whether
-    it was tuned with the same compiler (preferred; a record from another compiler is the fallback, as
-    the kernel is the same and only its speed may differ)."""
+    names of its parameters (those without a default). Two finer checks are made per record by the
+    selection chain (select.py): whether the config still renders the kernel that was timed
+    (`source_hash`, kept in the record: a template change that leaves a config's source alone keeps its
+    entry, one that changes it retires the entry), and whether it was tuned with the same compiler and
+    compile options (preferred; a record from another compiler is the fallback, as the kernel is the
+    same and only its speed may differ)."""
     import hashlib
 
     space = space or get(kernel).space

@@ -15,14 +15,16 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .errors import ArgumentError, DeviceUnavailableError
 from .impl import Generated, Runner
 from .problem import MAX_DIM, ProblemKey
-from .select import Selection, select
+
+if TYPE_CHECKING:  # the selection chain reads the cache (filelock, platformdirs): imported on first call
+    from .select import Selection
 
 _SUPPORTED = ("float32", "float64")
 
@@ -98,6 +100,8 @@ def _prepare(kernel: str, dtype: str, layout: str, shape: tuple[int, ...]) -> _P
     if max(shape) > MAX_DIM:
         raise ArgumentError(f"size {max(shape)} exceeds the 32-bit index range of the generated kernels "
                             f"({MAX_DIM})")
+    from .select import select
+
     key = ProblemKey(kernel, dtype, layout, shape)
     selection = select(key, _device(cupy))
     prepared = _Prepared(Generated(selection.config).prepare(key), selection)

@@ -51,17 +51,18 @@ def parse_shape(kernel: str, shape: str | Sequence[int]) -> tuple[int, ...]:
         if len(parts) != len(dims) or not all(_ASCII_DIGITS.fullmatch(p) for p in parts):
             raise InvalidValueError(f"{kernel} shape {shape!r} must be {'x'.join(dims)} with positive integers, "
                                     f"for example {example}")
-        values = [int(p) for p in parts]
+        values: list[int] = [int(p) for p in parts]
     else:
         if isinstance(shape, (bytes, bytearray)) or not isinstance(shape, Sequence):
             raise InvalidValueError(f"{kernel} shape {shape!r} must be a string like {example} or a tuple of ints")
         values = []
+        item: object
         for item in shape:
             # bool is an int subclass and a float would be truncated silently: both are mistakes.
             if isinstance(item, bool):
                 raise InvalidValueError(f"{kernel} shape {tuple(shape)!r}: {item!r} is not a size")
             try:
-                values.append(operator.index(item))  # ints and NumPy integers; never floats
+                values.append(operator.index(item))  # type: ignore[arg-type]  # ints and NumPy ints, never floats
             except TypeError:
                 raise InvalidValueError(f"{kernel} shape {tuple(shape)!r}: {item!r} is not an integer") from None
         if len(values) != len(dims):

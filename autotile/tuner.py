@@ -282,7 +282,7 @@ class Tuner:
                 break
             candidates = [self.candidate(c) for _, c in batch]
             results = evaluator.evaluate(candidates)
-            for (trial, config), result in zip(batch, results):
+            for (trial, config), result in zip(batch, results, strict=True):
                 ran += 1
                 seed = trial.user_attrs.get("seed")
                 if result.status == OK and result.timing is not None:

@@ -203,7 +203,7 @@ def _serve(conn: Any) -> None:
             cands: list[Candidate] = msg["candidates"]
             t0 = time.perf_counter()
             futures = build.compile_many([(c.source, c.name) for c in cands], state.setup.compile_threads)
-            for cand, fut in zip(cands, futures):
+            for cand, fut in zip(cands, futures, strict=True):
                 try:
                     kernel = fut.result()
                     result = _evaluate(state, cand, kernel, time.perf_counter() - t0)

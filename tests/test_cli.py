@@ -74,7 +74,8 @@ def test_render_set_overrides(capsys):
 def test_render_float64_gives_double(capsys):
     rc, out, err = run(capsys, "render", "matmul", "--config", "seed-tiled32", "--dtype", "float64")
     assert (rc, err) == (0, "")
-    assert "const double* __restrict__ A" in out and "float" not in out.replace("float64", "")
+    assert "using T = double;" in out and "const T* __restrict__ A" in out
+    assert "float" not in out.replace("float64", "")
 
 
 @pytest.mark.parametrize("layout", ["row", "col"])
@@ -82,7 +83,7 @@ def test_render_matvec_default_in_float64(capsys, layout):
     # The default config must suit the dtype: float64 may not load 4 elements (32 bytes) at once.
     rc, out, err = run(capsys, "render", "matvec", "--layout", layout, "--dtype", "float64", "--device", "p100")
     assert (rc, err) == (0, ""), err
-    assert "const double* __restrict__ A" in out
+    assert "using T = double;" in out and "const T* __restrict__ A" in out
     assert "VEC = 4" not in out
 
 

@@ -6,8 +6,8 @@ import pytest
 
 from autotile import kernels, select
 from autotile.cache import Record, TuningCache
-from autotile.problem import ProblemKey
 from autotile.device import PROFILES
+from autotile.problem import ProblemKey
 from autotile.space import Problem
 
 H100 = PROFILES["h100"]
@@ -135,7 +135,8 @@ def test_a_parameter_added_with_a_default_keeps_old_records_and_tables_readable(
     evaluator = ReplayEvaluator(table, space=narrowed)
     assert all(key.endswith(",NEW_KNOB=0") for key in evaluator.table["results"])
     limits = DeviceLimitsFromTable(table)
-    result = Tuner(ProblemKey("matmul", "float32", "row", (1024, 1024, 1024)), options=TuneOptions(trials=12, sampler="grid"),
+    key = ProblemKey("matmul", "float32", "row", (1024, 1024, 1024))
+    result = Tuner(key, options=TuneOptions(trials=12, sampler="grid"),
                    space=narrowed.restricted({"NEW_KNOB": 0})).run(evaluator, limits)
     assert result.trials == 12 and result.best.config["NEW_KNOB"] == 0
 

@@ -21,9 +21,9 @@ from autotile import api, kernels
 from autotile.cache import TuningCache
 from autotile.device import DeviceLimits
 from autotile.errors import InvalidValueError
+from autotile.problem import ProblemKey
 from autotile.resources import search_space_path
 from autotile.space import Problem, Space
-from autotile.problem import ProblemKey
 from autotile.testing import ReplayEvaluator
 from autotile.tuner import SAMPLERS, TuneOptions, Tuner, make_sampler
 from autotile.worker import COMPILE, CRASH, FAILURES, LAUNCH, OK, TIMEOUT, WRONG
@@ -492,7 +492,7 @@ def test_winner_goes_to_the_cache_and_comes_back(isolated_cache, space, table, l
     compat = kernels.compat_hash("matmul")
     record = api.to_record(result, compat)
     cache = TuningCache(root=isolated_cache, shipped_root=None)
-    assert cache.put(record) is True
+    assert cache.put(record).written is True
 
     device = table["environment"]["device"]
     stored = cache.get(device, KEY, compat)
@@ -519,7 +519,7 @@ def test_winner_goes_to_the_cache_and_comes_back(isolated_cache, space, table, l
     # A slower result for the same key does not replace the stored one.
     slower = api.to_record(tune(space, table, limits, sampler="random", trials=3)[1], compat)
     assert slower.time_ms > stored.time_ms
-    assert cache.put(slower) is False
+    assert cache.put(slower).written is False
 
 
 def test_api_tune_narrowed_to_the_replay_space_stores_its_winner(isolated_cache, table, seed_keys):

@@ -13,8 +13,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from replay_space import replay_space  # noqa: E402
 
 from autotile.device import DeviceLimits  # noqa: E402
-from autotile.space import Problem  # noqa: E402
 from autotile.problem import ProblemKey  # noqa: E402
+from autotile.space import Problem  # noqa: E402
 from autotile.testing import record_table  # noqa: E402
 from autotile.tuner import TuneOptions, Tuner  # noqa: E402
 from autotile.worker import IsolatedRunner, Setup  # noqa: E402
@@ -34,7 +34,7 @@ def main(out: str) -> None:
         for i in range(0, len(configs), 32):
             chunk = configs[i:i + 32]
             results = runner.evaluate([tuner.candidate(c) for c in chunk])
-            pairs += list(zip(chunk, results))
+            pairs += list(zip(chunk, results, strict=True))
         table = record_table(pairs, runner.baseline, {k: v for k, v in runner.environment.items() if k != "limits"},
                              {"kernel": "matmul", "shape": list(SHAPE), "dtype": "float32", "layout": "row"})
         table["environment"]["limits"] = runner.environment["limits"]
