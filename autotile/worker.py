@@ -1,7 +1,8 @@
 """Candidates run in a worker process, so that no candidate can take the tuning run down with it.
 
-The worker is a fresh interpreter running this module (`python -m autotile.worker`), talking to the
-parent over its standard input and output: it never re-imports the caller's script, so a tuning call
+The worker is a fresh interpreter that imports this module and calls `worker_main` (`python -c "from
+autotile.worker import worker_main; worker_main()"`), talking to the parent over its standard input and
+output: it never re-imports the caller's script, so a tuning call
 needs no `if __name__ == "__main__":` guard. The parent renders the sources and computes the launch
 geometry (pure Python); the worker compiles them
 (several at once, on NVRTC threads), verifies each against a float64 reference on the tuning shape and on
@@ -195,7 +196,9 @@ def _serve(conn: Any) -> None:
         op = msg["op"]
         if op == "stop":
             return
-        if op == "setup":
+        if op == "echo":  # the protocol's own check (tests): a value pickled there and back
+            conn.send(msg["value"])
+        elif op == "setup":
             state = _WorkerState(msg["setup"])
             conn.send({"baseline": state.baseline, "environment": state.environment()})
         elif op == "evaluate":
@@ -277,6 +280,9 @@ def worker_main() -> None:
 
 # -- the parent side -------------------------------------------------------------------------------------
 
+WORKER_COMMAND = "from autotile.worker import worker_main; worker_main()"
+
+
 class WorkerCrashed(Exception):
     pass
 
@@ -302,30 +308,36 @@ class IsolatedRunner:
         self.close()
 
     def start(self) -> None:
-        env = dict(os.environ)
-        # The worker imports this very autotile, wherever it was imported from (a checkout, a wheel).
-        package_root = str(Path(__file__).resolve().parent.parent)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH", "")) if p)
-        try:
-            self._proc = subprocess.Popen([sys.executable, "-m", "autotile.worker"], stdin=subprocess.PIPE,
-                                          stdout=subprocess.PIPE, env=env)
-        except OSError as exc:
-            raise WorkerError(f"cannot start the GPU worker ({sys.executable} -m autotile.worker): {exc}") from None
-        assert self._proc.stdin is not None and self._proc.stdout is not None
-        self._conn = _Pipes(os.dup(self._proc.stdout.fileno()), os.dup(self._proc.stdin.fileno()))
-        self._proc.stdout.close()
-        self._proc.stdin.close()
+        """Start the worker process and have it prepare the problem (inputs, reference, cuBLAS's time)."""
+        self._spawn()
         self._send({"op": "setup", "setup": self.setup})
         try:
             reply = self._receive(self.setup_timeout_s)
         except WorkerCrashed:
-            reply = {"fatal": f"the worker process exited with status {self._proc.poll()}"}
+            reply = {"fatal": f"the worker process exited with status {self._proc.poll() if self._proc else '?'}"}
         if reply is None or "fatal" in reply:
             detail = reply["fatal"].strip().splitlines()[-1] if reply else f"no answer in {self.setup_timeout_s:g} s"
             self._kill()
             raise WorkerError(f"the GPU worker could not prepare {self.setup.key}: {detail}")
         self.baseline = reply["baseline"]
         self.environment = reply["environment"]
+
+    def _spawn(self) -> None:
+        env = dict(os.environ)
+        # The worker imports this very autotile, wherever it was imported from (a checkout, a wheel).
+        package_root = str(Path(__file__).resolve().parent.parent)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH", "")) if p)
+        try:
+            # `-c` and an import, not `-m autotile.worker`: run as __main__, the module's classes would
+            # pickle as __main__.CandidateResult, which the parent cannot load.
+            self._proc = subprocess.Popen([sys.executable, "-c", WORKER_COMMAND], stdin=subprocess.PIPE,
+                                          stdout=subprocess.PIPE, env=env)
+        except OSError as exc:
+            raise WorkerError(f"cannot start the GPU worker ({sys.executable} -c {WORKER_COMMAND!r}): {exc}") from None
+        assert self._proc.stdin is not None and self._proc.stdout is not None
+        self._conn = _Pipes(os.dup(self._proc.stdout.fileno()), os.dup(self._proc.stdin.fileno()))
+        self._proc.stdout.close()
+        self._proc.stdin.close()
 
     def _send(self, message: Any) -> None:
         assert self._conn is not None
@@ -411,6 +423,3 @@ class IsolatedRunner:
             raise WorkerError(f"re-timing the finalists failed: {str(detail).strip().splitlines()[-1]}")
         return reply["medians"], reply["baseline"]
 
-
-if __name__ == "__main__":
-    worker_main()

@@ -129,9 +129,9 @@ def test_every_failure_reaches_the_caller_as_an_autotile_error(table):
 
 
 def test_the_worker_never_reruns_the_callers_script(tmp_path):
-    """A script without `if __name__ == "__main__":` that starts a worker: the worker is `python -m
-    autotile.worker`, so the script runs once and the worker's failure (no GPU here, or an answer on a GPU
-    machine) is reported as an AutotileError, never as multiprocessing's bootstrapping error."""
+    """A script without `if __name__ == "__main__":` that starts a worker: the worker is a fresh
+    interpreter that imports autotile.worker, so the script runs once, and the worker's failure (no GPU
+    here; on a GPU machine it answers) is an AutotileError, never multiprocessing's bootstrapping error."""
     script = tmp_path / "user_script.py"
     marker = tmp_path / "runs.txt"
     script.write_text(textwrap.dedent(f"""
@@ -154,6 +154,20 @@ def test_the_worker_never_reruns_the_callers_script(tmp_path):
     assert marker.read_text() == "run\n", proc.stderr
     assert "bootstrapping" not in proc.stdout + proc.stderr
     assert proc.stdout.startswith(("worker ready", "WorkerError")), proc.stdout + proc.stderr
+
+
+def test_results_cross_the_process_boundary():
+    """The worker's messages unpickle in the parent: its classes are autotile.worker's, not __main__'s."""
+    from autotile.worker import OK, CandidateResult
+
+    runner = IsolatedRunner(Setup(ProblemKey("matmul", "float32", "row", (8, 8, 8))))
+    runner._spawn()
+    try:
+        sent = CandidateResult(7, OK, "fine")
+        runner._send({"op": "echo", "value": sent})
+        assert runner._receive(60) == sent
+    finally:
+        runner.close()
 
 
 def test_worker_error_is_typed():
