@@ -233,3 +233,31 @@ def test_crashing_and_hanging_candidates_are_recorded_and_the_study_completes(is
     assert result.failures.get("timeout") == 1
     assert result.trials == 8
     assert result.best.median_ms > 0
+
+
+def test_readme_style_script_without_a_main_guard_tunes_and_calls(tmp_path):
+    """The README's Python example, as a script with no `if __name__ == "__main__":` guard (smaller: a
+    short tune of a small shape): it runs once, tunes, and the library uses the result."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = tmp_path / "example.py"
+    script.write_text(
+        "import cupy, autotile\n"
+        "print('script ran')\n"
+        "result = autotile.tune('matmul', '256x192x128', trials=4)\n"
+        "A = cupy.random.random((256, 128), dtype=cupy.float32)\n"
+        "B = cupy.random.random((128, 192), dtype=cupy.float32)\n"
+        "C = autotile.matmul(A, B)\n"
+        "ref = A.astype(cupy.float64) @ B.astype(cupy.float64)\n"
+        "print('error', float(cupy.linalg.norm(C - ref) / cupy.linalg.norm(ref)), result.saved_path)\n")
+    repo = Path(__file__).resolve().parent.parent
+    env = {**__import__("os").environ, "AUTOTILE_CACHE_DIR": str(tmp_path / "cache"),
+           "PYTHONPATH": f"{repo}{__import__('os').pathsep}{__import__('os').environ.get('PYTHONPATH', '')}"}
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=600, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    assert lines.count("script ran") == 1
+    err_line = next(line for line in lines if line.startswith("error "))
+    assert float(err_line.split()[1]) < 1e-5 and str(tmp_path / "cache") in err_line
