@@ -6,7 +6,6 @@ The function to time is a parameter, so the loop works for generated kernels and
 from __future__ import annotations
 
 import dataclasses
-import statistics
 from typing import Any, Callable
 
 import numpy as np
@@ -142,7 +141,3 @@ def relative_error(out: Any, ref: Any) -> float:
     num = float(cupy.linalg.norm((out64 - ref64).ravel()))
     den = float(cupy.linalg.norm(ref64.ravel()))
     return num / den if den > 0 else num
-
-
-def median(values: list[float]) -> float:
-    return float(statistics.median(values))
