@@ -19,6 +19,7 @@ from .errors import (
     SpaceDefinitionError,
     UnknownNameError,
 )
+from .first_call import tune_at_first_call
 from .kernels import KERNELS
 from .kernels import get as get_kernel
 from .ops import matmul, matvec
@@ -30,7 +31,7 @@ __all__ = [
     "AutotileError", "ArgumentError", "CacheError", "CompileError", "Config", "DeviceLimits",
     "DeviceUnavailableError", "InfeasibleConfigError", "InvalidValueError", "KERNELS", "PROFILES", "Problem",
     "Space", "SpaceDefinitionError", "UnknownNameError", "get_kernel", "live_device", "load_space", "profile",
-    "matmul", "matvec", "render", "tune",
+    "matmul", "matvec", "render", "tune", "tune_at_first_call",
 ]
 
 

@@ -27,10 +27,14 @@ def to_record(result: TuneResult, compat: str, source: str | None = None) -> Any
                seconds=round(result.seconds, 1), study=result.study_name,
                best_seed=result.best_seed.seed_name if result.best_seed else None,
                best_seed_ms=result.best_seed.median_ms if result.best_seed else None)
+    # cuBLAS is one more candidate, timed with the finalists: where it won, the library runs it (and the
+    # best config is kept in the record all the same).
+    cublas_won = result.baseline_ms is not None and result.baseline_ms < result.best.median_ms
     return Record(kernel=result.kernel, dtype=result.dtype, layout=result.layout, shape=result.shape,
                   compat=compat, config=dict(result.best.config), time_ms=result.best.median_ms,
                   spread=result.best.spread, metric=result.metric, metric_unit=result.metric_unit,
-                  baseline_ms=result.baseline_ms, device=env["device"], environment=env)
+                  baseline_ms=result.baseline_ms, device=env["device"], environment=env,
+                  implementation="cublas" if cublas_won else "generated")
 
 
 def tune(kernel: str, shape: str | tuple[int, ...], *, dtype: str = "float32", layout: str = "row",
@@ -99,6 +103,28 @@ def _save(result: TuneResult, source: str, cache: Any) -> TuneResult:
     path = str(getattr(outcome, "path", "")) or None
     note = getattr(outcome, "reason", None) if not getattr(outcome, "written", bool(outcome)) else None
     return dataclasses.replace(result, saved_path=path, save_note=note)
+
+
+def save_timed_config(key: ProblemKey, config: Any, time_ms: float, baseline_ms: float | None, cache: Any,
+                 device: DeviceLimits, extra: dict[str, Any]) -> Any:
+    """Store a config timed outside a tuning run (at first call): the record names cuBLAS where it was
+    faster. Returns the cache's `PutOutcome`."""
+    import time
+
+    from .cache import Record
+    from .select import is_current
+
+    spec = kernels.get(key.kernel)
+    metric, unit = kernels.metric(key.kernel, key.shape, key.dtype, time_ms)
+    env = {"gpu": device.name, "device": device.fingerprint, "date": time.strftime("%Y-%m-%d"),
+           "compiler": build.compiler_version(), "compile_options": list(build.COMPILE_OPTIONS),
+           "source_sha": kernels.source_hash(spec.render(config, key.dtype, key.layout)), **extra}
+    cublas_won = baseline_ms is not None and baseline_ms < time_ms
+    record = Record(kernel=key.kernel, dtype=key.dtype, layout=key.layout, shape=key.shape,
+                    compat=kernels.compat_hash(key.kernel), config=dict(config), time_ms=time_ms, spread=0.0,
+                    metric=metric, metric_unit=unit, baseline_ms=baseline_ms, device=device.fingerprint,
+                    environment=env, implementation="cublas" if cublas_won else "generated")
+    return cache.put(record, is_current=is_current)
 
 
 class _progress_bar:

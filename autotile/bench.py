@@ -146,7 +146,8 @@ def _bench_problem(kernel: str, shape: tuple[int, ...], layout: str, dtype: str,
         if p.spec.space.is_feasible(config, problem):
             rows.append(p.measure(name, p.launcher(config), config.key()))
     selection = select(ProblemKey(kernel, dtype, layout, shape), limits)
-    rows.append(p.measure(f"autotile ({selection.source})", p.launcher(selection.config), selection.config.key()))
+    rows.append(p.measure(f"autotile ({selection.source})", p._run(selection.implementation_object()),
+                          selection.config.key() if selection.config is not None else "cuBLAS"))
     return _relative_to_first(rows)
 
 
@@ -161,7 +162,8 @@ def _fallback_problem(kernel: str, shape: tuple[int, ...], layout: str, dtype: s
     source = f"autotile {nearest.source} ({'x'.join(map(str, nearest.tuned_shape or ()))})"
     return _relative_to_first([
         p.measure("cuBLAS", p.cublas()),
-        p.measure(source, p.launcher(nearest.config), nearest.config.key()),
+        p.measure(source, p._run(nearest.implementation_object()),
+                  nearest.config.key() if nearest.config is not None else "cuBLAS"),
         p.measure("autotile tuned for this shape", p.launcher(tuned), tuned.key()),
     ])
 
@@ -336,7 +338,8 @@ def main(argv: list[str] | None = None) -> int:
                 t0 = time.time()
                 # Re-tuning starts from the config in use, so the new entry is never slower than the old one,
                 # and from this shape's own entry where a template change has retired it (still a good guess).
-                start = {f"in use ({sel.source})": sel.config} if sel.source != "built-in default" else {}
+                start = ({f"in use ({sel.source})": sel.config}
+                         if sel.source != "built-in default" and sel.config is not None else {})
                 retired = _retired_entry(kernel, args.dtype, layout, shape, limits.fingerprint)
                 if retired is not None and retired != sel.config:
                     start["this shape's retired entry"] = retired

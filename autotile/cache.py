@@ -66,6 +66,8 @@ _ALNUM = re.compile(r"[A-Za-z0-9]")
 
 _FIELDS = ("kernel", "dtype", "layout", "shape", "compat", "config", "time_ms", "spread", "metric",
            "metric_unit", "baseline_ms", "device", "environment", "schema")
+_OPTIONAL_FIELDS = ("implementation",)  # added later: a record without it runs its generated config
+IMPLEMENTATIONS = ("generated", "cublas")
 
 
 class CacheWarning(UserWarning):
@@ -241,7 +243,10 @@ class Record:
 
     Times in milliseconds (`time_ms` is the median); `spread` is relative (for example
     (p75 - p25) / median); `metric` is in `metric_unit` (GFLOP/s or GB/s); `baseline_ms` is the cuBLAS time
-    measured in the same run, if any. Constructing an invalid record raises `CacheError`.
+    measured in the same run, if any. `implementation` says what the library runs for this problem:
+    "generated" (the config) or "cublas" (where cuBLAS beat the best config; the config is kept all the
+    same, a tuning result is never thrown away). `run_ms` is the time of what runs. Constructing an invalid
+    record raises `CacheError`.
     """
 
     kernel: str
@@ -258,6 +263,14 @@ class Record:
     device: str
     environment: dict[str, Any]
     schema: int = SCHEMA
+    implementation: str = "generated"
+
+    @property
+    def run_ms(self) -> float:
+        """Milliseconds of what the library runs for this record: the config, or cuBLAS."""
+        if self.implementation == "cublas" and self.baseline_ms is not None:
+            return self.baseline_ms
+        return self.time_ms
 
     def __post_init__(self) -> None:
         # Validate and normalise here so that a bad record fails when it is made, not when it is written
@@ -266,6 +279,11 @@ class Record:
             raise CacheError(f"record schema {self.schema!r} is not supported (this autotile reads {SCHEMA})")
         for name in ("kernel", "dtype", "layout", "compat", "metric_unit", "device"):
             _check_str(name, getattr(self, name))
+        if self.implementation not in IMPLEMENTATIONS:
+            raise CacheError(f"record field 'implementation' is {self.implementation!r}; "
+                             f"expected one of {', '.join(IMPLEMENTATIONS)}")
+        if self.implementation == "cublas" and self.baseline_ms is None:
+            raise CacheError("a record that runs cuBLAS needs its time (baseline_ms)")
         normalised = {
             "shape": _check_shape(self.shape),
             "config": _check_config(self.config),
@@ -286,7 +304,7 @@ class Record:
             "shape": list(self.shape), "compat": self.compat, "config": dict(self.config),
             "time_ms": self.time_ms, "spread": self.spread, "metric": self.metric,
             "metric_unit": self.metric_unit, "baseline_ms": self.baseline_ms, "device": self.device,
-            "environment": dict(self.environment),
+            "environment": dict(self.environment), "implementation": self.implementation,
         }
 
     @classmethod
@@ -297,7 +315,7 @@ class Record:
         missing = [f for f in _FIELDS if f not in d]
         if missing:
             raise CacheError(f"cache record lacks field(s) {', '.join(missing)}")
-        unknown = sorted(str(k) for k in d if k not in _FIELDS)
+        unknown = sorted(str(k) for k in d if k not in _FIELDS + _OPTIONAL_FIELDS)
         if unknown:  # a writer with another layout: the schema number should have said so
             raise CacheError(f"cache record has unknown field(s) {', '.join(unknown)}")
         if isinstance(d["schema"], bool) or not isinstance(d["schema"], int):
@@ -306,7 +324,7 @@ class Record:
             raise CacheError(f"record field 'shape' must be a list of integers, not {d['shape']!r}")
         if not isinstance(d["config"], dict) or not isinstance(d["environment"], dict):
             raise CacheError("record fields 'config' and 'environment' must be JSON objects")
-        return cls(**{f: d[f] for f in _FIELDS})
+        return cls(**{f: d[f] for f in _FIELDS + _OPTIONAL_FIELDS if f in d})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -562,12 +580,12 @@ class TuningCache:
                         and self._matches(existing, record.device, record.kernel, record.dtype, record.layout,
                                           record.compat)):
                     existing = None  # another full compat hash behind the same name: stale, replaced
-                if existing is not None and existing.time_ms < record.time_ms:
+                if existing is not None and existing.run_ms < record.run_ms:
                     if is_current is None or is_current(existing):
-                        return PutOutcome(False, path, f"kept the existing entry of {existing.time_ms:g} ms, "
-                                                       f"faster than {record.time_ms:g} ms", existing)
-                    note = (f"replaced a faster entry of {existing.time_ms:g} ms that is no longer current "
-                            f"with one of {record.time_ms:g} ms")
+                        return PutOutcome(False, path, f"kept the existing entry of {existing.run_ms:g} ms, "
+                                                       f"faster than {record.run_ms:g} ms", existing)
+                    note = (f"replaced a faster entry of {existing.run_ms:g} ms that is no longer current "
+                            f"with one of {record.run_ms:g} ms")
                 self._write_atomic(path, text)
         except filelock.Timeout:
             raise CacheError(f"{path}: another process held the lock of {path.parent} for over "

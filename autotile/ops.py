@@ -1,7 +1,8 @@
 """The tuned-kernel library: `matmul(A, B)` and `matvec(A, x)` on CuPy arrays.
 
-The config for a call is chosen by the selection chain (`autotile.select`: exact shape, nearest tuned shape,
-the device's shipped default, the built-in default) and prepared through the one implementation interface
+What a call runs (a generated config, or cuBLAS) is chosen by the selection chain (`autotile.select`:
+exact tuned shape, the shape database's model, nearest tuned shape, the device's default, the built-in
+default) and prepared through the one implementation interface
 (`autotile.impl`). Everything a call needs after the first (the selection, the compiled kernel, its launch
 geometry) is memoized per device and problem, so the host work per call is a dictionary lookup and one
 launch.
@@ -20,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .errors import ArgumentError, DeviceUnavailableError
-from .impl import Generated, Runner
+from .impl import Runner
 from .problem import MAX_DIM, ProblemKey
 
 if TYPE_CHECKING:  # the selection chain reads the cache (filelock, platformdirs): imported on first call
@@ -100,11 +101,17 @@ def _prepare(kernel: str, dtype: str, layout: str, shape: tuple[int, ...]) -> _P
     if max(shape) > MAX_DIM:
         raise ArgumentError(f"size {max(shape)} exceeds the 32-bit index range of the generated kernels "
                             f"({MAX_DIM})")
+    from . import first_call
     from .select import select
 
     key = ProblemKey(kernel, dtype, layout, shape)
-    selection = select(key, _device(cupy))
-    prepared = _Prepared(Generated(selection.config).prepare(key), selection)
+    device = _device(cupy)
+    selection = select(key, device)
+    if first_call.enabled() and not (selection.source == "exact"):
+        from .cache import TuningCache
+
+        selection = first_call.tune_here(key, device, TuningCache(), selection)
+    prepared = _Prepared(selection.implementation_object().prepare(key), selection)
     with _lock:
         _prepared[memo_key] = prepared
     return prepared

@@ -2,11 +2,14 @@
 
 A chain of steps, each of which may answer or pass:
 
-1. ``exact``: a tuned record for this very shape;
-2. ``nearest``: the tuned record of the nearest shape (sum of |log2| ratios of the sizes), its K splits
-   raised where the new shape would launch under half the blocks the config was tuned with;
-3. ``device default``: the device's shipped fallback record;
-4. ``built-in default``: the space's safe default, feasible for the dtype and device.
+1. ``exact``: a tuned record for this very shape (which may say that cuBLAS runs: it won the tuning);
+2. ``model``: the device's shape database (`autotile.database`, built by `autotile survey`) and the
+   selection model learned from it (`autotile.model`): a generated config where the nearest surveyed
+   shapes predict it safely faster than cuBLAS, cuBLAS otherwise;
+3. ``nearest``: without a database, the tuned record of the nearest shape (sum of |log2| ratios of the
+   sizes), its K splits raised where the new shape would launch under half the blocks it was tuned with;
+4. ``device default``: the device's shipped fallback record;
+5. ``built-in default``: the space's safe default, feasible for the dtype and device.
 
 A record counts only while it is current: its config still renders the kernel source that was timed
 (`source_sha`), so a template change retires exactly the records it alters. Records tuned with the
@@ -26,6 +29,7 @@ from typing import Any
 from . import build, kernels
 from .cache import Record, TuningCache
 from .device import DeviceLimits
+from .impl import Cublas, Generated, Implementation
 from .problem import ProblemKey
 from .space import Config, Problem
 
@@ -37,17 +41,27 @@ LEGACY_COMPILE_OPTIONS = ("-std=c++17", "-ftz=true", "--device-as-default-execut
 
 @dataclasses.dataclass(frozen=True)
 class Selection:
-    """The config a call runs, the step that chose it (`source`), and for a record the shape it was tuned on."""
+    """What a call runs: a generated `config`, or cuBLAS (`implementation` "cublas", `config` None); the step
+    that chose it (`source`); for a record, the shape it was tuned on; `why`, the model's reasoning."""
 
-    config: Config
+    config: Config | None
     source: str
     tuned_shape: tuple[int, ...] | None
     record: Record | None = None
+    implementation: str = "generated"
+    why: str = ""
 
     def explain(self) -> str:
         """One line: what runs, and why."""
         tuned = f", tuned on {'x'.join(map(str, self.tuned_shape))}" if self.tuned_shape else ""
-        return f"{self.source}{tuned}: {self.config.key()}"
+        what = self.config.key() if self.config is not None else "cuBLAS"
+        return f"{self.source}{tuned}: {what}" + (f" ({self.why})" if self.why else "")
+
+    def implementation_object(self) -> Implementation:
+        """The `impl` object that runs this selection."""
+        if self.implementation == "cublas" or self.config is None:
+            return Cublas()
+        return Generated(self.config)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,6 +117,20 @@ def exact(ctx: Context) -> Selection | None:
     return _from_record(record, "exact", ctx)
 
 
+def model(ctx: Context) -> Selection | None:
+    from . import database
+    from .model import model_for, params_of
+
+    db = database.load(ctx.cache, ctx.device.fingerprint, *_key_parts(ctx.key))
+    if db is None or not db.shapes:
+        return None
+    choice = model_for(db, ctx.device).choose(ctx.key.shape, params_of(db))
+    if choice is None:
+        return None
+    return Selection(choice.config, f"model ({len(db.shapes)} surveyed shapes)", None, None,
+                     choice.candidate.implementation, choice.explain())
+
+
 def nearest(ctx: Context) -> Selection | None:
     best: tuple[tuple[float, int, float, str], Record] | None = None
     for rank, path, record in ctx.cache.records(ctx.device.fingerprint, ctx.key, kernels.compat_hash(ctx.key.kernel)):
@@ -128,7 +156,7 @@ def builtin_default(ctx: Context) -> Selection:
     return Selection(space.default_config(ctx.key.layout, problem), "built-in default", None)
 
 
-RECORD_STEPS: tuple[Step, ...] = (exact, nearest, device_default)
+RECORD_STEPS: tuple[Step, ...] = (exact, model, nearest, device_default)
 
 
 def _from_record(record: Record, source: str, ctx: Context) -> Selection | None:
@@ -139,6 +167,9 @@ def _from_record(record: Record, source: str, ctx: Context) -> Selection | None:
     if not space.is_feasible(config, Problem(ctx.device, ctx.key.dtype, ctx.key.layout)):
         return None  # tuned elsewhere (another dtype's limits, a profile's): not runnable here
     tuned_shape = tuple(record.shape)
+    if record.implementation == "cublas" and tuned_shape == ctx.key.shape:
+        return Selection(None, source, tuned_shape, record, "cublas",
+                         f"cuBLAS {record.baseline_ms:g} ms beat the best config's {record.time_ms:g} ms")
     if tuned_shape != ctx.key.shape:
         refilled = keep_grid_filled(ctx.key, config, tuned_shape)
         if refilled != config:
@@ -156,7 +187,7 @@ def select(key: ProblemKey, device: DeviceLimits, cache: TuningCache | None = No
         if found is not None:
             return found
     loose = dataclasses.replace(strict, accept=is_current)
-    for step in RECORD_STEPS:
+    for step in (exact, nearest, device_default):  # the model's candidates are checked for currency alone
         found = step(loose)
         if found is not None:
             compiler = found.record.environment.get("compiler", "another compiler") if found.record else "?"
@@ -165,6 +196,10 @@ def select(key: ProblemKey, device: DeviceLimits, cache: TuningCache | None = No
 
 
 # -- helpers --------------------------------------------------------------------------------------------
+
+def _key_parts(key: ProblemKey) -> tuple[str, str, str]:
+    return key.kernel, key.dtype, key.layout
+
 
 def log_distance(a: Sequence[int], b: Sequence[int]) -> float:
     """How far apart two shapes are: the sum over dimensions of |log2(a/b)|."""
@@ -203,4 +238,4 @@ def explain(key: ProblemKey, device: DeviceLimits, cache: Any = None) -> str:
 
 
 __all__ = ["MIN_K_PER_SPLIT", "RECORD_STEPS", "Selection", "builtin_default", "device_default", "exact",
-           "explain", "is_current", "keep_grid_filled", "log_distance", "nearest", "same_compiler", "select"]
+           "explain", "is_current", "keep_grid_filled", "log_distance", "model", "nearest", "same_compiler", "select"]

@@ -1,0 +1,142 @@
+"""Tuning at first call (opt-in): the first library call on a shape with no tuned record times a short
+portfolio and cuBLAS in-process, runs the winner, and stores it in the cache for every later process.
+
+Off by default. On with ``AUTOTILE_TUNE_AT_FIRST_CALL=1`` in the environment, or
+`autotile.tune_at_first_call(True)` (which wins over the environment). Only configs that already passed
+verification on this device are timed (the candidates of its shape database, which `autotile survey`
+verified, and the configs tuned on it), so no candidate can crash or hang the caller's process and no
+isolation is needed. Where a database exists, the model's best-ranked candidates are timed, not all.
+
+Cost: one compile per candidate not yet compiled in this process, plus about `REPS` timed runs of each
+on scratch inputs of the call's shape (the caller's arrays are never written but by the final run).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+import warnings
+from typing import TYPE_CHECKING, Any
+
+from . import kernels
+from .device import DeviceLimits
+from .problem import ProblemKey
+
+if TYPE_CHECKING:  # the selection chain reads the cache (filelock): imported where it is used
+    from .select import Selection
+
+ENV_VAR = "AUTOTILE_TUNE_AT_FIRST_CALL"
+MAX_CANDIDATES = 6  # generated candidates timed per shape, besides cuBLAS
+_enabled: bool | None = None  # None: as the environment says
+_flusher: Any = None
+
+
+def tune_at_first_call(enabled: bool | None = True) -> None:
+    """Switch tuning at first call on or off for this process (None: back to the environment variable)."""
+    global _enabled
+    _enabled = enabled
+
+
+def enabled() -> bool:
+    """Whether the first call on an untuned shape tunes it."""
+    if _enabled is not None:
+        return _enabled
+    return os.environ.get(ENV_VAR, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+class FirstCallWarning(UserWarning):
+    """Tuning at first call failed; the call went on with the selection chain's choice."""
+
+
+def candidates(key: ProblemKey, device: DeviceLimits, cache: Any) -> list[Selection]:
+    """What is timed: the model's ranking of the database's usable candidates (at most MAX_CANDIDATES) or,
+    without a database, the configs tuned on this device; and cuBLAS."""
+    from . import database
+    from .model import model_for, worth_timing
+    from .select import Selection, is_current, record_config
+
+    spec = kernels.get(key.kernel)
+    found: dict[Any, Selection] = {}
+    db = database.load(cache, device.fingerprint, key.kernel, key.dtype, key.layout)
+    if db is not None and db.shapes:
+        m = model_for(db, device)
+        for j in m.rank(key.shape)[:MAX_CANDIDATES]:
+            config = m.configs[j]
+            found.setdefault(config, Selection(config, "first call", None,
+                                               why=f"survey candidate {db.candidates[j].name}"))
+    else:
+        from .space import Problem
+
+        problem = Problem(device, key.dtype, key.layout)
+        for _, record in cache.entries(device.fingerprint, include_shipped=True):
+            if (record.kernel, record.dtype, record.layout) != (key.kernel, key.dtype, key.layout):
+                continue
+            config = record_config(record)
+            if (config is not None and is_current(record) and spec.space.is_feasible(config, problem)
+                    and worth_timing(key.kernel, config, key.shape, device.sm_count)):
+                found.setdefault(config, Selection(config, "first call", None,
+                                                   why="tuned on " + "x".join(map(str, record.shape))))
+    return [Selection(None, "first call", None, None, "cublas")] + list(found.values())[:MAX_CANDIDATES]
+
+
+def tune_here(key: ProblemKey, device: DeviceLimits, cache: Any, fallback: Selection) -> Selection:
+    """Time the candidates on scratch inputs of `key`'s shape, store the winner, return it. Any failure
+    warns and returns `fallback`: the user's call never fails because tuning did."""
+    try:
+        return _tune(key, device, cache)
+    except Exception as exc:  # never the caller's problem: run what the chain chose
+        warnings.warn(FirstCallWarning(f"tuning {key.kernel} {key.dtype} {key.layout} "
+                                       f"{'x'.join(map(str, key.shape))} at first call failed ({exc}); "
+                                       f"running {fallback.explain()}"), stacklevel=3)
+        return fallback
+
+
+def _tune(key: ProblemKey, device: DeviceLimits, cache: Any) -> Selection:
+    import cupy
+
+    from .api import save_timed_config
+    from .timing import L2Flusher, relative_error, time_launch
+
+    global _flusher
+    started = time.monotonic()
+    spec = kernels.get(key.kernel)
+    rng = cupy.random.default_rng(0)
+    inputs = spec.make_inputs(key.shape, key.dtype, key.layout, rng, cupy)
+    ref = spec.reference(inputs)
+    out = cupy.empty(spec.output_shape(key.shape), dtype=key.dtype)
+    tol = kernels.tolerance(key.dtype, key.shape[-1])
+    if _flusher is None:
+        _flusher = L2Flusher(device.l2_bytes)
+    timed: list[tuple[float, Selection]] = []
+    for sel in candidates(key, device, cache):
+        try:
+            runner = sel.implementation_object().prepare(key)
+
+            def run(runner: Any = runner) -> None:
+                runner.run(inputs, out)
+
+            out.fill(float("nan"))
+            run()
+            if not relative_error(out, ref) <= tol:
+                continue
+            ms = time_launch(run, _flusher, warmup=1, min_reps=3, max_reps=10, target_ms=10.0).median_ms
+        except Exception:  # a candidate that cannot run here is skipped, not fatal
+            continue
+        timed.append((ms, sel))
+    if not timed:
+        raise RuntimeError("no candidate ran correctly")
+    cublas_ms = next((ms for ms, s in timed if s.implementation == "cublas"), None)
+    best_ms, best = min(timed, key=lambda t: t[0])
+    generated = [(ms, s) for ms, s in timed if s.config is not None]
+    seconds = time.monotonic() - started
+    if generated and cublas_ms is not None:
+        gen_ms, gen = min(generated, key=lambda t: t[0])
+        save_timed_config(key, gen.config, gen_ms, cublas_ms, cache, device,
+                     {"tuned_by": "first call", "candidates": len(timed), "seconds": round(seconds, 3)})
+    why = f"timed {len(timed)} candidates at first call in {seconds:.2f} s: {best_ms:.4f} ms" + (
+        f", cuBLAS {cublas_ms:.4f} ms" if cublas_ms is not None else "")
+    return dataclasses.replace(best, why=why)
+
+
+__all__ = ["ENV_VAR", "FirstCallWarning", "candidates", "enabled", "tune_at_first_call", "tune_here"]

@@ -1,0 +1,269 @@
+"""The selection model: which candidate of a shape database (`autotile.database`) to run on a shape the
+database does not hold, and why.
+
+Nearest neighbours in log-shape, per candidate: for a new shape, the `neighbours` database shapes
+nearest to it (sum over dimensions of |log2| ratios) vote with their measured speed-ups over cuBLAS,
+each weighted by its closeness. A candidate's closeness also counts how differently it fills the GPU
+there (blocks per wave, in log2): a config that launches 40 blocks on the new shape learns more from a
+neighbour where it launched 50 than from one where it launched 400. A generated candidate is chosen
+only where its predicted speed-up is at least `1 + margin` and it was no slower than `floor` x cuBLAS at
+any neighbour that timed it; otherwise cuBLAS runs. The parameters are fitted by leave-one-out on the
+database itself (`fit`), and `cross_validate` reports what that held-out check measured.
+
+Pure NumPy on the host; no GPU needed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from . import kernels
+from .database import Candidate, ShapeDatabase
+from .device import DeviceLimits
+from .space import Config, Problem
+
+MIN_K_PER_SPLIT = 32  # elements of K per split below which a K split is not worth timing or running
+FILL_WEIGHT = 1.0  # how much a difference of one octave in blocks per wave counts against closeness
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelParams:
+    neighbours: int = 6
+    margin: float = 0.03  # a generated candidate must be predicted this much faster than cuBLAS
+    floor: float = 0.97  # and no slower than this x cuBLAS at any neighbour that timed it
+
+
+@dataclasses.dataclass(frozen=True)
+class Choice:
+    """What the model runs on a shape: the candidate, its config (None for cuBLAS), the predicted speed-up
+    over cuBLAS, and the neighbours it learned from: (shape, distance, that candidate's measured speed-up)."""
+
+    candidate: Candidate
+    config: Config | None
+    predicted: float
+    neighbours: tuple[tuple[tuple[int, ...], float, float | None], ...]
+    runner_up: str | None = None
+
+    def explain(self) -> str:
+        near = ", ".join(f"{'x'.join(map(str, s))} {'-' if r is None else format(r, '.2f') + 'x'}"
+                         for s, _, r in self.neighbours)
+        why = (f"predicted {self.predicted:.2f}x cuBLAS" if self.candidate.implementation == "generated"
+               else f"no candidate predicted safely faster (best: {self.runner_up or '-'})")
+        return f"{self.candidate.name}, {why}; at the nearest surveyed shapes: {near}"
+
+
+def worth_timing(kernel: str, config: Config, shape: tuple[int, ...], sm_count: int) -> bool:
+    """Whether a config with K splits makes sense on `shape`: the shape leaves the GPU under-filled without
+    them (under two blocks per SM) and each split gets at least MIN_K_PER_SPLIT of K. Configs without
+    splits always do."""
+    split = int(config.get("SPLIT_K", 1))
+    if split <= 1:
+        return True
+    spec = kernels.get(kernel)
+    unsplit = math.prod(spec.grid(config, shape)) // split
+    return unsplit < 2 * sm_count and shape[-1] >= split * MIN_K_PER_SPLIT
+
+
+class Model:
+    """A database prepared for one device: usable candidates, log shapes, log speed-ups over cuBLAS."""
+
+    def __init__(self, db: ShapeDatabase, device: DeviceLimits):
+        self.db, self.device = db, device
+        problem = Problem(device, db.dtype, db.layout)
+        self.configs: list[Config | None] = []
+        usable: list[int] = []
+        for j, cand in enumerate(db.candidates):
+            config = _usable_config(db, cand, problem)
+            self.configs.append(config)
+            if cand.implementation == "cublas" or config is not None:
+                usable.append(j)
+        self.cublas = db.cublas_index
+        self.usable = [j for j in usable if j != self.cublas]
+        self.log_shapes = np.log2(np.array(db.shapes, dtype=np.float64))
+        times = np.array([[np.nan if t is None else t for t in row] for row in db.times_ms], dtype=np.float64)
+        self.times = times
+        # log2 speed-up over cuBLAS; NaN where either was not timed.
+        self.gain = (np.log2(times[:, [self.cublas]]) - np.log2(times)) if self.cublas is not None else None
+        self.fill = np.full(times.shape, np.nan)
+        self.worth = np.zeros((len(db.shapes), len(self.usable)), dtype=bool)  # rows x usable candidates
+        for i, shape in enumerate(db.shapes):
+            self.fill[i, self.usable], self.worth[i] = self._features(tuple(shape))
+
+    def _features(self, shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+        """For each usable candidate on `shape`: log2 blocks per SM, and whether it is worth running."""
+        configs = [c for c in (self.configs[j] for j in self.usable) if c is not None]
+        fill = np.array([_log_fill(self.db.kernel, c, shape, self.device) for c in configs], dtype=np.float64)
+        worth = np.array([worth_timing(self.db.kernel, c, shape, self.device.sm_count) for c in configs])
+        return fill, worth.astype(np.bool_)
+
+    def choose(self, shape: Sequence[int], params: ModelParams = ModelParams(),
+               exclude: int | None = None) -> Choice | None:
+        """The candidate to run on `shape` (None where the database has no cuBLAS column); `exclude` leaves
+        one database row out (for cross-validation)."""
+        if self.gain is None or self.cublas is None:
+            return None
+        shape_t = tuple(int(d) for d in shape)
+        q = np.log2(np.asarray(shape_t, dtype=np.float64))
+        dist = np.abs(self.log_shapes - q).sum(axis=1)
+        if exclude is not None:
+            dist[exclude] = np.inf
+            fill_q, worth = self.fill[exclude, self.usable], self.worth[exclude]
+        else:
+            fill_q, worth = self._features(shape_t)
+        order = np.argsort(dist, kind="stable")[:params.neighbours]
+        order = order[np.isfinite(dist[order])]
+        if len(order) == 0 or not self.usable:
+            return None
+        gain = self.gain[np.ix_(order, self.usable)]  # neighbours x usable candidates, log2 speed-ups
+        ok = np.isfinite(gain)
+        if dist[order[0]] == 0:  # a surveyed shape: its own measurement is the answer
+            predicted = np.where(ok[0], gain[0], -np.inf)
+            worst = predicted
+            enough = ok[0]
+        else:
+            w = 1.0 / (0.25 + dist[order][:, None] + FILL_WEIGHT * np.abs(self.fill[np.ix_(order, self.usable)]
+                                                                             - fill_q[None, :]))
+            w = np.where(ok, w, 0.0)
+            with np.errstate(invalid="ignore", divide="ignore"):
+                predicted = np.where(ok, w * gain, 0.0).sum(axis=0) / w.sum(axis=0)
+            worst = np.where(ok, gain, np.inf).min(axis=0)
+            enough = 2 * ok.sum(axis=0) >= len(order)  # timed at under half the neighbours: too little
+        eligible = worth & enough & np.isfinite(predicted)
+        safe = eligible & (predicted >= math.log2(1 + params.margin)) & (worst >= math.log2(params.floor))
+        near: tuple[tuple[tuple[int, ...], float, float | None], ...] = tuple(
+            (tuple(int(d) for d in self.db.shapes[i]), float(dist[i]), None) for i in order)
+        if not safe.any():
+            runner_up = None
+            if eligible.any():
+                k = int(np.argmax(np.where(eligible, predicted, -np.inf)))
+                runner_up = f"{self.db.candidates[self.usable[k]].name} {2 ** predicted[k]:.2f}x"
+            return Choice(self.db.candidates[self.cublas], None, 1.0, near, runner_up)
+        k = int(np.argmax(np.where(safe, predicted, -np.inf)))
+        j = self.usable[k]
+        near = tuple((s, d, None if not ok[n, k] else float(2 ** gain[n, k])) for n, (s, d, _) in enumerate(near))
+        return Choice(self.db.candidates[j], self.configs[j], float(2 ** predicted[k]), near)
+
+    def rank(self, shape: Sequence[int], params: ModelParams = ModelParams()) -> list[int]:
+        """Usable generated candidates worth timing on `shape`, best predicted first (those with too few
+        timed neighbours last): the short list that tuning at first call times."""
+        shape_t = tuple(int(d) for d in shape)
+        q = np.log2(np.asarray(shape_t, dtype=np.float64))
+        dist = np.abs(self.log_shapes - q).sum(axis=1)
+        order = np.argsort(dist, kind="stable")[:params.neighbours]
+        keyed: list[tuple[float, int]] = []
+        for j in self.usable:
+            config = self.configs[j]
+            assert config is not None and self.gain is not None
+            if not worth_timing(self.db.kernel, config, shape_t, self.device.sm_count):
+                continue
+            g = self.gain[order, j]
+            ok = np.isfinite(g)
+            keyed.append((float(g[ok].mean()) if ok.any() else -np.inf, j))
+        return [j for _, j in sorted(keyed, key=lambda t: -t[0])]
+
+    def cross_validate(self, params: ModelParams = ModelParams()) -> list[tuple[tuple[int, ...], str, float, float]]:
+        """Leave-one-out: for each database shape, the model built from the others chooses, and the
+        choice's measured speed-up over cuBLAS on that shape is looked up. Returns (shape, chosen, measured
+        speed-up, best speed-up any usable candidate had there) per shape where the choice was timed."""
+        assert self.gain is not None
+        out = []
+        for i, shape in enumerate(self.db.shapes):
+            if not np.isfinite(self.times[i, self.cublas]):
+                continue
+            choice = self.choose(shape, params, exclude=i)
+            if choice is None:
+                continue
+            j = self.db.candidates.index(choice.candidate)
+            g = 0.0 if j == self.cublas else self.gain[i, j]
+            if not np.isfinite(g):
+                continue
+            best = max(0.0, float(np.nanmax(self.gain[i, self.usable]))) if self.usable else 0.0
+            out.append((tuple(shape), choice.candidate.name, float(2 ** g), float(2 ** best)))
+        return out
+
+    def fit(self) -> tuple[ModelParams, dict[str, float]]:
+        """The parameters that do best in leave-one-out over the database: the most mean log speed-up,
+        each loss against cuBLAS counted twice (a user notices a slowdown more than a speed-up)."""
+        best: tuple[float, ModelParams, dict[str, float]] | None = None
+        for k in (3, 4, 6, 8):
+            for margin in (0.0, 0.02, 0.05, 0.1):
+                for floor in (0.9, 0.97, 1.0):
+                    params = ModelParams(k, margin, floor)
+                    ratios = [r for _, _, r, _ in self.cross_validate(params)]
+                    if not ratios:
+                        continue
+                    logs = np.log2(ratios)
+                    score = float(logs.mean() - 2.0 * np.maximum(0.0, -logs).mean())
+                    if best is None or score > best[0]:
+                        best = (score, params, summary(ratios))
+        if best is None:
+            return ModelParams(), {}
+        return best[1], best[2]
+
+
+def summary(ratios: Sequence[float]) -> dict[str, float]:
+    """min, 10th percentile, median, geometric mean, and fractions >= 1.0x and >= 0.97x of speed-ups."""
+    if not ratios:
+        return {"n": 0}
+    r = np.asarray(ratios, dtype=np.float64)
+    return {"n": len(r), "min": float(r.min()), "p10": float(np.percentile(r, 10)), "median": float(np.median(r)),
+            "geomean": float(np.exp(np.log(r).mean())), "at_least_1": float((r >= 1.0).mean()),
+            "at_least_097": float((r >= 0.97).mean())}
+
+
+def _usable_config(db: ShapeDatabase, cand: Candidate, problem: Problem) -> Config | None:
+    """The candidate's config where it is current (renders the kernel that was timed) and feasible."""
+    if cand.implementation != "generated" or cand.config is None:
+        return None
+    spec = kernels.get(db.kernel)
+    try:
+        config = spec.space.config(cand.config)
+    except Exception:  # a parameter this version of the space lacks: a database from another version
+        return None
+    if cand.source_sha != _source_sha(db.kernel, config, db.dtype, db.layout):
+        return None
+    return config if spec.space.is_feasible(config, problem) else None
+
+
+@functools.lru_cache(maxsize=4096)
+def _source_sha(kernel: str, config: Config, dtype: str, layout: str) -> str:
+    return kernels.source_hash(kernels.get(kernel).render(config, dtype, layout))
+
+
+def _log_fill(kernel: str, config: Config, shape: tuple[int, ...], device: DeviceLimits) -> float:
+    """log2 of the blocks a launch has per SM (its waves, before rounding up)."""
+    blocks = math.prod(kernels.get(kernel).grid(config, tuple(shape)))
+    return math.log2(max(blocks, 1) / device.sm_count)
+
+
+_models: dict[tuple[int, DeviceLimits], tuple[ShapeDatabase, Model]] = {}
+
+
+def model_for(db: ShapeDatabase, device: DeviceLimits) -> Model:
+    """The prepared model of a database on a device (prepared once per process: `database.load` returns
+    the same object until the file changes)."""
+    key = (id(db), device)
+    found = _models.get(key)
+    if found is None or found[0] is not db:
+        found = _models[key] = (db, Model(db, device))
+    return found[1]
+
+
+def params_of(db: ShapeDatabase) -> ModelParams:
+    """The parameters fitted when the database was built (kept in its environment), else the defaults."""
+    fitted: Any = db.environment.get("model")
+    if isinstance(fitted, dict):
+        try:
+            return ModelParams(int(fitted["neighbours"]), float(fitted["margin"]), float(fitted["floor"]))
+        except (KeyError, TypeError, ValueError):
+            pass
+    return ModelParams()
+
+
+__all__ = ["Choice", "Model", "ModelParams", "model_for", "params_of", "summary", "worth_timing"]

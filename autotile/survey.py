@@ -1,0 +1,311 @@
+"""`autotile survey` / `python -m autotile.survey`: build the shape database of this GPU (needs a GPU).
+
+For each kernel, dtype and layout asked for: a portfolio of candidates (cuBLAS; the space's named starting
+points; every config tuned on this device; K-split and short-row variants of them) is compiled once (a
+kernel takes its sizes as arguments, so one compile serves every shape), then every candidate is
+verified against a float64 reference (output poisoned first) and timed (CUDA events, L2 flushed, median)
+on a grid of shapes: log-spaced sizes in every combination (square, skinny in each dimension, long K,
+tiny K) and log-uniform random ones (odd sizes). The result goes to the user cache (or `--root`), where
+the selection model reads it; `autotile survey --check` prints the model's held-out (leave-one-out) check.
+
+Long surveys are saved as they go and resume where they stopped: a run cut short by `--budget` or
+killed keeps every shape it finished.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from . import build, kernels
+from .cache import TuningCache
+from .database import Candidate, ShapeDatabase
+from .device import DeviceLimits
+from .model import Model, summary, worth_timing
+from .problem import ProblemKey
+from .space import Config, Problem
+
+# Sizes of the grid, log-spaced (a factor of about 2.8 apart), every combination, and as many random
+# shapes again (log-uniform, odd sizes) drawn with a seed of their own: the benchmark's random shapes
+# (`python -m autotile.bench --random`) are drawn from other seeds, so they stay held out.
+GRID = {"matmul": (16, 45, 128, 362, 1024, 2896, 8192), "matvec": (64, 174, 472, 1283, 3487, 9474, 25746, 65536)}
+RANDOM_RANGE = {"matmul": (16, 12288), "matvec": (64, 65536)}
+RANDOM_SHAPES = {"matmul": 80, "matvec": 40}
+MAX_MATMUL_WORK = 1 << 37  # M*N*K: the benchmark's bound, about 10 ms of an H100's FP32 work
+MAX_MATVEC_ELEMENTS = 1 << 31  # M*K: 8 GiB of float32 (16 GiB of float64) for A, and its float64 reference
+SURVEY_SEED = 20261122
+SPLITS = {"matmul": (2, 4, 8, 16), "matvec": (2, 4, 8, 16, 32)}
+SAVE_EVERY_S = 30.0
+
+
+def grid(kernel: str, seed: int = SURVEY_SEED, random_shapes: int | None = None) -> list[tuple[int, ...]]:
+    """The survey's shapes: the grid's combinations, then log-uniform random ones (deterministic)."""
+    sizes = GRID[kernel]
+    shapes: list[tuple[int, ...]]
+    if kernel == "matmul":
+        shapes = [(m, n, k) for m in sizes for n in sizes for k in sizes if m * n * k <= MAX_MATMUL_WORK]
+    else:
+        shapes = [(m, k) for m in sizes for k in sizes if m * k <= MAX_MATVEC_ELEMENTS]
+    rng = np.random.default_rng(seed)
+    lo, hi = RANDOM_RANGE[kernel]
+    want = RANDOM_SHAPES[kernel] if random_shapes is None else random_shapes
+    dims = len(shapes[0])
+    seen: set[tuple[int, ...]] = set(shapes)
+    while want > 0:
+        shape = tuple(int(round(math.exp(v))) for v in rng.uniform(math.log(lo), math.log(hi), dims))
+        if shape in seen or math.prod(shape) > (MAX_MATMUL_WORK if kernel == "matmul" else MAX_MATVEC_ELEMENTS):
+            continue
+        seen.add(shape)
+        shapes.append(shape)
+        want -= 1
+    return shapes
+
+
+def portfolio(kernel: str, dtype: str, layout: str, device: DeviceLimits,
+              cache: TuningCache | None = None) -> list[tuple[str, Config]]:
+    """The generated candidates (name, config), feasible on `device`, without duplicates: the space's named
+    configs (not the seeds: they are baselines, never fast), the configs tuned on this device for any
+    shape, and variants of them: K splits for shapes that leave the GPU under-filled, and for row-major
+    matvec several short rows per warp."""
+    spec = kernels.get(kernel)
+    space = spec.space
+    problem = Problem(device, dtype, layout)
+    found: dict[Config, str] = {}
+
+    def add(name: str, config: Config) -> None:
+        if config not in found and space.is_feasible(config, problem):
+            found[config] = name
+
+    for name, config in space.named_configs.items():
+        if not name.startswith("seed-") and space.named_layouts.get(name, layout) == layout:
+            add(name, config)
+    from .select import record_config
+
+    for _, record in (cache or TuningCache()).entries(device.fingerprint, include_shipped=True):
+        if (record.kernel, record.dtype, record.layout) == (kernel, dtype, layout):
+            tuned = record_config(record)
+            if tuned is not None:
+                add("tuned-" + "x".join(map(str, record.shape)), tuned)
+    if kernel == "matvec" and layout == "row":
+        vec = 4 if dtype == "float32" else 2
+        for lanes in (2, 4, 8, 16):
+            add(f"rows-{lanes}-lanes", space.config({
+                "smem": "none", "ROWS": 256 // lanes, "THREADS_K": lanes, "VEC": vec, "X_SHARED": False,
+                "STAGE_A": False, "TILE_K": 16, "SPLIT_K": 1, "UNROLL": 4, "BATCH": True}))
+    # K-split variants of the named starting points (not of every tuned config: those are mostly the same
+    # tiles again, and each variant costs survey time on every under-filled shape).
+    bases = [(config, name) for config, name in found.items() if not name.startswith("tuned-")]
+    for config, name in bases:
+        for split in SPLITS[kernel]:
+            if split == config["SPLIT_K"]:
+                continue
+            overrides: dict[str, Any] = {"SPLIT_K": split}
+            if "SPLIT_REDUCE" in space.params and split > 1:
+                overrides["SPLIT_REDUCE"] = "last_block"  # no zeroing launch, no atomics on the output
+            try:
+                add(f"{name}/split{split}", space.with_overrides(config, overrides))
+            except Exception:  # a variant the space refuses (a constraint on SPLIT_K): not a candidate
+                continue
+    return [(name, config) for config, name in found.items()]
+
+
+def survey(kernel: str, dtype: str, layout: str, device: DeviceLimits, shapes: list[tuple[int, ...]],
+           configs: list[tuple[str, Config]], *, previous: ShapeDatabase | None = None,
+           save: Callable[[ShapeDatabase], Any] | None = None, budget_s: float | None = None,
+           log: Callable[[str], None] = print) -> ShapeDatabase:
+    """Verify and time every candidate on every shape; returns the database (also passed to `save` every
+    SAVE_EVERY_S and at the end). Shapes that `previous` holds with the same candidates are kept, not
+    re-timed."""
+    import cupy
+
+    from .impl import Cublas, Generated
+    from .timing import L2Flusher, relative_error, time_launch
+
+    spec = kernels.get(kernel)
+    candidates = [Candidate("cublas", "cublas")] + [
+        Candidate(name, "generated", dict(config), kernels.source_hash(spec.render(config, dtype, layout)))
+        for name, config in configs]
+    implementations = [Cublas()] + [Generated(config) for _, config in configs]
+    done: dict[tuple[int, ...], list[float | None]] = {}
+    if previous is not None and [c.to_json() for c in previous.candidates] == [c.to_json() for c in candidates]:
+        done = {tuple(s): list(row) for s, row in zip(previous.shapes, previous.times_ms, strict=True)}
+    env = _environment(device)
+    env["failures"] = {}
+
+    def database() -> ShapeDatabase:
+        order = [s for s in shapes if s in done]
+        return ShapeDatabase(kernel, dtype, layout, device.fingerprint, tuple(candidates), tuple(order),
+                             tuple(tuple(done[s]) for s in order), env)
+
+    # One compile per candidate, all in parallel before the first shape.
+    futures = build.compile_many(((spec.render(c, dtype, layout), "autotile_" + spec.name) for _, c in configs),
+                                 workers=8)
+    for (name, _), future in zip(configs, futures, strict=True):
+        try:
+            future.result()
+        except Exception as exc:
+            env["failures"][name] = f"compile: {' '.join(str(exc).split())[:200]}"
+    flush = L2Flusher(device.l2_bytes)
+    rng = cupy.random.default_rng(SURVEY_SEED)
+    start = last_save = time.monotonic()
+    todo = [s for s in shapes if s not in done]
+    log(f"survey {kernel} {dtype} {layout}: {len(candidates)} candidates, {len(todo)} shapes to time "
+        f"({len(done)} kept)")
+    for n, shape in enumerate(todo):
+        if budget_s is not None and time.monotonic() - start > budget_s:
+            log(f"survey {kernel} {dtype} {layout}: stopped by the budget after {n} of {len(todo)} shapes; "
+                "run again to continue")
+            break
+        key = ProblemKey(kernel, dtype, layout, shape)
+        inputs = spec.make_inputs(shape, dtype, layout, rng, cupy)
+        ref = spec.reference(inputs)
+        out = cupy.empty(spec.output_shape(shape), dtype=dtype)
+        tol = kernels.tolerance(dtype, shape[-1])
+        row: list[float | None] = []
+        for cand, implementation in zip(candidates, implementations, strict=True):
+            if cand.name in env["failures"] or (
+                    cand.config is not None
+                    and not worth_timing(kernel, spec.space.config(cand.config), shape, device.sm_count)):
+                row.append(None)
+                continue
+            try:
+                runner = implementation.prepare(key)
+
+                def run(runner: Any = runner, inputs: Any = inputs, out: Any = out) -> None:
+                    runner.run(inputs, out)
+
+                out.fill(float("nan"))
+                run()
+                err = relative_error(out, ref)
+                if not err <= tol:  # NaN fails too
+                    env["failures"][cand.name] = f"wrong result on {'x'.join(map(str, shape))}: error {err:.2e}"
+                    row.append(None)
+                    continue
+                row.append(time_launch(run, flush, warmup=2, min_reps=5, max_reps=15, target_ms=15.0).median_ms)
+            except Exception as exc:  # one bad candidate never ends the survey
+                env["failures"][cand.name] = f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
+                row.append(None)
+        done[shape] = row
+        del inputs, ref, out
+        if save is not None and time.monotonic() - last_save > SAVE_EVERY_S:
+            save(database())
+            last_save = time.monotonic()
+        if (n + 1) % 25 == 0:
+            log(f"  {n + 1}/{len(todo)} shapes, {time.monotonic() - start:.0f} s")
+    db = database()
+    if db.shapes:
+        model = Model(db, device)
+        params, held_out = model.fit()
+        env["model"] = {"neighbours": params.neighbours, "margin": params.margin, "floor": params.floor,
+                        "leave_one_out": held_out}
+        db = database()
+    if save is not None:
+        save(db)
+    return db
+
+
+def _environment(device: DeviceLimits) -> dict[str, Any]:
+    import cupy
+
+    rt = cupy.cuda.runtime
+    return {"gpu": device.name, "date": time.strftime("%Y-%m-%d"), "driver": rt.driverGetVersion(),
+            "cuda_runtime": rt.runtimeGetVersion(), "cupy": cupy.__version__,
+            "compiler": build.compiler_version(), "compile_options": list(build.COMPILE_OPTIONS)}
+
+
+def check_report(db: ShapeDatabase, device: DeviceLimits) -> str:
+    """The model's leave-one-out check on a database, as text: the distribution of measured speed-ups
+    over cuBLAS of what the model chose for each held-out shape, and the worst shapes."""
+    from .model import params_of
+
+    model = Model(db, device)
+    params = params_of(db)
+    rows = model.cross_validate(params)
+    s = summary([r for _, _, r, _ in rows])
+    oracle = summary([b for _, _, _, b in rows])
+    lines = [f"{db.kernel} {db.dtype} {db.layout} on {db.environment.get('gpu', db.device)}: "
+             f"{len(db.shapes)} shapes, {len(db.candidates)} candidates; model {params}",
+             f"  leave-one-out, {s.get('n', 0)} shapes: min {s.get('min', 0):.2f} p10 {s.get('p10', 0):.2f} "
+             f"median {s.get('median', 0):.2f} geomean {s.get('geomean', 0):.2f}, "
+             f">=1.0x {100 * s.get('at_least_1', 0):.0f}%, >=0.97x {100 * s.get('at_least_097', 0):.0f}%",
+             f"  best candidate per shape (the oracle): geomean {oracle.get('geomean', 0):.2f}"]
+    for shape, name, ratio, best in sorted(rows, key=lambda r: r[2])[:5]:
+        lines.append(f"  worst: {'x'.join(map(str, shape))} ran {name} at {ratio:.2f}x (best there {best:.2f}x)")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="autotile survey", description=(__doc__ or "").splitlines()[0])
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--kernels", default="matmul,matvec", help="comma-separated, from matmul, matvec")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "float64"])
+    parser.add_argument("--layouts", default="row,col", help="matvec layouts (matmul has row only)")
+    parser.add_argument("--root", default=None, help="cache root to write to (default: the user cache)")
+    parser.add_argument("--budget", type=float, default=None, metavar="SECONDS",
+                        help="stop each kernel's survey after this long (it resumes on the next run)")
+    parser.add_argument("--random-shapes", type=int, default=None, metavar="N",
+                        help="random shapes besides the grid (default 80 matmul, 40 matvec)")
+    parser.add_argument("--check", action="store_true",
+                        help="only print the model's leave-one-out check of the databases there are")
+
+
+def run(args: argparse.Namespace) -> int:
+    from . import database, validate
+    from .errors import AutotileError, InvalidValueError
+
+    try:
+        chosen = [k.strip() for k in args.kernels.split(",") if k.strip()]
+        bad = [k for k in chosen if k not in GRID]
+        if bad or not chosen:
+            raise InvalidValueError(f"--kernels {args.kernels!r}: choose from matmul, matvec (comma-separated)")
+        layouts = [v.strip() for v in args.layouts.split(",") if v.strip()]
+        if not layouts or any(v not in ("row", "col") for v in layouts):
+            raise InvalidValueError(f"--layouts {args.layouts!r}: choose from row, col (comma-separated)")
+        budget = validate.seconds(args.budget, name="--budget", allow_none=True)
+        if args.random_shapes is not None:
+            validate.count(args.random_shapes, name="--random-shapes", minimum=0)
+        root = Path(validate.writable_folder(args.root, name="--root")) if args.root else None
+        from .device import live_device
+
+        device = live_device()
+        cache = TuningCache(root=root) if root else TuningCache()
+        # A survey resumes only its own root's database: the shipped one is for reading, not continuing.
+        own = TuningCache(root=cache.root, shipped_root=None)
+        for kernel in chosen:
+            for layout in (layouts if kernel == "matvec" else ["row"]):
+                previous = database.load(cache if args.check else own, device.fingerprint, kernel, args.dtype,
+                                         layout)
+                if args.check:
+                    if previous is None:
+                        print(f"{kernel} {args.dtype} {layout}: no shape database for {device.name}")
+                    else:
+                        print(check_report(previous, device))
+                    continue
+                configs = portfolio(kernel, args.dtype, layout, device, cache)
+                db = survey(kernel, args.dtype, layout, device, grid(kernel, random_shapes=args.random_shapes),
+                            configs, previous=previous, save=lambda d: database.save(cache, d),
+                            budget_s=budget, log=lambda m: print(m, flush=True))
+                print(f"wrote {database.path_in(cache.root, device.fingerprint, kernel, args.dtype, layout)}")
+                print(check_report(db, device), flush=True)
+    except AutotileError as exc:
+        print(f"autotile survey: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("autotile survey: interrupted (the shapes timed so far are saved)", file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
