@@ -6,6 +6,11 @@ and timed the same way (CUDA events, warm-up, L2 flushed, median). Ratios are to
 same run and to the measured ceilings (device-to-device copy, a full read, the FP32 peak from SM count
 and clock). Writes the table as Markdown and JSON, with the GPU, date, driver, CUDA and CuPy versions, and the
 README's summary tables (`summary.md`, see autotile.report).
+
+`--random N [--seed S]` times instead N random shapes per kernel (`random_shapes`; seed 0 by default), each
+as the library runs it (`autotile.ops`' prepared runner, whatever the selection chain picked for the shape)
+against cuBLAS, and writes the distribution of the ratios (`random.md`, `random.json`); the fixed shape
+list is then skipped.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -23,7 +29,7 @@ import numpy as np
 from . import build, kernels, ops
 from .impl import Cublas, Generated
 from .problem import ProblemKey
-from .report import summary_markdown
+from .report import random_groups, ratio_summary, summary_markdown
 from .select import select
 from .space import Problem
 
@@ -37,6 +43,20 @@ QUICK_MATVEC = [(8192, 8192), (16384, 16384), (4096, 65536)]
 # Shapes that no shipped config was tuned for: the library serves them the nearest tuned shape's config.
 FALLBACK = [("matmul", (3072, 3072, 3072), "row"), ("matmul", (6000, 2000, 1000), "row"),
             ("matvec", (12000, 12000), "row"), ("matvec", (20000, 3000), "col")]
+# --random: sizes drawn log-uniformly (every octave as likely: small shapes, where launch geometry and
+# fallback configs matter most, are as frequent as large ones) as (smallest, largest, cap on the product of
+# the sizes). The matmul cap, 2^37 multiply-adds (0.27 TFLOP, a few ms), keeps each shape's timing short; the
+# matvec cap, 2^31 elements of A (8 GiB in float32), keeps a float64 run's inputs and reference inside an
+# 80 GB GPU's memory. Draws over the cap are drawn again.
+RANDOM_RANGES: dict[str, tuple[int, int, int]] = {
+    "matmul": (16, 12288, 2**37),
+    "matvec": (64, 65536, 2**31),
+}
+RANDOM_LAYOUTS = {"matmul": ("row",), "matvec": ("row", "col")}
+# Fewer repetitions than the fixed shapes get (time_launch's defaults aim at 200 ms per implementation):
+# a random run has hundreds of problems, and its statistic is over shapes, not over repetitions of one.
+RANDOM_TIMING: dict[str, Any] = {"min_reps": 5, "max_reps": 50, "target_ms": 50.0}
+_RANDOM_STREAM = {"matmul": 0, "matvec": 1}  # each kernel its own stream: its shapes do not depend on --kernels
 MATMUL_SEEDS = ("seed-naive", "seed-tiled16", "seed-tiled32")
 MATVEC_SEEDS = ("seed-matvec-colmajor",)
 
@@ -53,8 +73,46 @@ class Row:
     unit: str
     vs_cublas: float
     vs_ceiling: float
-    error: float | None
+    error: float | None  # NaN where beyond kernels.tolerance (a wrong result)
     config: str = ""
+    rel_error: float | None = None  # the error as measured, beyond the tolerance or not
+
+
+@dataclasses.dataclass
+class RandomRow:
+    """One problem of `--random`: cuBLAS and the library's pick, timed the same way in the same run."""
+
+    kernel: str
+    layout: str
+    shape: tuple[int, ...]
+    cublas_ms: float
+    autotile_ms: float
+    ratio: float  # cublas_ms / autotile_ms: above 1 the library is faster
+    cublas_error: float | None  # ||out - ref|| / ||ref|| against float64, as measured
+    autotile_error: float | None
+    tolerance: float
+    wrong: bool  # either result beyond the tolerance; the row is kept, and flagged
+    source: str  # the selection step that chose the config (exact, nearest, ...)
+    selection: str  # Selection.explain(): the step, the shape it was tuned on, the config
+    config: str
+
+
+def random_shapes(kernel: str, n: int, seed: int) -> list[tuple[int, ...]]:
+    """`n` shapes for `kernel` (MxNxK or MxK), each size an integer drawn log-uniformly from the kernel's
+    RANDOM_RANGES, a draw whose product of sizes exceeds the cap drawn again. Deterministic in (kernel, n,
+    seed); the first n of n + m shapes are the n shapes, and a kernel's shapes do not depend on the other's."""
+    lo, hi, cap = RANDOM_RANGES[kernel]
+    dims = len(kernels.get(kernel).dims)
+    rng = np.random.default_rng([seed, _RANDOM_STREAM[kernel]])
+    shapes: list[tuple[int, ...]] = []
+    while len(shapes) < n:
+        # floor(exp(U[log lo, log(hi + 1)))) gives each integer k in lo..hi the chance log((k+1)/k), the
+        # discrete log-uniform law; the clamps only undo rounding at the ends.
+        draw = rng.uniform(math.log(lo), math.log(hi + 1), size=dims)
+        shape = tuple(min(hi, max(lo, int(math.exp(v)))) for v in draw)
+        if math.prod(shape) <= cap:
+            shapes.append(shape)
+    return shapes
 
 
 def measure_ceilings(limits: Any) -> dict[str, float]:
@@ -92,8 +150,9 @@ def measure_ceilings(limits: Any) -> dict[str, float]:
 class _Problem:
     """Inputs, float64 reference and output of one benchmark problem, and how to measure a launch on it."""
 
-    def __init__(self, kernel: str, shape: tuple[int, ...], layout: str, dtype: str, ceilings: dict[str, float],
-                 flush: Any, rng: Any):
+    def __init__(self, kernel: str, shape: tuple[int, ...], layout: str, dtype: str,
+                 ceilings: dict[str, float] | None, flush: Any, rng: Any, timing: dict[str, Any] | None = None):
+        """`ceilings` None: no ratio to a ceiling (NaN); `timing`: time_launch's repetition options."""
         import cupy
 
         self.key = ProblemKey(kernel, dtype, layout, shape)
@@ -103,7 +162,11 @@ class _Problem:
         self.ref = self.spec.reference(self.inputs)
         self.out = cupy.empty(self.spec.output_shape(shape), dtype=dtype)
         self.tol = kernels.tolerance(dtype, shape[-1])
-        self.ceiling = ceilings["fp32_peak_tflops"] * 1e3 if kernel == "matmul" else ceilings["read_gbps"]
+        self.timing = timing or {}
+        if ceilings is None:
+            self.ceiling = float("nan")
+        else:
+            self.ceiling = ceilings["fp32_peak_tflops"] * 1e3 if kernel == "matmul" else ceilings["read_gbps"]
 
     def cublas(self) -> Any:
         return self._run(Cublas())
@@ -123,10 +186,10 @@ class _Problem:
         self.out.fill(float("nan"))
         run()
         err = relative_error(self.out, self.ref)
-        timing = time_launch(run, self.flush)
+        timing = time_launch(run, self.flush, **self.timing)
         metric, unit = kernels.metric(self.kernel, self.shape, self.dtype, timing.median_ms)
         return Row(self.kernel, self.layout, self.shape, name, timing.median_ms, timing.spread, metric, unit, 0.0,
-                   metric / self.ceiling, err if err <= self.tol else float("nan"), config)
+                   metric / self.ceiling, err if err <= self.tol else float("nan"), config, err)
 
 
 def _relative_to_first(rows: list[Row]) -> list[Row]:
@@ -166,6 +229,139 @@ def _fallback_problem(kernel: str, shape: tuple[int, ...], layout: str, dtype: s
                   nearest.config.key() if nearest.config is not None else "cuBLAS"),
         p.measure("autotile tuned for this shape", p.launcher(tuned), tuned.key()),
     ])
+
+
+def _random_problem(kernel: str, shape: tuple[int, ...], layout: str, dtype: str, flush: Any,
+                    rng: Any) -> RandomRow:
+    """cuBLAS and what `autotile.matmul`/`matvec` runs for this problem: the runner `autotile.ops` prepared
+    and memoized for it, whichever implementation the selection chain chose. One reference, one set of
+    inputs, the same timing for both."""
+    p = _Problem(kernel, shape, layout, dtype, None, flush, rng, RANDOM_TIMING)
+    prepared = ops._prepare(kernel, dtype, layout, shape)
+    selection = prepared.selection
+    config = getattr(selection, "config", None)
+    key = config.key() if config is not None else ""
+    runner, inputs, out = prepared.runner, p.inputs, p.out
+    cublas = p.measure("cuBLAS", p.cublas())
+    mine = p.measure("autotile", lambda: runner.run(inputs, out), key)
+    wrong = any(r.error is None or r.error != r.error for r in (cublas, mine))
+    return RandomRow(kernel, layout, shape, cublas.time_ms, mine.time_ms, cublas.time_ms / mine.time_ms,
+                     cublas.rel_error, mine.rel_error, p.tol, wrong, selection.source, selection.explain(), key)
+
+
+def _fmt(x: float | None, spec: str) -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def random_summaries(rows: list[RandomRow]) -> dict[str, dict[str, Any]]:
+    """ratio_summary per "kernel layout", with the count of wrong results and the 5 slowest shapes."""
+    result = {}
+    for (kernel, layout), group in random_groups([dataclasses.asdict(r) for r in rows]).items():
+        worst = sorted(group, key=lambda r: r["ratio"])[:5]
+        result[f"{kernel} {layout}"] = ratio_summary([r["ratio"] for r in group]) | {
+            "wrong": sum(1 for r in group if r["wrong"]),
+            "worst": [{"shape": r["shape"], "ratio": r["ratio"], "source": r["source"], "selection": r["selection"]}
+                      for r in worst]}
+    return result
+
+
+def random_table(summaries: dict[str, dict[str, Any]]) -> list[str]:
+    """The distribution per kernel and layout as Markdown table lines (stdout and random.md)."""
+    lines = ["| kernel layout | N | min | p10 | median | geomean | >= 1.0x | >= 0.97x | wrong |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for name, s in summaries.items():
+        lines.append(f"| {name} | {s['count']} | {_fmt(s['min'], '.2f')} | {_fmt(s['p10'], '.2f')} | "
+                     f"{_fmt(s['median'], '.2f')} | {_fmt(s['geomean'], '.2f')} | {_fmt(s['frac_ge_1'], '.0%')} | "
+                     f"{_fmt(s['frac_ge_097'], '.0%')} | {'**' + str(s['wrong']) + ' WRONG**' if s['wrong'] else 0} |")
+    return lines
+
+
+def _shape_text(shape: Any) -> str:
+    return "x".join(map(str, shape))
+
+
+def random_results_markdown(rows: list[RandomRow], summaries: dict[str, dict[str, Any]], env: dict[str, Any]) -> str:
+    """random.md: the environment, the distribution, the 5 slowest shapes per kernel and layout, every wrong
+    result, and every shape."""
+    ranges = "; ".join(f"{k} sizes {lo}..{hi}, product <= 2^{int(math.log2(cap))}"
+                       for k, (lo, hi, cap) in RANDOM_RANGES.items())
+    lines = [f"## Random shapes: {env['gpu']}, {env['date']}",
+             "",
+             f"CuPy {env['cupy']}, CUDA runtime {env['cuda_runtime']}, driver {env['driver']}, {env['compiler']}. "
+             f"{env['n']} shapes per kernel, {env['dtype']}, seed {env['seed']} (`python -m autotile.bench --random "
+             f"{env['n']} --seed {env['seed']}`), sizes log-uniform ({ranges}); matvec timed in both layouts. "
+             "Ratio = cuBLAS time / autotile time, both timed in this run the same way (L2 flushed, median of "
+             f"{RANDOM_TIMING['min_reps']}..{RANDOM_TIMING['max_reps']} launches); autotile is what the library runs "
+             "for the shape. Rel. error is ||out - ref|| / ||ref|| against a float64 product.",
+             "", *random_table(summaries), ""]
+    lines += ["Slowest shapes against cuBLAS:", "",
+              "| kernel layout | shape | x cuBLAS | selection |", "| --- | --- | ---: | --- |"]
+    for name, s in summaries.items():
+        lines += [f"| {name} | {_shape_text(w['shape'])} | {w['ratio']:.2f} | {w['selection']} |" for w in s["worst"]]
+    wrong = [r for r in rows if r.wrong]
+    if wrong:
+        lines += ["", f"**Wrong results ({len(wrong)})**, kept in the numbers above:", ""]
+        lines += [f"- {r.kernel} {r.layout} {_shape_text(r.shape)}: error cuBLAS {_fmt(r.cublas_error, '.1e')}, "
+                  f"autotile {_fmt(r.autotile_error, '.1e')} (tolerance {r.tolerance:.1e}); {r.selection}"
+                  for r in wrong]
+    lines += ["", "Every shape:", "",
+              "| kernel | layout | shape | cuBLAS ms | autotile ms | x cuBLAS | rel. error cuBLAS / autotile | "
+              "selection |",
+              "| --- | --- | --- | ---: | ---: | ---: | ---: | --- |"]
+    for r in rows:
+        lines.append(f"| {r.kernel} | {r.layout} | {_shape_text(r.shape)} | {r.cublas_ms:.4f} | {r.autotile_ms:.4f} | "
+                     f"{r.ratio:.2f}{' (WRONG)' if r.wrong else ''} | {_fmt(r.cublas_error, '.1e')} / "
+                     f"{_fmt(r.autotile_error, '.1e')} | {r.selection} |")
+    return "\n".join(lines) + "\n"
+
+
+def _run_random(chosen: list[str], n: int, seed: int, dtype: str, out: Path, limits: Any) -> int:
+    """--random: time every drawn shape, write random.md and random.json, print the distribution."""
+    import cupy
+
+    from .timing import L2Flusher
+
+    env = environment(limits) | {"mode": "random", "seed": seed, "n": n, "dtype": dtype,
+                                 "ranges": {k: RANDOM_RANGES[k] for k in chosen}, "timing": RANDOM_TIMING}
+    flush = L2Flusher(limits.l2_bytes)
+    rng = cupy.random.default_rng(seed)  # the inputs' values
+    pool = cupy.get_default_memory_pool()
+    rows: list[RandomRow] = []
+    for kernel in chosen:
+        for shape in random_shapes(kernel, n, seed):
+            for layout in RANDOM_LAYOUTS[kernel]:
+                row = _random_problem(kernel, shape, layout, dtype, flush, rng)
+                # Every problem has other sizes: cached blocks of the last would only fragment the pool.
+                pool.free_all_blocks()
+                rows.append(row)
+                print(f"{kernel:<6} {layout:<3} {_shape_text(shape):<17} cuBLAS {row.cublas_ms:9.4f} ms  autotile "
+                      f"{row.autotile_ms:9.4f} ms  {row.ratio:5.2f}x  {row.selection}"
+                      + ("  WRONG RESULT" if row.wrong else ""), flush=True)
+    summaries = random_summaries(rows)
+    out.mkdir(parents=True, exist_ok=True)
+    results = {"mode": "random", "environment": env, "summary": summaries,
+               "rows": [dataclasses.asdict(r) for r in rows]}
+    (out / "random.json").write_text(json.dumps(results, indent=1))
+    (out / "random.md").write_text(random_results_markdown(rows, summaries, env))
+    print()
+    print("\n".join(random_table(summaries)))
+    for name, s in summaries.items():
+        print(f"slowest {name}: " + ", ".join(f"{_shape_text(w['shape'])} {w['ratio']:.2f}x ({w['source']})"
+                                             for w in s["worst"]))
+    print(f"wrote {out / 'random.md'} and {out / 'random.json'}")
+    return 0
+
+
+def _whole_number(text: str | None, name: str, what: str) -> int | None:
+    """An option's text as an int (None stays None); InvalidValueError naming the option otherwise."""
+    from .errors import InvalidValueError
+
+    if text is None:
+        return None
+    try:
+        return int(text.strip(), 10)
+    except ValueError:
+        raise InvalidValueError(f"{name} must be {what}, got {text!r}") from None
 
 
 def _retired_entry(kernel: str, dtype: str, layout: str, shape: tuple[int, ...], device: str) -> Any:
@@ -258,6 +454,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--overhead", action="store_true", help="measure host time per library call")
     parser.add_argument("--fallback", type=int, default=0, metavar="TRIALS",
                         help="also time untuned shapes: the nearest tuned config against one tuned for the shape")
+    parser.add_argument("--random", default=None, metavar="N",
+                        help="instead of the fixed shapes: N random shapes per kernel (matvec in both layouts), "
+                             "as the library runs them against cuBLAS; writes random.md and random.json")
+    parser.add_argument("--seed", default=None, metavar="S",
+                        help="with --random: the seed of the shapes and of the inputs (default 0)")
+    # --random and --seed are read as text and checked below: argparse's own error would be two lines.
     args = parser.parse_args(argv)
 
     from . import validate
@@ -311,6 +513,20 @@ def main(argv: list[str] | None = None) -> int:
             except AutotileError as exc:  # every kernel tuned takes the same --fix
                 raise InvalidValueError(f"--fix: {exc} (--fix applies to every kernel in --kernels)") from None
         out: Path = validate.writable_folder(args.out, name="--out")
+        random_n = _whole_number(args.random, "--random", "a whole number of shapes per kernel, at least 1")
+        seed = _whole_number(args.seed, "--seed", f"an integer in 0..{validate.SEED_MAX}")
+        if random_n is not None:
+            validate.count(random_n, name="--random", minimum=1)
+            others = [flag for flag, given in (("--quick", args.quick), ("--only", args.only is not None),
+                                               ("--tune", bool(args.tune)), ("--fallback", bool(args.fallback)),
+                                               ("--overhead", args.overhead)) if given]
+            if others:
+                raise InvalidValueError(f"--random does not combine with {', '.join(others)}: it replaces the fixed "
+                                        "shape list (it takes --kernels, --dtype, --seed and --out)")
+        elif seed is not None:
+            raise InvalidValueError("--seed acts only with --random N, which is not given")
+        if seed is not None:
+            validate.seed(seed, name="--seed")
     except AutotileError as exc:
         return fail(str(exc))
 
@@ -318,6 +534,9 @@ def main(argv: list[str] | None = None) -> int:
         from .device import live_device
 
         limits = live_device()  # before CuPy is imported: no GPU or no CuPy is one line, not a traceback
+
+        if random_n is not None:
+            return _run_random(chosen, random_n, seed or 0, args.dtype, out, limits)
 
         import cupy
 

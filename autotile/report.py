@@ -2,7 +2,9 @@
 
 Reads the JSON that `python -m autotile.bench` writes (no GPU needed) and prints, per GPU, the matmul
 table (cuBLAS, the best seed, autotile, errors), the matvec table (with the ratio to the measured read
-bandwidth) and the nearest-shape fallback table.
+bandwidth) and the nearest-shape fallback table. A `random.json` of `python -m autotile.bench --random N`
+gives instead the distribution of autotile's speed over random shapes (`random_markdown`): one row per
+kernel, layout and GPU, all such files given together in one table.
 """
 
 from __future__ import annotations
@@ -10,8 +12,11 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 
 def _shape(row: dict[str, Any]) -> str:
@@ -29,6 +34,54 @@ def _groups(rows: list[dict[str, Any]]) -> dict[tuple[str, str, tuple[int, ...]]
 def _error(row: dict[str, Any]) -> str:
     err = row.get("error")
     return "WRONG" if err is None or err != err else f"{err:.1e}"
+
+
+def ratio_summary(ratios: Sequence[float]) -> dict[str, Any]:
+    """Statistics of speed ratios (cuBLAS time / autotile time: above 1 autotile is faster).
+
+    count; min, p10 (10th percentile, linear interpolation between ranks as numpy.percentile does), median,
+    geomean (the mean of ratios of speeds, which a few large values do not dominate); frac_ge_1 and
+    frac_ge_097, the fractions of ratios >= 1.0 and >= 0.97. An empty list gives count 0 and None for the rest.
+    """
+    values = np.asarray(list(ratios), dtype=np.float64)
+    if values.size == 0:
+        return {"count": 0, "min": None, "p10": None, "median": None, "geomean": None, "frac_ge_1": None,
+                "frac_ge_097": None}
+    return {"count": int(values.size), "min": float(values.min()),
+            "p10": float(np.percentile(values, 10)), "median": float(np.median(values)),
+            "geomean": float(np.exp(np.mean(np.log(values)))),
+            "frac_ge_1": float(np.mean(values >= 1.0)), "frac_ge_097": float(np.mean(values >= 0.97))}
+
+
+def random_groups(rows: Sequence[dict[str, Any]]) -> dict[tuple[str, str], list[dict[str, Any]]]:
+    """Rows of a random-shape run by (kernel, layout), in the order of the run."""
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for row in rows:
+        groups.setdefault((row["kernel"], row["layout"]), []).append(row)
+    return groups
+
+
+def random_markdown(runs: Sequence[dict[str, Any]]) -> str:
+    """The README's table of autotile's speed over random shapes, from the `random.json` of one or more
+    runs (one per GPU, say): one row per kernel, layout and GPU. Ratios are cuBLAS time / autotile time in
+    the same run; a shape whose result was wrong (either implementation) stays in the numbers and is
+    counted in the N column, so that it never hides."""
+    lines = ["| kernel | layout | GPU | N | min | p10 | median | geomean | >= 1.0x |",
+             "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    notes = []
+    for results in runs:
+        env = results["environment"]
+        notes.append(f"{env['gpu']} ({env['date']}: seed {env['seed']}, {env['n']} shapes per kernel)")
+        for (kernel, layout), rows in random_groups(results["rows"]).items():
+            s = ratio_summary([float(r["ratio"]) for r in rows])
+            wrong = sum(1 for r in rows if r["wrong"])
+            count = f"{s['count']}" + (f" ({wrong} WRONG)" if wrong else "")
+            lines.append(f"| {kernel} {env.get('dtype', 'float32')} | {layout} | {env['gpu']} | {count} | "
+                         f"{s['min']:.2f} | {s['p10']:.2f} | {s['median']:.2f} | **{s['geomean']:.2f}** | "
+                         f"{s['frac_ge_1']:.0%} |")
+    return ("Speed of autotile as the library runs it (the config its selection chain picks) over random shapes, "
+            "as cuBLAS time / autotile time in the same run, L2 flushed, medians: "
+            + "; ".join(notes) + ".\n\n" + "\n".join(lines) + "\n")
 
 
 def summary_markdown(results: dict[str, Any]) -> str:
@@ -94,18 +147,29 @@ def summary_markdown(results: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _load(path: str) -> dict[str, Any]:
-    """The results in `path`, or ValueError with the reason in one line: unreadable, not JSON, or JSON
-    that `python -m autotile.bench` did not write (checked here, so the tables fail on no missing key)."""
+def _read(path: str) -> Any:
     try:
-        results = json.loads(Path(path).read_text())
+        return json.loads(Path(path).read_text())
     except OSError as exc:
         raise ValueError(f"cannot read {path}: {exc.strerror or exc}") from None
     except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError
         raise ValueError(f"cannot read {path}: not JSON ({exc})") from None
+
+
+def _is_random(results: Any) -> bool:
+    return isinstance(results, dict) and results.get("mode") == "random"
+
+
+def _load(path: str, results: Any = None) -> dict[str, Any]:
+    """The results in `path` (or `results`, already read from it), or ValueError with the reason in one
+    line: unreadable, not JSON, or JSON that `python -m autotile.bench` did not write (checked here, so the
+    tables fail on no missing key)."""
+    results = _read(path) if results is None else results
     what = f"{path} is not a result of python -m autotile.bench"
     if not isinstance(results, dict):
         raise ValueError(f"{what}: it holds a JSON {type(results).__name__}, not an object")
+    if _is_random(results):
+        return _check_random(results, what)
     needs = {"environment": ("gpu", "date", "cupy", "cuda_runtime", "driver", "compiler"),
              "ceilings": ("copy_gbps", "read_gbps", "fp32_peak_tflops")}
     for section, keys in needs.items():
@@ -125,25 +189,53 @@ def _load(path: str) -> dict[str, Any]:
     return results
 
 
+def _check_random(results: dict[str, Any], what: str) -> dict[str, Any]:
+    """A random.json's keys (of `python -m autotile.bench --random`), checked as `_load` checks results.json."""
+    env = results.get("environment")
+    if not isinstance(env, dict):
+        raise ValueError(f"{what}: no 'environment' object")
+    missing = [k for k in ("gpu", "date", "seed", "n") if k not in env]
+    if missing:
+        raise ValueError(f"{what}: 'environment' lacks {', '.join(map(repr, missing))}")
+    rows = results.get("rows")
+    if not isinstance(rows, list):
+        raise ValueError(f"{what}: no 'rows' list")
+    for i, row in enumerate(rows):
+        keys = ("kernel", "layout", "shape", "ratio", "wrong")
+        missing = [k for k in keys if k not in row] if isinstance(row, dict) else list(keys)
+        if missing:
+            raise ValueError(f"{what}: row {i} lacks {', '.join(map(repr, missing))}")
+    return results
+
+
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
     parser = argparse.ArgumentParser(prog="python -m autotile.report", description=(__doc__ or "").splitlines()[0])
     # nargs="*" and a check of our own: argparse's "required" error would print the usage line too.
-    parser.add_argument("paths", nargs="*", metavar="RESULTS.json", help="results.json of python -m autotile.bench")
+    parser.add_argument("paths", nargs="*", metavar="RESULTS.json",
+                        help="results.json of python -m autotile.bench, or random.json of its --random mode "
+                             "(all random.json files given make one table, printed last)")
     args = parser.parse_args(argv)
     if not args.paths:
         print(f"autotile.report: error: no results file given; usage: {parser.prog} RESULTS.json [RESULTS.json ...]",
               file=sys.stderr)
         return 2
     tables = []
+    randoms: list[dict[str, Any]] = []
     try:  # every file is read before any table is printed: no half report, then an error
         for path in args.paths:
-            results = _load(path)
+            results = _load(path, _read(path))
             try:
-                tables.append(summary_markdown(results))
+                if _is_random(results):
+                    random_markdown([results])  # checked here, printed with the others after the loop
+                    randoms.append(results)
+                else:
+                    tables.append(summary_markdown(results))
             except (KeyError, TypeError, ValueError, StopIteration) as exc:  # a value of the wrong kind
                 raise ValueError(f"{path}: cannot make the tables ({type(exc).__name__}: {exc})") from None
+        if randoms:
+            tables.append(random_markdown(randoms))
     except ValueError as exc:
         print(f"autotile.report: error: {' '.join(str(exc).split())}", file=sys.stderr)
         return 2

@@ -1,22 +1,26 @@
 """`python -m autotile.bench` without a GPU: every argument checked before CuPy is imported or the GPU
-touched, each bad one a single line with exit status 2; no GPU is one line too; and the FP32 peak of the
-measured ceilings counts the FP32 lanes the GPU really has. No GPU needed."""
+touched, each bad one a single line with exit status 2; no GPU is one line too; the FP32 peak of the
+measured ceilings counts the FP32 lanes the GPU really has; and `--random`: its shapes, its statistics, its
+run with the GPU stood in for, and the README's table of it. No GPU needed."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 import types
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from autotile import bench
+from autotile import bench, report
 from autotile.device import PROFILES
 from autotile.errors import DeviceUnavailableError
 
 REPO = Path(__file__).resolve().parents[1]
+RANDOM_SAMPLE = REPO / "tests" / "data" / "bench_random_sample.json"  # hand-written, in the shape bench writes
 
 
 @pytest.fixture
@@ -186,3 +190,200 @@ def test_fp32_peak_matches_the_data_sheets(monkeypatch, profile, clock_khz, tflo
     # A100 (sm_80): 19.5 TFLOP/s FP32 at 1410 MHz in NVIDIA's data sheet, not the 39 that 128 lanes would give;
     # H200 (sm_90): 66.9, as recorded in tests/data/bench_results_h200.json.
     assert _peak(monkeypatch, PROFILES[profile], clock_khz) == pytest.approx(tflops, abs=0.05)
+
+
+# -- --random: arguments, shapes, statistics, the run with the GPU stood in for ---------------------------
+
+RANDOM_BAD = {
+    "random not a number": (["--random", "abc"], ["--random must be a whole number of shapes per kernel", "'abc'"]),
+    "random a fraction": (["--random", "2.5"], ["--random must be a whole number", "'2.5'"]),
+    "random zero": (["--random", "0"], ["--random must be at least 1, got 0"]),
+    "random negative": (["--random", "-3"], ["--random must be at least 1, got -3"]),
+    "seed not a number": (["--random", "5", "--seed", "x"], ["--seed must be an integer in 0..4294967295, got 'x'"]),
+    "seed negative": (["--random", "5", "--seed", "-1"], ["--seed -1 is out of range", "0..4294967295"]),
+    "seed too large": (["--random", "5", "--seed", str(2**32)], [f"--seed {2**32} is out of range"]),
+    "seed without random": (["--seed", "3"], ["--seed acts only with --random N"]),
+    "random with quick and only": (["--random", "5", "--quick", "--only", "4096x4096x4096"],
+                                   ["--random does not combine with --quick, --only"]),
+    "random with tune": (["--random", "5", "--tune", "3"], ["--random does not combine with --tune"]),
+    "random with a bad kernel": (["--random", "5", "--kernels", "gemm"], ["--kernels 'gemm'"]),
+}
+
+
+@pytest.mark.parametrize("argv,needles", RANDOM_BAD.values(), ids=RANDOM_BAD.keys())
+def test_bad_random_arguments_are_one_line_before_the_gpu(capsys, gpu_forbidden, argv, needles):
+    rc, out, err = run(capsys, *argv)
+    assert_one_line_error(rc, out, err, *needles)
+
+
+def test_python_m_bad_random_is_one_line(tmp_path):
+    proc = _python_m("--random", "-1", cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr == "autotile.bench: error: --random must be at least 1, got -1\n"
+
+
+def test_random_shapes_are_deterministic_and_within_the_ranges():
+    for kernel, dims in (("matmul", 3), ("matvec", 2)):
+        lo, hi, cap = bench.RANDOM_RANGES[kernel]
+        shapes = bench.random_shapes(kernel, 400, seed=11)
+        assert shapes == bench.random_shapes(kernel, 400, seed=11)  # same seed, same shapes
+        assert shapes != bench.random_shapes(kernel, 400, seed=12)
+        assert bench.random_shapes(kernel, 10, seed=11) == shapes[:10]  # N more shapes extend, never reshuffle
+        assert len(shapes) == 400
+        for shape in shapes:
+            assert len(shape) == dims and all(type(d) is int and lo <= d <= hi for d in shape), shape
+            assert np.prod(shape, dtype=np.int64) <= cap, shape
+        sizes = np.array(shapes).ravel()
+        # log-uniform: about as many sizes in the lower half of the octaves as in the upper half
+        middle = np.sqrt(lo * (hi + 1))
+        assert 0.4 < np.mean(sizes < middle) < 0.6
+        assert sizes.min() < 2 * lo and sizes.max() > hi / 2
+    assert bench.random_shapes("matmul", 0, seed=0) == []
+    # each kernel draws from its own stream: matmul's shapes are not matvec's with a third size
+    assert [s[:2] for s in bench.random_shapes("matmul", 5, 0)] != bench.random_shapes("matvec", 5, 0)
+
+
+def test_random_shapes_redraw_over_the_cap(monkeypatch):
+    monkeypatch.setitem(bench.RANDOM_RANGES, "matmul", (16, 12288, 2**30))
+    shapes = bench.random_shapes("matmul", 300, seed=0)
+    assert all(m * n * k <= 2**30 for m, n, k in shapes)
+    assert any(m * n * k > 2**30 for m, n, k in [s for s in _uncapped(300)])  # the cap did reject some
+
+
+def _uncapped(n):
+    import math as _math
+
+    rng = np.random.default_rng([0, 0])
+    lo, hi = 16, 12288
+    return [tuple(min(hi, max(lo, int(_math.exp(v)))) for v in rng.uniform(_math.log(lo), _math.log(hi + 1), 3))
+            for _ in range(n)]
+
+
+def test_ratio_summary_on_a_hand_made_list():
+    ratios = [0.5, 2.0, 0.25, 4.0, 0.97, 1 / 0.97, 1.0, 0.96, 1 / 0.96, 1.0]  # the product is 1
+    s = bench.ratio_summary(ratios)
+    assert s["count"] == 10
+    assert s["min"] == 0.25
+    # sorted: 0.25, 0.5, 0.96, ...; the 10th percentile lies 0.9 of the way from the 1st to the 2nd
+    assert s["p10"] == pytest.approx(0.25 + 0.9 * 0.25)
+    assert s["median"] == pytest.approx(1.0)
+    assert s["geomean"] == pytest.approx(1.0)
+    assert s["frac_ge_1"] == pytest.approx(0.6)  # 1.0, 1.0, 1/0.97, 1/0.96, 2, 4
+    assert s["frac_ge_097"] == pytest.approx(0.7)  # and 0.97
+    assert bench.ratio_summary([2.0, 8.0])["geomean"] == pytest.approx(4.0)
+    assert bench.ratio_summary([]) == {"count": 0, "min": None, "p10": None, "median": None, "geomean": None,
+                                       "frac_ge_1": None, "frac_ge_097": None}
+
+
+def test_random_problem_times_the_runner_the_library_prepared(monkeypatch):
+    """What is timed against cuBLAS is `ops._prepare(...).runner`, on the problem's inputs and output."""
+    launched = []
+    runner = types.SimpleNamespace(run=lambda arrays, out: launched.append((arrays, out)))
+    selection = types.SimpleNamespace(source="nearest", config=types.SimpleNamespace(key=lambda: "BM=64"),
+                                      explain=lambda: "nearest, tuned on 64x64x64: BM=64")
+    prepared_for = []
+
+    def prepare(*args):
+        prepared_for.append(args)
+        return types.SimpleNamespace(runner=runner, selection=selection)
+
+    class FakeProblem:
+        def __init__(self, kernel, shape, layout, dtype, ceilings, flush, rng, timing=None):
+            assert ceilings is None and timing == bench.RANDOM_TIMING
+            self.inputs, self.out, self.tol = ("A", "x"), "y", 1e-5
+            self.kernel, self.layout, self.shape = kernel, layout, shape
+
+        def cublas(self):
+            return lambda: None
+
+        def measure(self, name, run, config=""):
+            run()
+            ms, err = (2.0, 1e-7) if name == "cuBLAS" else (1.6, 0.3)
+            return bench.Row(self.kernel, self.layout, self.shape, name, ms, 0.0, 0.0, "", 0.0, 0.0,
+                             err if err <= self.tol else float("nan"), config, err)
+
+    monkeypatch.setattr(bench, "_Problem", FakeProblem)
+    monkeypatch.setattr(bench.ops, "_prepare", prepare)
+    row = bench._random_problem("matvec", (300, 5000), "col", "float32", None, None)
+    assert prepared_for == [("matvec", "float32", "col", (300, 5000))]
+    assert launched == [(("A", "x"), "y")]
+    assert row.ratio == pytest.approx(1.25) and (row.cublas_ms, row.autotile_ms) == (2.0, 1.6)
+    assert row.wrong and row.autotile_error == 0.3 and row.cublas_error == 1e-7  # kept, flagged
+    assert (row.source, row.config) == ("nearest", "BM=64")
+    assert row.selection == "nearest, tuned on 64x64x64: BM=64"
+
+
+def test_random_run_writes_every_shape_and_flags_wrong_results(capsys, monkeypatch, tmp_path):
+    monkeypatch.setattr("autotile.device.live_device", lambda *a, **k: PROFILES["h100"])
+    pool = types.SimpleNamespace(free_all_blocks=lambda: None)
+    fake_cupy = types.SimpleNamespace(random=types.SimpleNamespace(default_rng=lambda seed: None),
+                                      get_default_memory_pool=lambda: pool)
+    monkeypatch.setitem(sys.modules, "cupy", fake_cupy)
+    env = {"gpu": "GPU X", "date": "2026-12-01", "cupy": "14", "cuda_runtime": 13020, "driver": 13000,
+           "compiler": "nvrtc-13.0"}
+    monkeypatch.setattr(bench, "environment", lambda limits: dict(env))
+    monkeypatch.setattr(bench, "measure_ceilings", lambda limits: pytest.fail("no ceilings in --random"))
+    monkeypatch.setattr("autotile.timing.L2Flusher", lambda l2_bytes: None)
+    calls = []
+
+    def problem(kernel, shape, layout, dtype, flush, rng):
+        calls.append((kernel, shape, layout, dtype))
+        ratio = 0.5 + (len(calls) % 4) * 0.25
+        return bench.RandomRow(kernel, layout, shape, 1.0, 1.0 / ratio, ratio, 1e-7, 1e-7, 1e-5, len(calls) == 2,
+                               "nearest", f"nearest, tuned on 8x8: K{len(calls)}", f"K{len(calls)}")
+
+    monkeypatch.setattr(bench, "_random_problem", problem)
+    out = tmp_path / "out"
+    rc = bench.main(["--random", "3", "--seed", "5", "--kernels", "matvec", "--dtype", "float64", "--out", str(out)])
+    stdout, err = capsys.readouterr()
+    assert (rc, err) == (0, "")
+    shapes = bench.random_shapes("matvec", 3, 5)
+    assert calls == [("matvec", s, layout, "float64") for s in shapes for layout in ("row", "col")]
+    data = json.loads((out / "random.json").read_text())
+    assert data["mode"] == "random" and data["environment"]["seed"] == 5 and data["environment"]["n"] == 3
+    assert data["environment"]["gpu"] == "GPU X" and data["environment"]["dtype"] == "float64"
+    assert len(data["rows"]) == 6 and [tuple(r["shape"]) for r in data["rows"][::2]] == shapes
+    assert data["summary"]["matvec col"]["wrong"] == 1 and data["summary"]["matvec row"]["count"] == 3
+    assert len(data["summary"]["matvec row"]["worst"]) == 3
+    md = (out / "random.md").read_text()
+    assert md.startswith("## Random shapes: GPU X, 2026-12-01")
+    assert "seed 5" in md and "**1 WRONG**" in md and "**Wrong results (1)**" in md and "(WRONG)" in md
+    assert "| kernel layout | N | min | p10 | median | geomean | >= 1.0x | >= 0.97x | wrong |" in stdout
+    assert stdout.count("WRONG RESULT") == 1
+    # the README's table reads what was written
+    table = report.random_markdown([data])
+    assert "| matvec float64 | col | GPU X | 3 (1 WRONG) |" in table
+
+
+def test_random_report_table_from_a_hand_written_json():
+    data = json.loads(RANDOM_SAMPLE.read_text())
+    text = report.random_markdown([data])
+    rows = {tuple(c.strip() for c in line.strip("|").split("|")[:3]): [c.strip() for c in line.strip("|").split("|")]
+            for line in text.splitlines() if line.startswith("| matvec") or line.startswith("| matmul")}
+    gpu = "NVIDIA H100 80GB HBM3"
+    # matmul ratios 0.5, 1.25, 1.0
+    assert rows[("matmul float32", "row", gpu)][3:] == ["3", "0.50", "0.60", "1.00", f"**{0.625 ** (1 / 3):.2f}**",
+                                                         "67%"]
+    # matvec row 0.8, 1.0, 1.0204...: p10 = 0.8 + 0.2 * 0.2
+    assert rows[("matvec float32", "row", gpu)][3:7] == ["3", "0.80", "0.84", "1.00"]
+    # matvec col 2.0, 0.5 (a wrong result: counted, and said), 1.0
+    assert rows[("matvec float32", "col", gpu)][3:] == ["3 (1 WRONG)", "0.50", "0.60", "1.00", "**1.00**", "67%"]
+    assert "seed 7, 3 shapes per kernel" in text
+    # two runs (two GPUs, say): one table, a row per kernel, layout and GPU
+    other = json.loads(RANDOM_SAMPLE.read_text())
+    other["environment"]["gpu"] = "NVIDIA H200"
+    both = report.random_markdown([data, other])
+    assert both.count("| matvec float32 | col |") == 2 and both.count("| kernel | layout | GPU |") == 1
+
+
+def test_report_command_reads_random_json(capsys, tmp_path):
+    assert report.main([str(RANDOM_SAMPLE)]) == 0
+    out = capsys.readouterr().out
+    assert "| kernel | layout | GPU | N | min | p10 | median | geomean | >= 1.0x |" in out
+    broken = json.loads(RANDOM_SAMPLE.read_text())
+    del broken["rows"][2]["ratio"]
+    path = tmp_path / "random.json"
+    path.write_text(json.dumps(broken))
+    assert report.main([str(path)]) == 2
+    _, err = capsys.readouterr()
+    assert err.startswith("autotile.report: error: ") and "row 2 lacks 'ratio'" in err and len(err.splitlines()) == 1
