@@ -41,7 +41,7 @@ RANDOM_SHAPES = {"matmul": 80, "matvec": 40}
 MAX_MATMUL_WORK = 1 << 37  # M*N*K: the benchmark's bound, about 10 ms of an H100's FP32 work
 MAX_MATVEC_ELEMENTS = 1 << 31  # M*K: 8 GiB of float32 (16 GiB of float64) for A, and its float64 reference
 SURVEY_SEED = 20261122
-SPLITS = {"matmul": (2, 4, 8, 16), "matvec": (2, 4, 8, 16, 32)}
+SPLITS = {"matmul": (2, 4, 8, 16, 32, 64), "matvec": (2, 4, 8, 16, 32)}
 SAVE_EVERY_S = 30.0
 
 
