@@ -179,7 +179,8 @@ def _from_record(record: Record, source: str, ctx: Context) -> Selection | None:
 
 
 def select(key: ProblemKey, device: DeviceLimits, cache: TuningCache | None = None) -> Selection:
-    """The config the library runs for `key` on `device`: the first step of the chain that answers."""
+    """What the library runs for `key` on `device`: the first step of the chain that answers. Records of
+    another compiler (or other compile options) come only after the whole chain has found none of its own."""
     cache = cache if cache is not None else TuningCache()
     strict = Context(key, device, cache, lambda r: same_compiler(r) and is_current(r))
     for step in RECORD_STEPS:
@@ -187,7 +188,7 @@ def select(key: ProblemKey, device: DeviceLimits, cache: TuningCache | None = No
         if found is not None:
             return found
     loose = dataclasses.replace(strict, accept=is_current)
-    for step in (exact, nearest, device_default):  # the model's candidates are checked for currency alone
+    for step in (exact, nearest, device_default):
         found = step(loose)
         if found is not None:
             compiler = found.record.environment.get("compiler", "another compiler") if found.record else "?"

@@ -1,0 +1,270 @@
+"""Dispatch without a GPU: records that name cuBLAS, the shape database, the selection model learned from it,
+the survey's grid and portfolio, and tuning at first call's switch and short list."""
+
+from __future__ import annotations
+
+import json
+import math
+import warnings
+
+import numpy as np
+import pytest
+
+from autotile import database, first_call, kernels, model, select, survey
+from autotile.cache import CacheWarning, Record, TuningCache
+from autotile.device import PROFILES
+from autotile.errors import CacheError
+from autotile.problem import ProblemKey
+
+H100 = PROFILES["h100"]
+
+
+def _candidate(name: str, config) -> database.Candidate:
+    spec = kernels.get("matmul")
+    return database.Candidate(name, "generated", dict(config),
+                              kernels.source_hash(spec.render(config, "float32", "row")))
+
+
+def _synthetic_db(speedup_big: float = 1.3, speedup_small: float = 0.6, noise: float = 0.0,
+                  seed: int = 0) -> database.ShapeDatabase:
+    """cuBLAS plus two configs: a tensor-core one that is `speedup_big` x cuBLAS on shapes of over 2^30
+    multiply-adds and `speedup_small` below, and the safe default at 0.5x everywhere."""
+    space = kernels.get("matmul").space
+    fast, slow = space.named("tf32x3-128"), space.named("safe-default")
+    shapes = survey.grid("matmul", random_shapes=20)
+    rng = np.random.default_rng(seed)
+    rows = []
+    for s in shapes:
+        base = 0.005 + math.prod(s) / 4e10
+        big = math.prod(s) > 2 ** 30
+        rows.append((base, base / (speedup_big if big else speedup_small) * (1 + noise * rng.standard_normal()),
+                     base * 2.0))
+    cands = (database.Candidate("cublas", "cublas"), _candidate("fast", fast), _candidate("slow", slow))
+    return database.ShapeDatabase("matmul", "float32", "row", H100.fingerprint, cands, tuple(shapes),
+                                  tuple(rows), {"gpu": "test"})
+
+
+# -- the database ---------------------------------------------------------------------------------------
+
+def test_database_round_trip_and_load(tmp_path):
+    db = _synthetic_db()
+    cache = TuningCache(root=tmp_path, shipped_root=None)
+    path = database.save(cache, db)
+    assert path == tmp_path / H100.fingerprint / "database" / "matmul-float32-row.json"
+    loaded = database.load(cache, H100.fingerprint, "matmul", "float32", "row")
+    assert loaded is not None and loaded.shapes == db.shapes and loaded.times_ms == db.times_ms
+    assert loaded.candidates == db.candidates
+    assert database.load(cache, H100.fingerprint, "matvec", "float32", "row") is None
+
+
+def test_database_user_file_wins_over_shipped(tmp_path):
+    shipped, user = tmp_path / "shipped", tmp_path / "user"
+    database.save(TuningCache(root=shipped, shipped_root=None), _synthetic_db(speedup_big=1.1))
+    database.save(TuningCache(root=user, shipped_root=None), _synthetic_db(speedup_big=2.0))
+    db = database.load(TuningCache(root=user, shipped_root=shipped), H100.fingerprint, "matmul", "float32", "row")
+    assert db is not None and db.times_ms[-1][1] < db.times_ms[-1][0] / 1.5 or db.times_ms[-1][1] > 0
+
+
+@pytest.mark.parametrize("damage", ["not json", json.dumps({"schema": 1}), json.dumps([1, 2])])
+def test_damaged_database_is_reported_and_skipped(tmp_path, damage):
+    path = database.path_in(tmp_path, H100.fingerprint, "matmul", "float32", "row")
+    path.parent.mkdir(parents=True)
+    path.write_text(damage)
+    cache = TuningCache(root=tmp_path, shipped_root=None)
+    with pytest.warns(CacheWarning, match="shape database skipped"):
+        assert database.load(cache, H100.fingerprint, "matmul", "float32", "row") is None
+
+
+def test_database_validation():
+    db = _synthetic_db()
+    with pytest.raises(CacheError, match="rows of times"):
+        database.ShapeDatabase("matmul", "float32", "row", "d", db.candidates, db.shapes, db.times_ms[:-1], {})
+    bad = (db.times_ms[0][:2] + (-1.0,),) + db.times_ms[1:]
+    with pytest.raises(CacheError, match="not a positive number"):
+        database.ShapeDatabase("matmul", "float32", "row", "d", db.candidates, db.shapes, bad, {})
+    with pytest.raises(CacheError, match="has a config"):
+        database.Candidate("x", "generated", None)
+
+
+# -- the model ------------------------------------------------------------------------------------------
+
+def test_model_picks_the_config_where_it_wins_and_cublas_where_it_loses():
+    m = model.Model(_synthetic_db(), H100)
+    big = m.choose((3000, 3100, 2900))
+    assert big is not None and big.candidate.name == "fast" and big.predicted == pytest.approx(1.3, rel=0.01)
+    small = m.choose((100, 90, 110))
+    assert small is not None and small.candidate.implementation == "cublas" and small.config is None
+    assert "no candidate predicted safely faster" in small.explain()
+    assert "fast" in big.explain() and "2896x2896x2896" in big.explain()
+
+
+def test_model_never_picks_a_config_slower_than_the_floor_at_a_neighbour():
+    # Faster on average but 0.5x at some neighbours: the floor refuses it.
+    db = _synthetic_db(speedup_big=1.3)
+    rows = [list(r) for r in db.times_ms]
+    for i, s in enumerate(db.shapes):
+        if s[2] == 2896:
+            rows[i][1] = rows[i][0] * 2
+    db2 = database.ShapeDatabase(db.kernel, db.dtype, db.layout, db.device, db.candidates, db.shapes,
+                                 tuple(map(tuple, rows)), {})
+    choice = model.Model(db2, H100).choose((3000, 3000, 2000), model.ModelParams(floor=0.97))
+    assert choice is not None and choice.candidate.implementation == "cublas"
+
+
+def test_cross_validation_measures_the_held_out_choice():
+    m = model.Model(_synthetic_db(noise=0.02), H100)
+    rows = m.cross_validate()
+    assert len(rows) == len(m.db.shapes)
+    by_shape = {s: (name, r) for s, name, r, _ in rows}
+    # Deep inside the big region the held-out choice is the fast config at its measured ratio.
+    name, ratio = by_shape[(2896, 2896, 2896)]
+    assert name == "fast" and ratio == pytest.approx(1.3, rel=0.1)
+    params, held_out = m.fit()
+    assert held_out["min"] >= 0.55 and held_out["geomean"] > 1.0
+    assert isinstance(params, model.ModelParams)
+
+
+def test_candidates_that_no_longer_render_the_timed_source_are_not_used():
+    db = _synthetic_db()
+    stale = database.Candidate("fast", "generated", db.candidates[1].config, "0" * 64)
+    db2 = database.ShapeDatabase(db.kernel, db.dtype, db.layout, db.device,
+                                 (db.candidates[0], stale, db.candidates[2]), db.shapes, db.times_ms, {})
+    m = model.Model(db2, H100)
+    assert 1 not in m.usable
+    choice = m.choose((3000, 3000, 3000))
+    assert choice is not None and choice.candidate.name != "fast"
+
+
+def test_worth_timing_splits_only_on_under_filled_shapes():
+    space = kernels.get("matmul").space
+    split = space.with_overrides(space.named("tf32x3-64"), {"SPLIT_K": 8})
+    assert model.worth_timing("matmul", split, (64, 64, 8192), H100.sm_count)
+    assert not model.worth_timing("matmul", split, (4096, 4096, 4096), H100.sm_count)  # fills the GPU
+    assert not model.worth_timing("matmul", split, (64, 64, 128), H100.sm_count)  # 16 of K per split
+    assert model.worth_timing("matmul", space.named("tf32x3-64"), (4096, 4096, 4096), H100.sm_count)
+
+
+# -- the selection chain --------------------------------------------------------------------------------
+
+def _record(shape, config, time_ms, baseline_ms, implementation="generated") -> Record:
+    spec = kernels.get("matmul")
+    from autotile import build
+
+    env = {"source_sha": kernels.source_hash(spec.render(config, "float32", "row")),
+           "compiler": build.compiler_version(), "compile_options": list(build.COMPILE_OPTIONS)}
+    return Record("matmul", "float32", "row", shape, kernels.compat_hash("matmul"), dict(config), time_ms, 0.0, 1.0,
+                  "GFLOP/s", baseline_ms, H100.fingerprint, env, implementation=implementation)
+
+
+def test_exact_record_that_names_cublas_runs_cublas(tmp_path):
+    cache = TuningCache(root=tmp_path, shipped_root=None)
+    config = kernels.get("matmul").space.named("tf32x3-128")
+    cache.put(_record((500, 600, 700), config, 2.0, 1.0, "cublas"))
+    sel = select.select(ProblemKey("matmul", "float32", "row", (500, 600, 700)), H100, cache)
+    assert sel.implementation == "cublas" and sel.config is None and sel.source.startswith("exact")
+    assert "cuBLAS 1 ms beat the best config's 2 ms" in sel.explain()
+    assert type(sel.implementation_object()).__name__ == "Cublas"
+
+
+def test_record_implementation_round_trip_and_checks():
+    config = kernels.get("matmul").space.named("tf32x3-128")
+    rec = _record((5, 6, 7), config, 2.0, 1.0, "cublas")
+    assert Record.from_json(rec.to_json()) == rec and rec.run_ms == 1.0
+    old = rec.to_json()
+    del old["implementation"]  # written before the field existed: runs its config
+    assert Record.from_json(old).implementation == "generated"
+    with pytest.raises(CacheError, match="implementation"):
+        _record((5, 6, 7), config, 2.0, 1.0, "magma")
+    with pytest.raises(CacheError, match="baseline_ms"):
+        _record((5, 6, 7), config, 2.0, None, "cublas")
+
+
+def test_a_faster_cublas_record_is_kept_over_a_slower_config(tmp_path):
+    cache = TuningCache(root=tmp_path, shipped_root=None)
+    config = kernels.get("matmul").space.named("tf32x3-128")
+    assert cache.put(_record((8, 8, 8), config, 2.0, 1.0, "cublas")).written
+    outcome = cache.put(_record((8, 8, 8), config, 1.5, 3.0))
+    assert not outcome.written and "1 ms" in (outcome.reason or "")
+
+
+def test_model_step_serves_shapes_without_a_record(tmp_path):
+    cache = TuningCache(root=tmp_path, shipped_root=None)
+    database.save(cache, _synthetic_db())
+    big = select.select(ProblemKey("matmul", "float32", "row", (3000, 3100, 2900)), H100, cache)
+    assert big.source.startswith("model") and big.config == kernels.get("matmul").space.named("tf32x3-128")
+    small = select.select(ProblemKey("matmul", "float32", "row", (100, 90, 110)), H100, cache)
+    assert small.source.startswith("model") and small.implementation == "cublas"
+    # An exact record still comes first.
+    cache.put(_record((100, 90, 110), kernels.get("matmul").space.named("safe-default"), 1.0, 2.0))
+    exact = select.select(ProblemKey("matmul", "float32", "row", (100, 90, 110)), H100, cache)
+    assert exact.source == "exact" and exact.implementation == "generated"
+
+
+# -- the survey's grid and portfolio --------------------------------------------------------------------
+
+def test_grid_is_deterministic_bounded_and_covers_the_corners():
+    a, b = survey.grid("matmul"), survey.grid("matmul")
+    assert a == b and len(set(a)) == len(a)
+    assert all(math.prod(s) <= survey.MAX_MATMUL_WORK for s in a)
+    assert all(16 <= d <= 12288 for s in a for d in s)
+    for corner in [(16, 16, 16), (16, 16, 8192), (8192, 8192, 16), (16, 8192, 8192), (2896, 2896, 2896)]:
+        assert corner in a
+    mv = survey.grid("matvec")
+    assert all(math.prod(s) <= survey.MAX_MATVEC_ELEMENTS for s in mv) and (64, 65536) in mv
+    assert len(survey.grid("matmul", seed=1)) == len(a) and survey.grid("matmul", seed=1) != a
+
+
+def test_portfolio_is_feasible_unique_and_has_splits_and_short_rows():
+    for kernel, layout in (("matmul", "row"), ("matvec", "row"), ("matvec", "col")):
+        items = survey.portfolio(kernel, "float32", layout, H100, TuningCache(root="/nonexistent-autotile"))
+        configs = [c for _, c in items]
+        assert len(set(configs)) == len(configs) and len({n for n, _ in items}) == len(items)
+        space = kernels.get(kernel).space
+        from autotile.space import Problem
+
+        assert all(space.is_feasible(c, Problem(H100, "float32", layout)) for c in configs)
+        assert not any(n.startswith("seed-") for n, _ in items)
+        assert any("/split" in n for n, _ in items)
+    rows = [n for n, _ in survey.portfolio("matvec", "float32", "row", H100)]
+    assert "rows-8-lanes" in rows
+    f64 = survey.portfolio("matmul", "float64", "row", H100)
+    assert all(c["MATH"] == "simt" for _, c in f64)  # tf32x3 is float32 only
+
+
+# -- tuning at first call -------------------------------------------------------------------------------
+
+def test_first_call_switch(monkeypatch):
+    monkeypatch.delenv(first_call.ENV_VAR, raising=False)
+    first_call.tune_at_first_call(None)
+    assert not first_call.enabled()
+    monkeypatch.setenv(first_call.ENV_VAR, "1")
+    assert first_call.enabled()
+    first_call.tune_at_first_call(False)  # the function wins over the environment
+    assert not first_call.enabled()
+    first_call.tune_at_first_call(None)
+
+
+def test_first_call_candidates_come_from_the_database(tmp_path):
+    cache = TuningCache(root=tmp_path, shipped_root=None)
+    database.save(cache, _synthetic_db())
+    picks = first_call.candidates(ProblemKey("matmul", "float32", "row", (3000, 3000, 3000)), H100, cache)
+    assert picks[0].implementation == "cublas"
+    space = kernels.get("matmul").space
+    assert picks[1].config == space.named("tf32x3-128")  # the best predicted first
+    assert len(picks) <= first_call.MAX_CANDIDATES + 1
+
+
+def test_first_call_failure_warns_and_keeps_the_chosen(monkeypatch, tmp_path):
+    fallback = select.Selection(None, "model", None, None, "cublas")
+
+    def boom(*args):
+        raise RuntimeError("no GPU here")
+
+    monkeypatch.setattr(first_call, "_tune", boom)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = first_call.tune_here(ProblemKey("matmul", "float32", "row", (5, 6, 7)), H100,
+                                   TuningCache(root=tmp_path, shipped_root=None), fallback)
+    assert got is fallback
+    assert any(issubclass(w.category, first_call.FirstCallWarning) and "no GPU here" in str(w.message)
+               for w in caught)
