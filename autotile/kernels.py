@@ -18,12 +18,15 @@ from .space import DEVICE_DERIVED, DTYPE_SIZES, Config, Space, load_space
 
 @dataclasses.dataclass(frozen=True)
 class Launch:
-    """Grid and block dimensions, and the dynamic shared memory in bytes, of one kernel launch."""
+    """Grid and block dimensions, and the dynamic shared memory in bytes, of one kernel launch; with
+    SPLIT_REDUCE=last_block, the sizes of the two buffers the launcher passes after the sizes."""
 
     grid: tuple[int, int, int]
     block: tuple[int, int, int]
     dynamic_smem_bytes: int
-    zero_output: bool  # split-K kernels add into the output, which must start at zero
+    zero_output: bool  # split-K kernels with SPLIT_REDUCE=atomic add into the output, which must start at zero
+    workspace_elems: int = 0  # last_block: partial results, in elements of the output's dtype (0: none)
+    tickets: int = 0  # last_block: one unsigned int counter per output tile, zero between launches (0: none)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,10 +41,14 @@ class KernelSpec:
     make_inputs: Callable[[tuple[int, ...], str, str, Any, Any], tuple[Any, ...]]
     output_shape: Callable[[tuple[int, ...]], tuple[int, ...]]
     check_shapes: tuple[tuple[int, ...], ...]  # extra verification shapes: primes, 1, nothing a tile divides
+    # (config, shape) -> (workspace elements, tickets) of a SPLIT_REDUCE=last_block launch
+    split_buffers: Callable[[Config, tuple[int, ...]], tuple[int, int]]
 
-    def kernel_args(self, inputs: tuple[Any, ...], out: Any, shape: tuple[int, ...]) -> tuple[Any, ...]:
-        """The launch arguments: input and output arrays, then the sizes as 32-bit ints."""
-        return (*inputs, out, *(np.int32(d) for d in shape))
+    def kernel_args(self, inputs: tuple[Any, ...], out: Any, shape: tuple[int, ...],
+                    buffers: tuple[Any, ...] = ()) -> tuple[Any, ...]:
+        """The launch arguments: input and output arrays, the sizes as 32-bit ints, then (last_block
+        only) the workspace and the tickets."""
+        return (*inputs, out, *(np.int32(d) for d in shape), *buffers)
 
     @staticmethod
     def reference(inputs: tuple[Any, ...]) -> Any:
@@ -66,8 +73,11 @@ class KernelSpec:
         """Grid, block and dynamic shared memory of one launch of `config` on `shape`."""
         g = _geometry(self.name, config, dtype, layout)
         dynamic = int(g["smem_bytes"]) if config["smem"] == "dynamic" else 0
-        return Launch(self.grid(config, shape), (int(g["block_x"]), int(g["block_y"]), 1), dynamic,
-                      config["SPLIT_K"] > 1)
+        grid, block = self.grid(config, shape), (int(g["block_x"]), int(g["block_y"]), 1)
+        if config["SPLIT_K"] > 1 and config.get("SPLIT_REDUCE", "atomic") == "last_block":
+            workspace, tickets = self.split_buffers(config, shape)
+            return Launch(grid, block, dynamic, False, workspace, tickets)
+        return Launch(grid, block, dynamic, config["SPLIT_K"] > 1)
 
     def parse_shape(self, text: str | tuple[int, ...]) -> tuple[int, ...]:
         """'4096x4096x4096' -> (4096, 4096, 4096); see `problem.parse_shape`."""
@@ -109,6 +119,13 @@ def _matmul_grid(config: Config, shape: tuple[int, ...]) -> tuple[int, int, int]
     return (tiles_n, tiles_m, config["SPLIT_K"])
 
 
+def _matmul_split_buffers(config: Config, shape: tuple[int, ...]) -> tuple[int, int]:
+    """SPLIT_K slices of M x N, indexed like C (the kernel stores and reads them in C's pattern; whole
+    tiles would cost a short M up to BM / M times the traffic), and one ticket per output tile."""
+    M, N, _ = shape
+    return config["SPLIT_K"] * M * N, ceil_div(M, config["BM"]) * ceil_div(N, config["BN"])
+
+
 def _matmul_inputs(shape, dtype, layout, rng, xp=np):
     M, N, K = shape
     return _random((M, K), dtype, rng), _random((K, N), dtype, rng)
@@ -118,6 +135,11 @@ def _matmul_inputs(shape, dtype, layout, rng, xp=np):
 
 def _matvec_grid(config: Config, shape: tuple[int, ...]) -> tuple[int, int, int]:
     return (ceil_div(shape[0], config["ROWS"]), config["SPLIT_K"], 1)
+
+
+def _matvec_split_buffers(config: Config, shape: tuple[int, ...]) -> tuple[int, int]:
+    """SPLIT_K slices of M partial sums, and one ticket per block of ROWS rows (blockIdx.x)."""
+    return config["SPLIT_K"] * shape[0], ceil_div(shape[0], config["ROWS"])
 
 
 def _matvec_inputs(shape, dtype, layout, rng, xp=np):
@@ -135,14 +157,16 @@ KERNELS: dict[str, KernelSpec] = {
         min_bytes=lambda s, size: float(s[0] * s[2] + s[2] * s[1] + s[0] * s[1]) * size,
         make_inputs=_matmul_inputs,
         output_shape=lambda s: (s[0], s[1]),
-        check_shapes=((131, 67, 257), (1, 97, 33), (61, 1, 7))),
+        check_shapes=((131, 67, 257), (1, 97, 33), (61, 1, 7)),
+        split_buffers=_matmul_split_buffers),
     "matvec": KernelSpec(
         name="matvec", dims=KERNEL_DIMS["matvec"], grid=_matvec_grid,
         flops=lambda s: 2.0 * s[0] * s[1],
         min_bytes=lambda s, size: float(s[0] * s[1] + s[1] + s[0]) * size,
         make_inputs=_matvec_inputs,
         output_shape=lambda s: (s[0],),
-        check_shapes=((1031, 2053), (1, 17), (29, 1))),
+        check_shapes=((1031, 2053), (1, 17), (29, 1)),
+        split_buffers=_matvec_split_buffers),
 }
 
 

@@ -29,6 +29,7 @@ from .device import DeviceLimits
 from .space import Config, Problem
 
 MIN_K_PER_SPLIT = 32  # elements of K per split below which a K split is not worth timing or running
+MAX_SPLIT_WORKSPACE = 1 << 25  # elements of a last_block workspace (SPLIT_K x the output): 128 MiB of float32
 FILL_WEIGHT = 1.0  # how much a difference of one octave in blocks per wave counts against closeness
 
 
@@ -60,14 +61,15 @@ class Choice:
 
 def worth_timing(kernel: str, config: Config, shape: tuple[int, ...], sm_count: int) -> bool:
     """Whether a config with K splits makes sense on `shape`: the shape leaves the GPU under-filled without
-    them (under two blocks per SM) and each split gets at least MIN_K_PER_SPLIT of K. Configs without
-    splits always do."""
+    them (under two blocks per SM), each split gets at least MIN_K_PER_SPLIT of K, and a last_block
+    workspace stays under MAX_SPLIT_WORKSPACE elements. Configs without splits always do."""
     split = int(config.get("SPLIT_K", 1))
     if split <= 1:
         return True
     spec = kernels.get(kernel)
     unsplit = math.prod(spec.grid(config, shape)) // split
-    return unsplit < 2 * sm_count and shape[-1] >= split * MIN_K_PER_SPLIT
+    workspace = split * math.prod(spec.output_shape(shape)) if config.get("SPLIT_REDUCE") == "last_block" else 0
+    return unsplit < 2 * sm_count and shape[-1] >= split * MIN_K_PER_SPLIT and workspace <= MAX_SPLIT_WORKSPACE
 
 
 class Model:

@@ -212,7 +212,12 @@ def keep_grid_filled(key: ProblemKey, config: Config, tuned_shape: tuple[int, ..
     it was tuned with (fewer rows, say): the smallest SPLIT_K that restores the tuned block count, with
     at least MIN_K_PER_SPLIT of K each. Only ever raises SPLIT_K, so a shape that fills the GPU keeps the
     tuned config. (Measured cause: on an H200, column-major matvec 20000x3000 ran at 0.69x the speed of a
-    config tuned for it when served 65536x4096's config, whose only difference was SPLIT_K 1 against 8.)"""
+    config tuned for it when served 65536x4096's config, whose only difference was SPLIT_K 1 against 8.)
+
+    SPLIT_REDUCE stays as tuned: a last_block config keeps summing in its last block, and one raised from
+    SPLIT_K 1 keeps the inactive value, atomic, which is how every raise was measured before last_block
+    existed. (last_block would spare the zeroing launch, but it is untimed on those shapes, and it needs
+    a workspace of SPLIT_K x the output; a tuned record says which one wins.)"""
     spec = kernels.get(key.kernel)
     if "SPLIT_K" not in config:
         return config

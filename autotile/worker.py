@@ -143,39 +143,64 @@ def _context_alive() -> bool:
 
 
 def _evaluate(state: _WorkerState, cand: Candidate, kernel: Any, compile_s: float) -> CandidateResult:
-    import cupy
-
-    from .kernels import tolerance
-    from .timing import relative_error, time_launch
+    from .timing import time_launch
 
     regs = _registers(kernel)
     worst = 0.0
+    runs: dict[tuple[int, ...], Any] = {}
     for shape in state.shapes:
-        out = state.outputs[shape]
         try:
-            run = state.runner(kernel, cand.launches[tuple(shape)], shape)
-            out.fill(float("nan"))  # poison: an element the kernel does not write fails the check
-            run()
-            cupy.cuda.Device().synchronize()
-        except Exception as exc:  # CUDA errors come as several CuPy types; the probe tells them apart
-            status = LAUNCH if _context_alive() else CRASH
-            return CandidateResult(cand.id, status, f"{type(exc).__name__}: {exc}", registers=regs,
-                                   compile_s=compile_s)
-        err = relative_error(out, state.refs[shape])
-        tol = tolerance(state.setup.key.dtype, shape[-1])
-        if not err <= tol:  # NaN fails too
-            return CandidateResult(cand.id, WRONG, f"shape {'x'.join(map(str, shape))}: relative error "
-                                   f"{err:.3g} > tolerance {tol:.3g}", error=err, registers=regs,
-                                   compile_s=compile_s)
+            runs[shape] = state.runner(kernel, cand.launches[tuple(shape)], shape)
+        except Exception as exc:  # the dynamic shared-memory opt-in, refused by the device
+            return _launch_failure(cand, exc, regs, compile_s)
+        failed, err = _check(state, cand, shape, runs[shape], regs, compile_s, "")
+        if failed is not None:
+            return failed
         worst = max(worst, err)
     shape = state.setup.key.shape
     try:
-        timing = time_launch(state.runner(kernel, cand.launches[shape], shape), state.flush)
+        timing = time_launch(runs[shape], state.flush)
     except Exception as exc:
         status = LAUNCH if _context_alive() else CRASH
         return CandidateResult(cand.id, status, f"{type(exc).__name__}: {exc}", registers=regs)
+    # Once more on the runner just timed: a kernel that leaves state behind for its next launch (the
+    # tickets of SPLIT_REDUCE=last_block, which each launch must reset) fails here, not in the library.
+    failed, err = _check(state, cand, shape, runs[shape], regs, compile_s, " after the timed runs")
+    if failed is not None:
+        return failed
     state.kernels[cand.id] = kernel
-    return CandidateResult(cand.id, OK, "", timing, worst, regs, compile_s)
+    return CandidateResult(cand.id, OK, "", timing, max(worst, err), regs, compile_s)
+
+
+def _launch_failure(cand: Candidate, exc: Exception, regs: int | None, compile_s: float) -> CandidateResult:
+    """A launch that raised: CUDA errors come as several CuPy types; the probe tells them apart."""
+    status = LAUNCH if _context_alive() else CRASH
+    return CandidateResult(cand.id, status, f"{type(exc).__name__}: {exc}", registers=regs, compile_s=compile_s)
+
+
+def _check(state: _WorkerState, cand: Candidate, shape: tuple[int, ...], run: Any, regs: int | None,
+           compile_s: float, when: str) -> tuple[CandidateResult | None, float]:
+    """One run of `run` on a poisoned output, compared with the reference: (the failure or None, the
+    relative error)."""
+    import cupy
+
+    from .kernels import tolerance
+    from .timing import relative_error
+
+    out = state.outputs[shape]
+    try:
+        out.fill(float("nan"))  # poison: an element the kernel does not write fails the check
+        run()
+        cupy.cuda.Device().synchronize()
+    except Exception as exc:
+        return _launch_failure(cand, exc, regs, compile_s), 0.0
+    err = relative_error(out, state.refs[shape])
+    tol = tolerance(state.setup.key.dtype, shape[-1])
+    if not err <= tol:  # NaN fails too
+        return CandidateResult(cand.id, WRONG, f"shape {'x'.join(map(str, shape))}{when}: relative error "
+                               f"{err:.3g} > tolerance {tol:.3g}", error=err, registers=regs,
+                               compile_s=compile_s), err
+    return None, err
 
 
 def _registers(kernel: Any) -> int | None:

@@ -261,3 +261,92 @@ def test_readme_style_script_without_a_main_guard_tunes_and_calls(tmp_path):
     assert lines.count("script ran") == 1
     err_line = next(line for line in lines if line.startswith("error "))
     assert float(err_line.split()[1]) < 1e-5 and str(tmp_path / "cache") in err_line
+
+
+# -- split-K summed by the last block (SPLIT_REDUCE=last_block) ----------------------------------------
+
+LAST_BLOCK_NAMED = {("matmul", "row"): ("tf32x3-64-split8", "tf32x3-32x64-split8", "regtile-64-split8"),
+                    ("matvec", "row"): ("warp-per-row-split8", "warp-per-row-vec2-split8"),
+                    ("matvec", "col"): ("col-vec4-split8", "col-vec2-split8")}
+# Awkward shapes: 1, primes, nothing a tile divides, K far longer than M and N (more splits than K tiles too).
+LAST_BLOCK_SHAPES = {"matmul": [(1, 1, 1), (1, 97, 4099), (61, 1, 7), (131, 67, 257), (7, 131, 8191),
+                                (128, 96, 4096), (67, 129, 4099), (257, 263, 3)],
+                     "matvec": [(1, 1), (1, 17), (29, 1), (1031, 2053), (3, 65537), (127, 16411), (4099, 509)]}
+
+
+def _last_block_configs(kernel: str, layout: str, dtype: str, sampled: int):
+    space = kernels.get(kernel).space
+    problem = Problem(_limits(), dtype, layout)
+    configs = [space.named(n) for n in LAST_BLOCK_NAMED[(kernel, layout)] if space.is_feasible(space.named(n), problem)]
+    narrowed = space.restricted({"SPLIT_REDUCE": "last_block"})
+    return configs + narrowed.sample(problem, sampled, seed=41)
+
+
+@pytest.mark.parametrize("kernel,layout", [("matmul", "row"), ("matvec", "row"), ("matvec", "col")])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_last_block_split_k_is_correct_deterministic_and_resets_its_tickets(kernel, layout, dtype):
+    """Each last_block config on awkward shapes, through the library's launcher: the output poisoned with
+    NaN before each run, within tolerance of float64, and run twice on one runner with bitwise identical
+    results (the tickets were reset by the first run; the sum's order does not depend on which split
+    arrived last). Two shapes through the same compiled kernel, interleaved, each with its own buffers."""
+    import cupy
+
+    from autotile import build
+    from autotile.timing import relative_error
+
+    spec = kernels.get(kernel)
+    configs = _last_block_configs(kernel, layout, dtype, 8 if dtype == "float32" else 6)
+    assert configs and all(c["SPLIT_REDUCE"] == "last_block" and c["SPLIT_K"] > 1 for c in configs)
+    for fut in build.compile_many([(spec.render(c, dtype, layout), f"autotile_{kernel}") for c in configs], 8):
+        fut.result()
+    rng = cupy.random.default_rng(13)
+    problems = []
+    for shape in LAST_BLOCK_SHAPES[kernel]:
+        inputs = spec.make_inputs(shape, dtype, layout, rng, cupy)
+        problems.append((ProblemKey(kernel, dtype, layout, shape), inputs, spec.reference(inputs),
+                         kernels.tolerance(dtype, shape[-1])))
+    failures = []
+    for config in configs:
+        runners = [(Generated(config).prepare(key), key, inputs, ref, tol) for key, inputs, ref, tol in problems]
+        results: dict[tuple[int, ...], list] = {}
+        for _ in range(2):  # all shapes, then all shapes again: the same kernel, interleaved
+            for runner, key, inputs, ref, tol in runners:
+                out = cupy.full(spec.output_shape(key.shape), cupy.nan, dtype=dtype)
+                runner.run(inputs, out)
+                err = relative_error(out, ref)
+                if not err <= tol:
+                    failures.append(f"{config.key()} {key.shape} run {len(results.get(key.shape, [])) + 1}: "
+                                    f"error {err:.3g} > {tol:.3g}")
+                results.setdefault(key.shape, []).append(out)
+        for shape, (first, second) in results.items():
+            if not bool(cupy.array_equal(first, second, equal_nan=True)):
+                failures.append(f"{config.key()} {shape}: two runs differ (not deterministic, or tickets not reset)")
+    assert not failures, "\n".join(failures[:20])
+
+
+def test_last_block_runner_on_two_streams_at_once():
+    """One runner, two streams running it at the same time: each stream has its own workspace and tickets,
+    so both results are right and equal to a run on the default stream."""
+    import cupy
+
+    from autotile.timing import relative_error
+
+    spec = kernels.get("matmul")
+    key = ProblemKey("matmul", "float32", "row", (67, 129, 8191))
+    a, b = spec.make_inputs(key.shape, "float32", "row", cupy.random.default_rng(17), cupy)
+    ref = spec.reference((a, b))
+    for name in ("regtile-64-split8", "tf32x3-64-split8"):
+        runner = Generated(spec.space.named(name)).prepare(key)
+        streams = [cupy.cuda.Stream(non_blocking=True) for _ in range(2)]
+        outs = [cupy.full((67, 129), cupy.nan, dtype="float32") for _ in range(2)]
+        cupy.cuda.Device().synchronize()
+        for _ in range(20):  # many launches in flight on both streams
+            for stream, out in zip(streams, outs, strict=True):
+                runner.run((a, b), out, stream)
+        for stream in streams:
+            stream.synchronize()
+        alone = cupy.full((67, 129), cupy.nan, dtype="float32")
+        runner.run((a, b), alone)
+        assert relative_error(alone, ref) <= kernels.tolerance("float32", key.shape[-1]), name
+        for out in outs:
+            assert bool(cupy.array_equal(out, alone)), name

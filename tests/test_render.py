@@ -31,13 +31,19 @@ UPDATE = os.environ.get("AUTOTILE_UPDATE_GOLDEN") == "1"
 SEEDS = [("matmul", "seed-naive", "float32", "row"), ("matmul", "seed-tiled16", "float32", "row"),
          ("matmul", "seed-tiled32", "float32", "row"), ("matvec", "seed-matvec-colmajor", "float32", "col")]
 # Named configs beyond the seeds, so that a template change shows in review for every kernel family: the
-# tensor-core kernel, split-K, the row-major matvec, and float64 (SIMT matmul, both matvec layouts).
+# tensor-core kernel, split-K (atomic and last-block), the row-major matvec, and float64 (SIMT matmul, both
+# matvec layouts).
 GOLDEN_CONFIGS = SEEDS + [("matmul", "tf32x3-128", "float32", "row"),
                           ("matmul", "regtile-64x128-splitk", "float32", "row"),
                           ("matvec", "warp-per-row", "float32", "row"),
                           ("matmul", "regtile-128x64", "float64", "row"),
                           ("matvec", "warp-per-row-vec2", "float64", "row"),
-                          ("matvec", "col-vec2", "float64", "col")]
+                          ("matvec", "col-vec2", "float64", "col"),
+                          # split-K summed by the last block (SPLIT_REDUCE=last_block), each kernel family
+                          ("matmul", "regtile-64-split8", "float32", "row"),
+                          ("matmul", "tf32x3-64-split8", "float32", "row"),
+                          ("matvec", "warp-per-row-split8", "float32", "row"),
+                          ("matvec", "col-vec2-split8", "float64", "col")]
 
 
 def golden_name(kernel: str, config: str, dtype: str, layout: str) -> str:
