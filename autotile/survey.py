@@ -158,7 +158,9 @@ def survey(kernel: str, dtype: str, layout: str, device: DeviceLimits, shapes: l
     flush = L2Flusher(device.l2_bytes)
     rng = cupy.random.default_rng(SURVEY_SEED)
     start = last_save = time.monotonic()
+    # In a seeded random order, so that a survey stopped by its budget still covers the whole range.
     todo = [s for s in shapes if s not in done]
+    todo = [todo[i] for i in np.random.default_rng(SURVEY_SEED).permutation(len(todo))]
     log(f"survey {kernel} {dtype} {layout}: {len(candidates)} candidates, {len(todo)} shapes to time "
         f"({len(done)} kept)")
     for n, shape in enumerate(todo):
