@@ -36,8 +36,8 @@ FILL_WEIGHT = 1.0  # how much a difference of one octave in blocks per wave coun
 @dataclasses.dataclass(frozen=True)
 class ModelParams:
     neighbours: int = 6
-    margin: float = 0.03  # a generated candidate must be predicted this much faster than cuBLAS
-    floor: float = 0.97  # and no slower than this x cuBLAS at any neighbour that timed it
+    margin: float = 0.1  # a generated candidate must be predicted this much faster than cuBLAS
+    floor: float = 1.0  # and no slower than this x cuBLAS at any neighbour that timed it
 
 
 @dataclasses.dataclass(frozen=True)
@@ -190,18 +190,21 @@ class Model:
         return out
 
     def fit(self) -> tuple[ModelParams, dict[str, float]]:
-        """The parameters that do best in leave-one-out over the database: the most mean log speed-up,
-        each loss against cuBLAS counted twice (a user notices a slowdown more than a speed-up)."""
-        best: tuple[float, ModelParams, dict[str, float]] | None = None
+        """The parameters that do best in leave-one-out over the database: the highest geometric mean of
+        the measured speed-ups among those that leave at most 1 % of the held-out shapes below 0.97x
+        cuBLAS (where none does, the fewest such shapes). Checked on random shapes held out of an H200's
+        survey, leave-one-out proved optimistic, hence the guard on losses rather than on the mean."""
+        best: tuple[tuple[float, float], ModelParams, dict[str, float]] | None = None
         for k in (3, 4, 6, 8):
-            for margin in (0.0, 0.02, 0.05, 0.1):
-                for floor in (0.9, 0.97, 1.0):
+            for margin in (0.05, 0.1, 0.2):
+                for floor in (0.97, 1.0):
                     params = ModelParams(k, margin, floor)
                     ratios = [r for _, _, r, _ in self.cross_validate(params)]
                     if not ratios:
                         continue
                     logs = np.log2(ratios)
-                    score = float(logs.mean() - 2.0 * np.maximum(0.0, -logs).mean())
+                    losses = float((np.asarray(ratios) < 0.97).mean())
+                    score = (-max(0.0, losses - 0.01), float(logs.mean()))
                     if best is None or score > best[0]:
                         best = (score, params, summary(ratios))
         if best is None:

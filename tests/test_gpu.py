@@ -135,9 +135,14 @@ def test_small_tune_lands_in_cache_and_library_uses_it(isolated_cache):
     assert len(files) == 1
     ops.forget()
     sel = ops.selection_for("matmul", "float32", "row", (300, 257, 131))
-    assert sel.source == "exact" and sel.config == result.best.config
+    assert sel.source == "exact"
+    if result.baseline_ms < result.best.median_ms:  # cuBLAS won the tuning: the library runs it
+        assert sel.implementation == "cublas" and sel.config is None
+    else:
+        assert sel.implementation == "generated" and sel.config == result.best.config
+    # A shape nobody tuned: the shipped shape database's model where this GPU has one, else the nearest.
     near = ops.selection_for("matmul", "float32", "row", (320, 250, 128))
-    assert near.source == "nearest" and near.config == result.best.config
+    assert near.source.startswith("model") or (near.source == "nearest" and near.config == result.best.config)
     a = cupy.random.default_rng(0).random((300, 131), dtype=cupy.float32) - 0.5
     b = cupy.random.default_rng(1).random((131, 257), dtype=cupy.float32) - 0.5
     c = autotile.matmul(a, b)
