@@ -161,6 +161,13 @@ def build_parser() -> argparse.ArgumentParser:
     from . import cli_tune  # the GPU-side commands live apart; importing them touches no GPU
 
     cli_tune.add_commands(sub, _add_problem_options)
+
+    from . import survey
+
+    p = sub.add_parser("survey", help="time a portfolio of configs and cuBLAS over a grid of shapes (the shape "
+                                      "database the selection model learns from)")
+    survey.add_arguments(p)
+    p.set_defaults(func=survey.run)
     return parser
 
 

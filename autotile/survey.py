@@ -263,6 +263,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="random shapes besides the grid (default 80 matmul, 40 matvec)")
     parser.add_argument("--check", action="store_true",
                         help="only print the model's leave-one-out check of the databases there are")
+    parser.add_argument("--device", default=None,
+                        help="with --check: an offline profile (h100, h200, ...) instead of the live GPU")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -281,9 +283,11 @@ def run(args: argparse.Namespace) -> int:
         if args.random_shapes is not None:
             validate.count(args.random_shapes, name="--random-shapes", minimum=0)
         root = Path(validate.writable_folder(args.root, name="--root")) if args.root else None
-        from .device import live_device
+        from .device import live_device, resolve
 
-        device = live_device()
+        if args.device is not None and not args.check:
+            raise InvalidValueError("--device works only with --check (a survey times the live GPU)")
+        device = resolve(args.device) if args.device is not None else live_device()
         cache = TuningCache(root=root) if root else TuningCache()
         # A survey resumes only its own root's database: the shipped one is for reading, not continuing.
         own = TuningCache(root=cache.root, shipped_root=None)

@@ -268,3 +268,41 @@ def test_first_call_failure_warns_and_keeps_the_chosen(monkeypatch, tmp_path):
     assert got is fallback
     assert any(issubclass(w.category, first_call.FirstCallWarning) and "no GPU here" in str(w.message)
                for w in caught)
+
+
+# -- the command ----------------------------------------------------------------------------------------
+
+def test_survey_command_refuses_bad_options(capsys):
+    from autotile.cli import main
+
+    assert main(["survey", "--kernels", "conv"]) == 2
+    assert "--kernels 'conv'" in capsys.readouterr().err
+    assert main(["survey", "--layouts", "diag"]) == 2
+    assert main(["survey", "--device", "h100"]) == 2
+    assert "--device works only with --check" in capsys.readouterr().err
+
+
+def test_survey_check_reports_the_shipped_databases(capsys, monkeypatch, tmp_path):
+    from autotile.cli import main
+
+    monkeypatch.setenv("AUTOTILE_CACHE_DIR", str(tmp_path))  # an empty user cache: the shipped files count
+    assert main(["survey", "--check", "--device", "h100"]) == 0
+    out = capsys.readouterr().out
+    assert "matmul float32 row on NVIDIA H100" in out and "leave-one-out" in out
+    assert out.count("leave-one-out") == 3  # matmul row, matvec row and col
+
+
+def test_shipped_databases_are_valid_and_current():
+    from autotile import resources
+
+    root = resources.shipped_cache_dir()
+    assert root is not None
+    paths = sorted(root.glob("*/database/*.json"))
+    assert len(paths) == 6  # H100 and H200; matmul row, matvec row and col
+    for path in paths:
+        db = database.ShapeDatabase.from_json(json.loads(path.read_text()))
+        profile = next(p for p in PROFILES.values() if p.fingerprint == db.device)
+        m = model.Model(db, profile)
+        # Every surveyed candidate still renders the kernel that was timed (a template change would retire it).
+        assert len(m.usable) == len(db.candidates) - 1, path
+        assert db.environment.get("model"), path
