@@ -580,7 +580,8 @@ class TuningCache:
                         and self._matches(existing, record.device, record.kernel, record.dtype, record.layout,
                                           record.compat)):
                     existing = None  # another full compat hash behind the same name: stale, replaced
-                if existing is not None and existing.run_ms < record.run_ms:
+                # What runs decides; where both run cuBLAS (the same time), the faster config is kept.
+                if existing is not None and (existing.run_ms, existing.time_ms) < (record.run_ms, record.time_ms):
                     if is_current is None or is_current(existing):
                         return PutOutcome(False, path, f"kept the existing entry of {existing.run_ms:g} ms, "
                                                        f"faster than {record.run_ms:g} ms", existing)

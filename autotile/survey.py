@@ -20,17 +20,18 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from . import build, kernels
-from .cache import TuningCache
-from .database import Candidate, ShapeDatabase
 from .device import DeviceLimits
-from .model import Model, summary, worth_timing
 from .problem import ProblemKey
 from .space import Config, Problem
+
+if TYPE_CHECKING:  # the cache needs filelock: imported where used, so that `autotile render` needs none
+    from .cache import TuningCache
+    from .database import ShapeDatabase
 
 # Sizes of the grid, log-spaced (a factor of about 2.8 apart), every combination, and as many random
 # shapes again (log-uniform, odd sizes) drawn with a seed of their own: the benchmark's random shapes
@@ -74,6 +75,8 @@ def portfolio(kernel: str, dtype: str, layout: str, device: DeviceLimits,
     configs (not the seeds: they are baselines, never fast), the configs tuned on this device for any
     shape, and variants of them: K splits for shapes that leave the GPU under-filled, and for row-major
     matvec several short rows per warp."""
+    from .cache import TuningCache
+
     spec = kernels.get(kernel)
     space = spec.space
     problem = Problem(device, dtype, layout)
@@ -128,7 +131,9 @@ def survey(kernel: str, dtype: str, layout: str, device: DeviceLimits, shapes: l
     re-timed."""
     import cupy
 
+    from .database import Candidate, ShapeDatabase
     from .impl import Cublas, Generated
+    from .model import Model, worth_timing
     from .timing import L2Flusher, relative_error, time_launch
 
     spec = kernels.get(kernel)
@@ -228,7 +233,7 @@ def _environment(device: DeviceLimits) -> dict[str, Any]:
 def check_report(db: ShapeDatabase, device: DeviceLimits) -> str:
     """The model's leave-one-out check on a database, as text: the distribution of measured speed-ups
     over cuBLAS of what the model chose for each held-out shape, and the worst shapes."""
-    from .model import params_of
+    from .model import Model, params_of, summary
 
     model = Model(db, device)
     params = params_of(db)
@@ -254,7 +259,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kernels", default="matmul,matvec", help="comma-separated, from matmul, matvec")
-    parser.add_argument("--dtype", default="float32", choices=["float32", "float64"])
+    parser.add_argument("--dtype", default="float32", choices=["float32", "float64"],
+                        help="element type (default float32)")
     parser.add_argument("--layouts", default="row,col", help="matvec layouts (matmul has row only)")
     parser.add_argument("--root", default=None, help="cache root to write to (default: the user cache)")
     parser.add_argument("--budget", type=float, default=None, metavar="SECONDS",
@@ -269,6 +275,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from . import database, validate
+    from .cache import TuningCache
     from .errors import AutotileError, InvalidValueError
 
     try:
