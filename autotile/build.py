@@ -27,20 +27,22 @@ from typing import Any, Iterable
 
 from .errors import CompileError, InvalidValueError
 
-# Every option NVRTC gets, apart from the target (`-arch=`, per device) and `-Xptxas=-v` (the report).
-# These are what CuPy's RawModule passed on our behalf before autotile called NVRTC itself, kept exactly so
-# that the shipped tuned records (timed with kernels built this way) stay valid:
+# Every option NVRTC gets, apart from the target (`-arch=`, per device) and `-Xptxas=-v` (the report). Each
+# is NVRTC's default too, spelled out so that no default (and no wrapper: CuPy's RawModule appends
+# -ftz=true) decides the arithmetic. The tuner, the library and the compile tests all build with these;
+# records keep them (`compile_options`) and the selection prefers records made with today's.
 COMPILE_OPTIONS: tuple[str, ...] = (
-    # The language standard the templates are written and tested against; CuPy 14's default for RawModule.
+    # The language standard the templates are written and tested against.
     "-std=c++17",
-    # Flush float32 denormals to zero. Not our choice: CuPy appends it to every NVRTC compile. Kept
-    # deliberately for now, since every shipped record was tuned and verified with it; whether the kernels
-    # should keep denormals is a precision question that a later issue revisits (a change here changes
-    # `options_key()`, the cache key's name for compiler and options).
-    "-ftz=true",
-    # CuPy passes it too: functions and namespace-scope variables without __host__/__device__ are device
-    # code. The templates annotate their functions, so it should change no kernel; kept so that the
-    # options, and the cubins (tests/test_build.py compares them), stay CuPy's.
+    # IEEE float32 semantics, as cuBLAS SGEMM has them: denormal inputs and results are kept, not flushed
+    # to zero (with -ftz=true a denormal operand of an FMA reads as zero), division and square root are
+    # correctly rounded, and a*b+c may be contracted to one FMA (one rounding, as SGEMM's inner loop).
+    "-ftz=false",
+    "-prec-div=true",
+    "-prec-sqrt=true",
+    "-fmad=true",
+    # Functions and namespace-scope variables without __host__/__device__ are device code (CuPy's habit;
+    # the templates annotate their functions, so it changes no kernel).
     "--device-as-default-execution-space",
 )
 # ptxas prints registers, static shared memory, stack frame and spills of each entry function: the

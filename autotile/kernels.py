@@ -54,7 +54,7 @@ class KernelSpec:
     def reference(inputs: tuple[Any, ...]) -> Any:
         """The float64 result of the same inputs (NumPy or CuPy arrays: the product runs where they are)."""
         a, b = inputs
-        return a.astype("float64") @ b.astype("float64")
+        return to_float64(a) @ to_float64(b)
 
     @property
     def space(self) -> Space:
@@ -170,6 +170,33 @@ KERNELS: dict[str, KernelSpec] = {
 }
 
 
+_WIDEN_SOURCE = r"""
+extern "C" __global__ void autotile_widen(const float* __restrict__ x, double* __restrict__ y, long long n) {
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
+        y[i] = (double)x[i];
+}
+"""
+
+
+def to_float64(x: Any) -> Any:
+    """`x` as float64, denormals kept: NumPy's astype for host arrays; for a float32 CuPy array a kernel
+    built with autotile's own options, because CuPy compiles its elementwise kernels (astype among them)
+    with -ftz=true, which reads float32 denormals as zero, and a reference made that way is wrong exactly
+    where the numerics are delicate."""
+    if isinstance(x, np.ndarray) or str(x.dtype) != "float32":
+        return x.astype("float64")
+    import cupy
+
+    from . import build
+
+    src = cupy.ascontiguousarray(x)
+    out = cupy.empty(src.shape, dtype=cupy.float64)
+    if src.size:
+        blocks = min((src.size + 255) // 256, 65535)
+        build.compile_kernel(_WIDEN_SOURCE, "autotile_widen")((blocks,), (256,), (src, out, np.int64(src.size)))
+    return out
+
+
 def get(kernel: str) -> KernelSpec:
     try:
         return KERNELS[kernel]
@@ -222,5 +249,5 @@ def metric(kernel: str, shape: tuple[int, ...], dtype: str, time_ms: float) -> t
     return spec.min_bytes(shape, DTYPE_SIZES[dtype]) / (time_ms * 1e-3) / 1e9, "GB/s"
 
 
-__all__ = ["KERNELS", "KernelSpec", "Launch", "compat_hash", "get", "metric", "source_hash", "tolerance",
-           "DTYPE_SIZES"]
+__all__ = ["KERNELS", "KernelSpec", "Launch", "compat_hash", "get", "metric", "source_hash", "to_float64",
+           "tolerance", "DTYPE_SIZES"]

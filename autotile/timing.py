@@ -136,8 +136,10 @@ def relative_error(out: Any, ref: Any) -> float:
     """||out - ref|| / ||ref|| in float64 (NaN or inf when the output holds them)."""
     import cupy
 
-    out64 = cupy.asarray(out, dtype=cupy.float64)
-    ref64 = cupy.asarray(ref, dtype=cupy.float64)
+    from .kernels import to_float64
+
+    out64 = to_float64(cupy.asarray(out))  # CuPy's own astype would read float32 denormals as zero
+    ref64 = to_float64(cupy.asarray(ref))
     num = float(cupy.linalg.norm((out64 - ref64).ravel()))
     den = float(cupy.linalg.norm(ref64.ravel()))
     return num / den if den > 0 else num

@@ -83,9 +83,11 @@ def test_parse_empty_and_malformed_reports() -> None:
 
 
 def test_compile_options_are_explicit() -> None:
-    # What CuPy's RawModule passed before autotile called NVRTC itself; a change retires the shipped
-    # records (options_key changes), so it must be deliberate.
-    assert build.COMPILE_OPTIONS == ("-std=c++17", "-ftz=true", "--device-as-default-execution-space")
+    # IEEE float32 arithmetic spelled out (no flush-to-zero: issue 11); a change makes every record a
+    # fallback (options_key changes), so it must be deliberate.
+    assert build.COMPILE_OPTIONS == ("-std=c++17", "-ftz=false", "-prec-div=true", "-prec-sqrt=true", "-fmad=true",
+                                     "--device-as-default-execution-space")
+    assert not any("ftz=true" in o or "use_fast_math" in o for o in build.COMPILE_OPTIONS)
     assert build.nvrtc_options("sm_90") == (*build.COMPILE_OPTIONS, "-arch=sm_90", "-Xptxas=-v")
     assert build.nvrtc_options("compute_89", ("-std=c++17",)) == ("-std=c++17", "-arch=compute_89", "-Xptxas=-v")
     with pytest.raises(InvalidValueError, match="sm_XX"):
@@ -173,7 +175,8 @@ def test_compile_error_carries_source_options_and_log() -> None:
 def test_cubin_is_the_one_cupys_rawmodule_built(monkeypatch: pytest.MonkeyPatch, arch: str) -> None:
     """Before build called NVRTC itself, kernels came from cupy.RawModule(code, options=("-std=c++17",)),
     which adds options of its own. Its compile path (CuPy internals: the device's arch and the module load
-    replaced, as there is no GPU here) must give the very cubin that build.compile gives."""
+    replaced, as there is no GPU here) gives the very cubin of build.compile with the legacy options that
+    older records name, and not today's: CuPy adds -ftz=true, which autotile no longer has."""
     from types import SimpleNamespace
 
     from autotile import kernels
@@ -198,7 +201,10 @@ def test_cubin_is_the_one_cupys_rawmodule_built(monkeypatch: pytest.MonkeyPatch,
         compiler._compile_with_cache_cuda(source, ("-std=c++17",), arch[3:], cache_in_memory=True)
     except (AttributeError, TypeError) as exc:  # another CuPy's internals: nothing to compare with
         pytest.skip(f"CuPy's compile path differs from 14.2's ({type(exc).__name__}: {exc})")
-    assert captured["cubin"] == build.compile(source, arch).binary
+    from autotile.select import LEGACY_COMPILE_OPTIONS
+
+    assert captured["cubin"] == build.compile(source, arch, LEGACY_COMPILE_OPTIONS).binary
+    assert captured["cubin"] != build.compile(source, arch).binary  # FFMA.FTZ there, FFMA here
 
 
 def test_missing_nvrtc_is_a_compile_error(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -261,8 +261,10 @@ def test_timing_harness_kernels_compile():
 # The shipped tf32x3 configs the tuner measured fastest may run right at the 255-register ceiling, and some
 # spill a few bytes: with CUDA 13, two (H200 4096x4096x64: 8 bytes under nvcc 13, 4 under NVRTC 13.5;
 # 8192x8192x128: 20; both 1.4x cuBLAS when timed); with NVRTC 12.9, five H200 configs spill 8 or 16 bytes.
+# Since the numerics issue (FP32 semantics: scaled split, exact path for non-finite tiles) NVRTC 12.9
+# spills up to 36 bytes on one of them (H100 8192^3, outside the inner loop: one reload per tile).
 # More than this would mean a template change made a shipped kernel spill in earnest.
-SHIPPED_SPILL_BYTES = {"simt": 0, "tf32x3": 32}
+SHIPPED_SPILL_BYTES = {"simt": 0, "tf32x3": 40}
 
 
 def _shipped_matmul() -> list[tuple[str, Config, str, str]]:

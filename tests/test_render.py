@@ -157,7 +157,7 @@ def test_sampled_configs_render(kernel, layout, dtype):
         src = spec.render(cfg, dtype, layout)
         d = space.derive(cfg, prob)
         kinds.add(cfg["smem"])
-        assert f'extern "C" __global__ void __launch_bounds__({d["threads"]})\nautotile_{kernel}(' in src
+        assert re.search(rf'extern "C" __global__ void __launch_bounds__\({d["threads"]}(, 1)?\)[^\n]*\nautotile_{kernel}\(', src)
         assert f"// config: {space.source_key(cfg)}\n" in src
         assert src.count("{") == src.count("}")
         assert "Undefined" not in src and "None" not in src
@@ -290,10 +290,14 @@ def test_tf32x3_renders_tensor_core_code_and_simt_does_not():
     spec = kernels.get("matmul")
     tc = _code(spec.render(spec.space.named("tf32x3-128")))
     assert "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32" in tc and "cp.async.cg.shared.global" in tc
-    # the split rounds to TF32 on the bits (cvt.rna.tf32.f32 survives only in a comment), and each tile's
-    # partial sums are added into the running sums outside the tensor cores
-    assert "(__float_as_uint(x) + 0x1000u) & 0xffffe000u" in tc and "cvt.rna" not in tc
+    # the split works on the scaled operand, rounds with cvt.rn from sm_90 and on the bits before (never
+    # with cvt.rna, 4 instructions), and each tile's partial sums are added outside the tensor cores
+    assert "const float scaled = x * SCALE;" in tc and "cvt.rn.tf32.f32" in tc and "cvt.rna" not in tc
+    assert "(__float_as_uint(scaled) + 0x1000u) & 0xffffe000u" in tc
     assert "acc[i][j][v] += part[i][j][v]" in tc
+    # a block whose fast result is not finite computes its tile again with FMAs; the others scale back
+    assert "if (__syncthreads_or(suspect))" in tc and "run_k_loop(multiply_tile_exact)" in tc
+    assert "fmaf(a[i][v / 2], b[j][v % 2], part[i][j][v])" in tc and "acc[i][j][v] *= UNSCALE" in tc
     simt = _code(spec.render(spec.space.named("regtile-128")))
     assert "mma.sync" not in simt and "cp.async" not in simt
 
@@ -309,4 +313,4 @@ def test_template_and_launcher_read_one_geometry(kernel, layout, dtype):
         launch = spec.launch(cfg, (1000, 900, 800)[:len(spec.dims)], dtype, layout)
         assert launch.block == (g["block_x"], g["block_y"], 1)
         assert g["block_x"] * g["block_y"] == g["threads"] == spec.space.derive(cfg, prob)["threads"]
-        assert f"__launch_bounds__({g['threads']})" in spec.render(cfg, dtype, layout)
+        assert re.search(rf"__launch_bounds__\({g['threads']}(, 1)?\)", spec.render(cfg, dtype, layout))

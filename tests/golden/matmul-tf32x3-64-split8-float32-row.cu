@@ -89,15 +89,35 @@ __device__ __forceinline__ T sum_splits(const T* p, size_t slice, int own, T min
 }
 
 
-// x = big + small + O(2^-22 x), big and small rounded to TF32 to nearest, ties away from zero.
-// Rounding is done on the bits: adding half a TF32 unit (0x1000) carries into bit 13 exactly when
-// cvt.rna would round up, and masking the low 13 bits gives big. For small only the add is needed,
-// because the tensor cores read a TF32 operand's top 19 bits and ignore the rest. This is 4
-// instructions per element where cvt.rna.tf32.f32 compiles to 4 per conversion (with an Inf/NaN
-// test whose cases the multiply turns into NaN or Inf anyway).
+// The operands are split at 2^13 times their value (SCALE), and the products come out 2^26 times too large
+// (the kernel scales C back at the end, exactly). At that scale every float32, denormals included, has its
+// small part on the tensor cores' grid: a TF32 operand is a float32's top 19 bits, which for a denormal
+// means multiples of 2^-136, and 2^13 x a float32 is a multiple of 2^-136. Unscaled, the small part of a
+// value below about 2^-112 would lose bits there (FP32-level accuracy needs them: an operand of 2^-120
+// times one of 2^110 is an ordinary product). The price is range at the top: a scaled value or product
+// past FLT_MAX turns Inf, which the kernel sees and answers by taking the exact path (see the end of
+// the K loop); that starts at products and partial sums of 2^102, and operands of 2^115.
+constexpr float SCALE = 0x1p13f, UNSCALE = 0x1p-26f;
+
+// x SCALE = big + small + O(2^-22 x SCALE), big and small rounded to TF32 to nearest. From sm_90 one
+// instruction rounds (cvt.rn.tf32.f32, ties to even), which makes the split as cheap as it was without the
+// scale: 4 instructions per element. Before sm_90 only cvt.rna exists (4 instructions by itself), so the
+// rounding is done on the bits: adding half a TF32 unit (0x1000) carries into bit 13 exactly when rna
+// rounds up, and masking the low 13 bits gives big; small needs only the add (the tensor cores read a
+// TF32 operand's top 19 bits). That add is taken as a signed max with small itself, which changes
+// nothing but a NaN: the GPU's NaN is 0x7fffffff, which the add would carry into the sign bit (-0).
+// Either way a NaN operand reaches the tensor cores in small (x - big is NaN whatever big is).
 __device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& small) {
-    big = (__float_as_uint(x) + 0x1000u) & 0xffffe000u;
-    small = __float_as_uint(x - __uint_as_float(big)) + 0x1000u;
+    const float scaled = x * SCALE;  // exact: a power of two, and denormals are kept (-ftz=false)
+#if __CUDA_ARCH__ >= 900
+    asm("cvt.rn.tf32.f32 %0, %1;" : "=r"(big) : "f"(scaled));
+    asm("cvt.rn.tf32.f32 %0, %1;" : "=r"(small) : "f"(scaled - __uint_as_float(big)));
+#else
+    big = (__float_as_uint(scaled) + 0x1000u) & 0xffffe000u;
+    const unsigned rest = __float_as_uint(scaled - __uint_as_float(big));
+    // unsigned add (it wraps: no undefined overflow for the compiler to assume away), compared as signed
+    small = static_cast<unsigned>(max(static_cast<int>(rest + 0x1000u), static_cast<int>(rest)));
+#endif
 }
 
 // d += a b for one 16 x 8 x 8 tile: a is 16 x 8 (row), b is 8 x 8 (col), d is 16 x 8, float32.
@@ -107,7 +127,7 @@ __device__ __forceinline__ void mma_tf32(float (&d)[4], const unsigned (&a)[4], 
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
-extern "C" __global__ void __launch_bounds__(128)
+extern "C" __global__ void __launch_bounds__(128, 1)  // 1: no occupancy target; ptxas keeps registers
 autotile_matmul(const T* __restrict__ A, const T* __restrict__ B, T* __restrict__ C,
                  int M, int N, int K, T* __restrict__ partials, unsigned int* __restrict__ tickets)
 {
@@ -225,12 +245,15 @@ autotile_matmul(const T* __restrict__ A, const T* __restrict__ B, T* __restrict_
     };
 
     float acc[MI][NI][4];
+    auto clear_acc = [&]() {
 #pragma unroll
-    for (int i = 0; i < MI; ++i)
+        for (int i = 0; i < MI; ++i)
 #pragma unroll
-        for (int j = 0; j < NI; ++j)
+            for (int j = 0; j < NI; ++j)
 #pragma unroll
-            for (int v = 0; v < 4; ++v) acc[i][j][v] = 0.0f;
+                for (int v = 0; v < 4; ++v) acc[i][j][v] = 0.0f;
+    };
+    clear_acc();
 
     // The mma k index q of a fragment (A's column, B's row) maps to the tile's k = 2 * (q % 4) + q / 4:
     // any one-to-one map gives the same sum, and this one puts a lane's two A elements of a row side by
@@ -285,22 +308,92 @@ autotile_matmul(const T* __restrict__ A, const T* __restrict__ B, T* __restrict_
                 for (int v = 0; v < 4; ++v) acc[i][j][v] += part[i][j][v];
     };
 
-    // The pipeline: tiles t+1 .. t+3 are in flight while tile t is multiplied. One commit group
-    // per tile (empty past the end) keeps the count of groups in flight fixed.
+    // The exact path, for the rare block the fast path cannot serve (see the end of the K loop): this warp's
+    // elements of C as FP32 FMAs, each tile's products summed in K order and the tile's sum added to acc,
+    // as the fast path does (and as blocked SGEMM kernels do: the rounding error of a sum grows with the
+    // length of its chains). FP32 arithmetic throughout, so Inf and NaN come out as SGEMM's.
+    auto multiply_tile_exact = [&](int s) {
+        const float* as = As + s * A_TILE + (warp_row + group) * A_STRIDE;
+        const float* bs = Bs + s * B_TILE + warp_col + 2 * quad;
+        float part[MI][NI][4];
 #pragma unroll
-    for (int t = 0; t < STAGES - 1; ++t) {
-        if (t < n_tiles) load_tiles(t, t);
-        copy_async_commit();
-    }
-    for (int t = 0; t < n_tiles; ++t) {
-        copy_async_wait<STAGES - 2>();  // this thread's copies of tile t have landed
-        // Everyone's copies of tile t have landed, and everyone is done with tile t-1, whose stage
-        // the next copies overwrite.
-        __syncthreads();
-        const int next = t + STAGES - 1;
-        if (next < n_tiles) load_tiles(next, next % STAGES);
-        copy_async_commit();
-        multiply_tile(t % STAGES);
+        for (int i = 0; i < MI; ++i)
+#pragma unroll
+            for (int j = 0; j < NI; ++j)
+#pragma unroll
+                for (int v = 0; v < 4; ++v) part[i][j][v] = 0.0f;
+#pragma unroll 2
+        for (int k = 0; k < BK; ++k) {
+            float a[MI][2], b[NI][2];
+#pragma unroll
+            for (int i = 0; i < MI; ++i) {
+                a[i][0] = as[(i * 16) * A_STRIDE + k];
+                a[i][1] = as[(i * 16 + 8) * A_STRIDE + k];
+            }
+#pragma unroll
+            for (int j = 0; j < NI; ++j) {
+                b[j][0] = bs[k * B_STRIDE + j * 8];
+                b[j][1] = bs[k * B_STRIDE + j * 8 + 1];
+            }
+#pragma unroll
+            for (int i = 0; i < MI; ++i)
+#pragma unroll
+                for (int j = 0; j < NI; ++j)
+#pragma unroll
+                    for (int v = 0; v < 4; ++v) part[i][j][v] = fmaf(a[i][v / 2], b[j][v % 2], part[i][j][v]);
+        }
+#pragma unroll
+        for (int i = 0; i < MI; ++i)
+#pragma unroll
+            for (int j = 0; j < NI; ++j)
+#pragma unroll
+                for (int v = 0; v < 4; ++v) acc[i][j][v] += part[i][j][v];
+    };
+
+    // The K loop: copies and multiplies every tile of this block's run of K with `multiply` (the fast
+    // path or the exact one).
+    auto run_k_loop = [&](auto multiply) {
+        // The pipeline: tiles t+1 .. t+3 are in flight while tile t is multiplied. One commit group
+        // per tile (empty past the end) keeps the count of groups in flight fixed.
+#pragma unroll
+        for (int t = 0; t < STAGES - 1; ++t) {
+            if (t < n_tiles) load_tiles(t, t);
+            copy_async_commit();
+        }
+        for (int t = 0; t < n_tiles; ++t) {
+            copy_async_wait<STAGES - 2>();  // this thread's copies of tile t have landed
+            // Everyone's copies of tile t have landed, and everyone is done with tile t-1, whose stage
+            // the next copies overwrite.
+            __syncthreads();
+            const int next = t + STAGES - 1;
+            if (next < n_tiles) load_tiles(next, next % STAGES);
+            copy_async_commit();
+            multiply(t % STAGES);
+        }
+    };
+    run_k_loop(multiply_tile);
+
+    // Where the fast path cannot give SGEMM's result, its own result says so: Inf and NaN operands, scaled
+    // operands that round to Inf, and scaled products or sums past FLT_MAX all leave an Inf or a NaN in
+    // the tile. A block where any thread holds one computes its tile again exactly, so its results, Inf
+    // and NaN included, are SGEMM's (cost: about three times the fast path, for those blocks only).
+    bool suspect = false;
+#pragma unroll
+    for (int i = 0; i < MI; ++i)
+#pragma unroll
+        for (int j = 0; j < NI; ++j)
+#pragma unroll
+            for (int v = 0; v < 4; ++v) suspect |= !(fabsf(acc[i][j][v]) <= 3.402823466e38f);  // Inf or NaN
+    if (__syncthreads_or(suspect)) {  // also: every warp is done with the tiles the loop reloads
+        clear_acc();
+        run_k_loop(multiply_tile_exact);
+    } else {
+#pragma unroll
+        for (int i = 0; i < MI; ++i)
+#pragma unroll
+            for (int j = 0; j < NI; ++j)
+#pragma unroll
+                for (int v = 0; v < 4; ++v) acc[i][j][v] *= UNSCALE;  // exact, denormal results included
     }
 
     // Split-K, summed by the last block: this split's raw partial tile goes to its slice of the workspace
