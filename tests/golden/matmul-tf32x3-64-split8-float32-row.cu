@@ -127,7 +127,7 @@ __device__ __forceinline__ void mma_tf32(float (&d)[4], const unsigned (&a)[4], 
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
-extern "C" __global__ void __launch_bounds__(128, 1)  // 1: no occupancy target; ptxas keeps registers
+extern "C" __global__ void __launch_bounds__(128)
 autotile_matmul(const T* __restrict__ A, const T* __restrict__ B, T* __restrict__ C,
                  int M, int N, int K, T* __restrict__ partials, unsigned int* __restrict__ tickets)
 {
