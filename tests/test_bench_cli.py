@@ -113,9 +113,9 @@ def test_a_result_that_was_not_saved_stops_the_run(capsys, monkeypatch, tmp_path
     rc = bench.main(["--kernels", "matmul", "--quick", "--tune", "3", "--out", str(tmp_path / "out")])
     out, err = capsys.readouterr()
     assert rc == 1
-    assert len(calls) == 1  # stopped after the first shape
-    assert out.startswith("tuned matmul row 4096x4096x4096: 1.5000 ms, 0.90x cuBLAS")
-    assert err == ("autotile.bench: error: matmul row 4096x4096x4096 was tuned but not saved to /ro/x.json: "
+    assert len(calls) == 1  # stopped after the first shape, under its first precision setting
+    assert out.startswith("tuned matmul row 4096x4096x4096 high: 1.5000 ms, 0.90x cuBLAS")
+    assert err == ("autotile.bench: error: matmul row 4096x4096x4096 high was tuned but not saved to /ro/x.json: "
                    "[Errno 30] Read-only file system\n")
 
 
@@ -305,7 +305,7 @@ def test_random_problem_times_the_runner_the_library_prepared(monkeypatch):
     monkeypatch.setattr(bench, "_Problem", FakeProblem)
     monkeypatch.setattr(bench.ops, "_prepare", prepare)
     row = bench._random_problem("matvec", (300, 5000), "col", "float32", None, None)
-    assert prepared_for == [("matvec", "float32", "col", (300, 5000))]
+    assert prepared_for == [("matvec", "float32", "col", (300, 5000), None)]  # None: the process's precision
     assert launched == [(("A", "x"), "y")]
     assert row.ratio == pytest.approx(1.25) and (row.cublas_ms, row.autotile_ms) == (2.0, 1.6)
     assert row.wrong and row.autotile_error == 0.3 and row.cublas_error == 1e-7  # kept, flagged
@@ -326,7 +326,8 @@ def test_random_run_writes_every_shape_and_flags_wrong_results(capsys, monkeypat
     monkeypatch.setattr("autotile.timing.L2Flusher", lambda l2_bytes: None)
     calls = []
 
-    def problem(kernel, shape, layout, dtype, flush, rng):
+    def problem(kernel, shape, layout, dtype, flush, rng, precision=""):
+        assert precision == ""  # matvec: the setting changes nothing, so each problem runs once
         calls.append((kernel, shape, layout, dtype))
         ratio = 0.5 + (len(calls) % 4) * 0.25
         return bench.RandomRow(kernel, layout, shape, 1.0, 1.0 / ratio, ratio, 1e-7, 1e-7, 1e-5, len(calls) == 2,

@@ -171,7 +171,7 @@ def test_record_implementation_round_trip_and_checks():
     rec = _record((5, 6, 7), config, 2.0, 1.0, "cublas")
     assert Record.from_json(rec.to_json()) == rec and rec.run_ms == 1.0
     old = rec.to_json()
-    del old["implementation"]  # written before the field existed: runs its config
+    del old["implementation"], old["precision"]  # written before the fields existed: runs its config
     assert Record.from_json(old).implementation == "generated"
     with pytest.raises(CacheError, match="implementation"):
         _record((5, 6, 7), config, 2.0, 1.0, "magma")
@@ -181,10 +181,15 @@ def test_record_implementation_round_trip_and_checks():
 
 def test_a_faster_cublas_record_is_kept_over_a_slower_config(tmp_path):
     cache = TuningCache(root=tmp_path, shipped_root=None)
-    config = kernels.get("matmul").space.named("tf32x3-128")
-    assert cache.put(_record((8, 8, 8), config, 2.0, 1.0, "cublas")).written
-    outcome = cache.put(_record((8, 8, 8), config, 1.5, 3.0))
+    space = kernels.get("matmul").space
+    config = space.named("tf32x3-128")
+    assert cache.put(_record((8, 8, 8), config, 2.0, 1.0, "cublas")).written  # cuBLAS: the "highest" slot
+    outcome = cache.put(_record((8, 8, 8), space.named("safe-default"), 1.5, 3.0))  # the same slot, slower
     assert not outcome.written and "1 ms" in (outcome.reason or "")
+    # A tf32x3 config has a slot of its own (needed "high"): stored beside, and cuBLAS, faster, still runs.
+    assert cache.put(_record((8, 8, 8), config, 1.5, 3.0)).written
+    sel = select.select(ProblemKey("matmul", "float32", "row", (8, 8, 8)), H100, cache)
+    assert sel.implementation == "cublas" and sel.source == "exact"
 
 
 def test_model_step_serves_shapes_without_a_record(tmp_path):
