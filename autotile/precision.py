@@ -79,9 +79,12 @@ def get_float32_matmul_precision() -> str:
         return found
     with _lock:
         if _setting is None:
-            raw = os.environ.get(ENV_VAR, "").strip()
+            raw = os.environ.get(ENV_VAR, "")
             # A value typed in a shell: case and surrounding blanks do not matter there.
-            _setting = _check(raw.lower(), ENV_VAR + "=") if raw else DEFAULT
+            value = raw.strip().lower() or DEFAULT
+            if value not in SETTINGS:
+                raise InvalidValueError(f"{ENV_VAR}={raw!r} is not one of {', '.join(SETTINGS)}")
+            _setting = value
         return _setting
 
 
