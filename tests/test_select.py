@@ -309,7 +309,8 @@ def test_matvec_and_float64_selection_is_the_same_under_every_setting(tmp_path, 
     from autotile.resources import shipped_cache_dir
 
     cache = TuningCache(root=tmp_path, shipped_root=shipped_cache_dir())
-    for key in (ProblemKey("matvec", "float32", "col", (16384, 16384)), ProblemKey("matvec", "float32", "row", (3000, 5000)),
+    for key in (ProblemKey("matvec", "float32", "col", (16384, 16384)),
+                ProblemKey("matvec", "float32", "row", (3000, 5000)),
                 ProblemKey("matmul", "float64", "row", (512, 512, 512))):
         chosen = {s: select.select(key, H100, cache, precision=s) for s in ("highest", "high", "medium")}
         assert len({(c.config, c.implementation, c.source) for c in chosen.values()}) == 1, key
