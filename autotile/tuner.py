@@ -328,7 +328,10 @@ class Tuner:
             precision=opts.precision)
 
     def _searched(self) -> str:
-        """The precision class the search reaches: two settings with the same one search the same space."""
+        """The precision class the search reaches: two settings with the same one search the same space
+        (and every setting the same, for a kernel and dtype the setting cannot narrow: matvec, float64)."""
+        if not precision_mod.applies(self.key.kernel, self.key.dtype):
+            return precision_mod.DEFAULT
         return precision_mod.loosest(self.options.precision)
 
     def default_study_name(self, limits: DeviceLimits) -> str:

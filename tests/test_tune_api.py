@@ -217,6 +217,9 @@ def test_default_study_names_differ_by_the_class_searched(table):
     names = {p: Tuner(key, TuneOptions(precision=p)).default_study_name(limits) for p in ("highest", "high", "medium")}
     assert names["high"] == names["medium"] == f"matmul-float32-row-1024x1024x1024-{limits.fingerprint}"
     assert names["highest"] == names["high"] + "-highest"
+    # Where the setting narrows nothing (matvec, float64) every setting searches the same space.
+    for other in (ProblemKey("matvec", "float32", "row", (64, 64)), ProblemKey("matmul", "float64", "row", SHAPE)):
+        assert not Tuner(other, TuneOptions(precision="highest")).default_study_name(limits).endswith("-highest")
 
 
 def test_a_study_is_bound_to_its_precision(tmp_path, table):
