@@ -4,7 +4,9 @@ A *setting* says which arithmetic a float32 matmul may use; a *class* is what a 
 needs to be allowed:
 
 - ``"highest"``: IEEE FP32 arithmetic only: the SIMT configs (``MATH: simt``, FP32 FMAs on the CUDA cores)
-  and cuBLAS SGEMM/SGEMV as CuPy calls it (without TF32). No tensor-core instruction runs.
+  and cuBLAS SGEMM/SGEMV as CuPy calls it by default (FP32 compute type, no TF32; a process that tells
+  CuPy to allow TF32 changes what cuBLAS runs, which autotile does not check). No tensor-core instruction
+  of autotile's runs.
 - ``"high"`` (the default): also the tensor-core configs of ``MATH: tf32x3``, which split each FP32 operand
   into two TF32 parts and sum three products in FP32: FP32-level accuracy, not IEEE FP32 bit for bit.
 - ``"medium"``: accepted for PyTorch compatibility, and allows exactly what ``"high"`` allows: autotile has
