@@ -2,6 +2,8 @@
 
 Importing autotile touches no GPU and does not need CuPy: rendering kernels and inspecting search spaces
 work anywhere. The tuned kernels (`matmul`, `matvec`) and `tune` import CuPy when first called.
+`set_float32_matmul_precision` / `get_float32_matmul_precision` set and read the process-wide float32
+matmul precision ("highest", "high", "medium"), in PyTorch's words (`autotile.precision`).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from .first_call import tune_at_first_call
 from .kernels import KERNELS
 from .kernels import get as get_kernel
 from .ops import matmul, matvec
+from .precision import get_float32_matmul_precision, set_float32_matmul_precision
 from .space import Config, Problem, Space, load_space
 
 __version__ = "0.1.0"
@@ -30,8 +33,9 @@ __version__ = "0.1.0"
 __all__ = [
     "AutotileError", "ArgumentError", "CacheError", "CompileError", "Config", "DeviceLimits",
     "DeviceUnavailableError", "InfeasibleConfigError", "InvalidValueError", "KERNELS", "PROFILES", "Problem",
-    "Space", "SpaceDefinitionError", "UnknownNameError", "get_kernel", "live_device", "load_space", "profile",
-    "matmul", "matvec", "render", "tune", "tune_at_first_call",
+    "Space", "SpaceDefinitionError", "UnknownNameError", "get_float32_matmul_precision", "get_kernel", "live_device",
+    "load_space", "profile", "matmul", "matvec", "render", "set_float32_matmul_precision", "tune",
+    "tune_at_first_call",
 ]
 
 

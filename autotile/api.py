@@ -24,11 +24,12 @@ def to_record(result: TuneResult, compat: str, source: str | None = None) -> Any
     env["source_sha"] = kernels.source_hash(source)
     env.setdefault("compile_options", list(build.COMPILE_OPTIONS))
     env.update(spread_rounds_ms=list(result.best.round_ms), trials=result.trials,
-               seconds=round(result.seconds, 1), study=result.study_name,
+               seconds=round(result.seconds, 1), study=result.study_name, precision_setting=result.precision,
                best_seed=result.best_seed.seed_name if result.best_seed else None,
                best_seed_ms=result.best_seed.median_ms if result.best_seed else None)
     # cuBLAS is one more candidate, timed with the finalists: where it won, the library runs it (and the
-    # best config is kept in the record all the same).
+    # best config is kept in the record all the same). The record's precision class is what its winner
+    # needs (derived by Record), which may be stricter than the setting it was tuned under.
     cublas_won = result.baseline_ms is not None and result.baseline_ms < result.best.median_ms
     return Record(kernel=result.kernel, dtype=result.dtype, layout=result.layout, shape=result.shape,
                   compat=compat, config=dict(result.best.config), time_ms=result.best.median_ms,
@@ -42,14 +43,18 @@ def tune(kernel: str, shape: str | tuple[int, ...], *, dtype: str = "float32", l
          storage: str | None = None, study_name: str | None = None, cache: Any = "default",
          progress: bool | Callable[[Progress], None] = False, evaluator: Any = None,
          candidate_timeout: float = 60.0, render_source: Callable[..., str] | None = None,
-         fix: dict[str, Any] | None = None, start: dict[str, Any] | None = None) -> TuneResult:
+         fix: dict[str, Any] | None = None, start: dict[str, Any] | None = None,
+         precision: str | None = None) -> TuneResult:
     """Tune `kernel` for one problem on the current GPU and store the winner in the cache.
 
     `shape` is 'MxNxK' (matmul) or 'MxK' (matvec) or a tuple. `storage` is an optuna storage URL
     ('sqlite:///tune.db' resumes a stopped study); by default the study lives in memory. `cache=None`
     skips the cache write. `evaluator` replaces the GPU worker (a `ReplayEvaluator`, in tests). `fix`
     narrows the space: parameter -> value or list of values. `start` names configs (name -> parameter
-    mapping) to run right after the seeds, such as the config in use when re-tuning.
+    mapping) to run right after the seeds, such as the config in use when re-tuning. `precision` is the
+    float32 matmul precision setting the winner must run under (None: the process-wide one, "high" unless
+    set): "highest" searches the SIMT configs only (MATH=simt), "high" and "medium" the tf32x3 ones too; the
+    study is bound to it, and its default name ends in "-highest" under "highest".
     """
     key = ProblemKey.of(kernel, shape, dtype, layout)
     # Everything cheap is checked before a worker starts: the same checks, and words, as the command's.
@@ -58,9 +63,11 @@ def tune(kernel: str, shape: str | tuple[int, ...], *, dtype: str = "float32", l
     candidate_timeout = validate.seconds(candidate_timeout, name="candidate_timeout", allow_none=False)
     seed = validate.seed(seed)
     storage = validate.storage_url(storage)
+    setting = validate.precision(precision)
     options = TuneOptions(trials=trials, timeout_s=timeout, sampler=sampler, seed=seed, storage=storage,
                           study_name=study_name, candidate_timeout_s=candidate_timeout,
-                          start=tuple((name, dict(values)) for name, values in (start or {}).items()))
+                          start=tuple((name, dict(values)) for name, values in (start or {}).items()),
+                          precision=setting)
     space = kernels.get(kernel).space.restricted(fix) if fix else None
     tuner = Tuner(key, options, space=space, render_source=render_source)
     owned = evaluator is None

@@ -7,6 +7,10 @@ same run and to the measured ceilings (device-to-device copy, a full read, the F
 and clock). Writes the table as Markdown and JSON, with the GPU, date, driver, CUDA and CuPy versions, and the
 README's summary tables (`summary.md`, see autotile.report).
 
+Float32 matmul's autotile rows are timed under each precision setting of `--precision` (default: "high",
+then "highest", both against the cuBLAS of the same run): what the library picks differs between them (no
+tf32x3 config under "highest"). Matvec and float64, where the setting changes nothing, are timed once.
+
 `--random N [--seed S]` times instead N random shapes per kernel (`random_shapes`; seed 0 by default), each
 as the library runs it (`autotile.ops`' prepared runner, whatever the selection chain picked for the shape)
 against cuBLAS, and writes the distribution of the ratios (`random.md`, `random.json`); the fixed shape
@@ -21,12 +25,14 @@ import json
 import math
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from . import build, kernels, ops
+from . import precision as precision_mod
 from .impl import Cublas, Generated
 from .problem import ProblemKey
 from .report import random_groups, ratio_summary, summary_markdown
@@ -57,6 +63,8 @@ RANDOM_LAYOUTS = {"matmul": ("row",), "matvec": ("row", "col")}
 # a random run has hundreds of problems, and its statistic is over shapes, not over repetitions of one.
 RANDOM_TIMING: dict[str, Any] = {"min_reps": 5, "max_reps": 50, "target_ms": 50.0}
 _RANDOM_STREAM = {"matmul": 0, "matvec": 1}  # each kernel its own stream: its shapes do not depend on --kernels
+# The precision settings float32 matmul is timed under without --precision: the default, then IEEE only.
+DEFAULT_PRECISIONS = ("high", "highest")
 MATMUL_SEEDS = ("seed-naive", "seed-tiled16", "seed-tiled32")
 MATVEC_SEEDS = ("seed-matvec-colmajor",)
 
@@ -76,6 +84,7 @@ class Row:
     error: float | None  # NaN where beyond kernels.tolerance (a wrong result)
     config: str = ""
     rel_error: float | None = None  # the error as measured, beyond the tolerance or not
+    precision: str = ""  # the setting an autotile row was chosen under; "" where it changes nothing
 
 
 @dataclasses.dataclass
@@ -95,6 +104,29 @@ class RandomRow:
     source: str  # the selection step that chose the config (exact, nearest, ...)
     selection: str  # Selection.explain(): the step, the shape it was tuned on, the config
     config: str
+    precision: str = ""  # the setting the library ran under; "" where it changes nothing (matvec, float64)
+
+
+def settings_for(kernel: str, dtype: str, requested: Sequence[str] | None) -> list[str]:
+    """The precision settings a problem's autotile rows are timed under: float32 matmul each of
+    `requested` (None: DEFAULT_PRECISIONS); elsewhere the setting changes nothing, so once, as ""."""
+    if not precision_mod.applies(kernel, dtype):
+        return [""]
+    return list(requested) if requested else list(DEFAULT_PRECISIONS)
+
+
+def parse_precisions(text: str | None) -> list[str] | None:
+    """--precision's text: settings separated by commas, each checked, in order, without repeats."""
+    if text is None:
+        return None
+    from . import validate
+
+    settings: list[str] = []
+    for item in text.split(","):
+        setting = validate.precision(item.strip(), name="--precision")
+        if setting not in settings:
+            settings.append(setting)
+    return settings
 
 
 def random_shapes(kernel: str, n: int, seed: int) -> list[tuple[int, ...]]:
@@ -199,8 +231,11 @@ def _relative_to_first(rows: list[Row]) -> list[Row]:
 
 
 def _bench_problem(kernel: str, shape: tuple[int, ...], layout: str, dtype: str, seeds: tuple[str, ...],
-                   limits: Any, ceilings: dict[str, float], flush: Any, rng: Any) -> list[Row]:
-    """cuBLAS, the seeds, and the config the library picks, on one problem."""
+                   limits: Any, ceilings: dict[str, float], flush: Any, rng: Any,
+                   settings: Sequence[str] = ("",)) -> list[Row]:
+    """cuBLAS, the seeds, and the config the library picks under each precision setting of `settings` ("":
+    the process-wide one, for problems where it changes nothing), on one problem: every ratio is to the
+    cuBLAS time of this run."""
     p = _Problem(kernel, shape, layout, dtype, ceilings, flush, rng)
     rows = [p.measure("cuBLAS", p.cublas())]
     problem = Problem(limits, dtype, layout)
@@ -208,9 +243,12 @@ def _bench_problem(kernel: str, shape: tuple[int, ...], layout: str, dtype: str,
         config = p.spec.space.named(name)
         if p.spec.space.is_feasible(config, problem):
             rows.append(p.measure(name, p.launcher(config), config.key()))
-    selection = select(ProblemKey(kernel, dtype, layout, shape), limits)
-    rows.append(p.measure(f"autotile ({selection.source})", p._run(selection.implementation_object()),
-                          selection.config.key() if selection.config is not None else "cuBLAS"))
+    for setting in settings:
+        selection = select(ProblemKey(kernel, dtype, layout, shape), limits, precision=setting or None)
+        row = p.measure(f"autotile ({selection.source})", p._run(selection.implementation_object()),
+                        selection.config.key() if selection.config is not None else "cuBLAS")
+        row.precision = setting
+        rows.append(row)
     return _relative_to_first(rows)
 
 
@@ -232,12 +270,12 @@ def _fallback_problem(kernel: str, shape: tuple[int, ...], layout: str, dtype: s
 
 
 def _random_problem(kernel: str, shape: tuple[int, ...], layout: str, dtype: str, flush: Any,
-                    rng: Any) -> RandomRow:
-    """cuBLAS and what `autotile.matmul`/`matvec` runs for this problem: the runner `autotile.ops` prepared
-    and memoized for it, whichever implementation the selection chain chose. One reference, one set of
-    inputs, the same timing for both."""
+                    rng: Any, precision: str = "") -> RandomRow:
+    """cuBLAS and what `autotile.matmul`/`matvec` runs for this problem under the precision setting
+    (""/None: the process-wide one): the runner `autotile.ops` prepared and memoized for it, whichever
+    implementation the selection chain chose. One reference, one set of inputs, the same timing for both."""
     p = _Problem(kernel, shape, layout, dtype, None, flush, rng, RANDOM_TIMING)
-    prepared = ops._prepare(kernel, dtype, layout, shape)
+    prepared = ops._prepare(kernel, dtype, layout, shape, precision or None)
     selection = prepared.selection
     config = getattr(selection, "config", None)
     key = config.key() if config is not None else ""
@@ -246,7 +284,8 @@ def _random_problem(kernel: str, shape: tuple[int, ...], layout: str, dtype: str
     mine = p.measure("autotile", lambda: runner.run(inputs, out), key)
     wrong = any(r.error is None or r.error != r.error for r in (cublas, mine))
     return RandomRow(kernel, layout, shape, cublas.time_ms, mine.time_ms, cublas.time_ms / mine.time_ms,
-                     cublas.rel_error, mine.rel_error, p.tol, wrong, selection.source, selection.explain(), key)
+                     cublas.rel_error, mine.rel_error, p.tol, wrong, selection.source, selection.explain(), key,
+                     precision)
 
 
 def _fmt(x: float | None, spec: str) -> str:
@@ -254,11 +293,13 @@ def _fmt(x: float | None, spec: str) -> str:
 
 
 def random_summaries(rows: list[RandomRow]) -> dict[str, dict[str, Any]]:
-    """ratio_summary per "kernel layout", with the count of wrong results and the 5 slowest shapes."""
+    """ratio_summary per "kernel layout" (and precision setting, where it applies), with the count of wrong
+    results and the 5 slowest shapes."""
     result = {}
-    for (kernel, layout), group in random_groups([dataclasses.asdict(r) for r in rows]).items():
+    for (kernel, layout, setting), group in random_groups([dataclasses.asdict(r) for r in rows]).items():
         worst = sorted(group, key=lambda r: r["ratio"])[:5]
-        result[f"{kernel} {layout}"] = ratio_summary([r["ratio"] for r in group]) | {
+        name = f"{kernel} {layout}" + (f" {setting}" if setting else "")
+        result[name] = ratio_summary([r["ratio"] for r in group]) | {
             "wrong": sum(1 for r in group if r["wrong"]),
             "worst": [{"shape": r["shape"], "ratio": r["ratio"], "source": r["source"], "selection": r["selection"]}
                       for r in worst]}
@@ -309,14 +350,17 @@ def random_results_markdown(rows: list[RandomRow], summaries: dict[str, dict[str
               "selection |",
               "| --- | --- | --- | ---: | ---: | ---: | ---: | --- |"]
     for r in rows:
-        lines.append(f"| {r.kernel} | {r.layout} | {_shape_text(r.shape)} | {r.cublas_ms:.4f} | {r.autotile_ms:.4f} | "
+        lines.append(f"| {r.kernel}{' ' + r.precision if r.precision else ''} | {r.layout} | {_shape_text(r.shape)} | "
+                     f"{r.cublas_ms:.4f} | {r.autotile_ms:.4f} | "
                      f"{r.ratio:.2f}{' (WRONG)' if r.wrong else ''} | {_fmt(r.cublas_error, '.1e')} / "
                      f"{_fmt(r.autotile_error, '.1e')} | {r.selection} |")
     return "\n".join(lines) + "\n"
 
 
-def _run_random(chosen: list[str], n: int, seed: int, dtype: str, out: Path, limits: Any) -> int:
-    """--random: time every drawn shape, write random.md and random.json, print the distribution."""
+def _run_random(chosen: list[str], n: int, seed: int, dtype: str, out: Path, limits: Any,
+                precisions: Sequence[str] | None = None) -> int:
+    """--random: time every drawn shape (float32 matmul under each precision setting), write random.md and
+    random.json, print the distribution."""
     import cupy
 
     from .timing import L2Flusher
@@ -330,13 +374,14 @@ def _run_random(chosen: list[str], n: int, seed: int, dtype: str, out: Path, lim
     for kernel in chosen:
         for shape in random_shapes(kernel, n, seed):
             for layout in RANDOM_LAYOUTS[kernel]:
-                row = _random_problem(kernel, shape, layout, dtype, flush, rng)
-                # Every problem has other sizes: cached blocks of the last would only fragment the pool.
-                pool.free_all_blocks()
-                rows.append(row)
-                print(f"{kernel:<6} {layout:<3} {_shape_text(shape):<17} cuBLAS {row.cublas_ms:9.4f} ms  autotile "
-                      f"{row.autotile_ms:9.4f} ms  {row.ratio:5.2f}x  {row.selection}"
-                      + ("  WRONG RESULT" if row.wrong else ""), flush=True)
+                for setting in settings_for(kernel, dtype, precisions):
+                    row = _random_problem(kernel, shape, layout, dtype, flush, rng, precision=setting)
+                    # Every problem has other sizes: cached blocks of the last would only fragment the pool.
+                    pool.free_all_blocks()
+                    rows.append(row)
+                    print(f"{kernel:<6} {layout:<3} {_shape_text(shape):<17} {setting:<7} cuBLAS "
+                          f"{row.cublas_ms:9.4f} ms  autotile {row.autotile_ms:9.4f} ms  {row.ratio:5.2f}x  "
+                          f"{row.selection}" + ("  WRONG RESULT" if row.wrong else ""), flush=True)
     summaries = random_summaries(rows)
     out.mkdir(parents=True, exist_ok=True)
     results = {"mode": "random", "environment": env, "summary": summaries,
@@ -364,13 +409,16 @@ def _whole_number(text: str | None, name: str, what: str) -> int | None:
         raise InvalidValueError(f"{name} must be {what}, got {text!r}") from None
 
 
-def _retired_entry(kernel: str, dtype: str, layout: str, shape: tuple[int, ...], device: str) -> Any:
-    """The config of this exact shape's cache entry, whether or not its kernel still renders the source
-    that was timed; None where there is no entry or its config no longer parses."""
+def _retired_entry(kernel: str, dtype: str, layout: str, shape: tuple[int, ...], device: str,
+                   setting: str = "") -> Any:
+    """The config of this exact shape's cache entry that the precision setting allows ("": any), whether
+    or not its kernel still renders the source that was timed; None where there is no entry or its config
+    no longer parses."""
     from .cache import TuningCache
 
     spec = kernels.get(kernel)
-    record = TuningCache().get(device, ProblemKey(kernel, dtype, layout, shape), kernels.compat_hash(kernel))
+    record = TuningCache().get(device, ProblemKey(kernel, dtype, layout, shape), kernels.compat_hash(kernel),
+                               allowed_by=setting or None)
     try:
         return spec.space.config(record.config) if record is not None else None
     except Exception:
@@ -422,14 +470,18 @@ def to_markdown(rows: list[Row], env: dict[str, Any], ceilings: dict[str, float]
              f"Ceilings measured in the same run: copy {ceilings['copy_gbps']:,.0f} GB/s, read "
              f"{ceilings['read_gbps']:,.0f} GB/s, FP32 peak {ceilings['fp32_peak_tflops']:.1f} TFLOP/s "
              f"({ceilings['clock_mhz']:.0f} MHz). Times are medians with L2 flushed; ratios within this run; "
-             "rel. error is ||out - ref|| / ||ref|| against a float64 product.",
+             "rel. error is ||out - ref|| / ||ref|| against a float64 product. Precision: the float32 matmul "
+             "setting an autotile row was chosen under (highest: IEEE FP32 only; high: tf32x3 allowed); - where "
+             "it changes nothing.",
              "",
-             "| kernel | layout | shape | implementation | ms | TFLOP/s or GB/s | x cuBLAS | x ceiling | rel. error |",
-             "| --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: |"]
+             "| kernel | layout | shape | implementation | precision | ms | TFLOP/s or GB/s | x cuBLAS | x ceiling | "
+             "rel. error |",
+             "| --- | --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: |"]
     for r in rows:
         value = f"{r.metric / 1e3:.1f} TFLOP/s" if r.unit == "GFLOP/s" else f"{r.metric:,.0f} GB/s"
         bad = "" if r.error == r.error else " (WRONG)"
         lines.append(f"| {r.kernel} | {r.layout} | {'x'.join(map(str, r.shape))} | {r.name}{bad} | "
+                     f"{r.precision or '-'} | "
                      f"{r.time_ms:.4f} | {value} | {r.vs_cublas:.2f} | {r.vs_ceiling:.2f} | "
                      f"{'-' if r.error is None or r.error != r.error else format(r.error, '.1e')} |")
     return "\n".join(lines) + "\n"
@@ -459,7 +511,11 @@ def main(argv: list[str] | None = None) -> int:
                              "as the library runs them against cuBLAS; writes random.md and random.json")
     parser.add_argument("--seed", default=None, metavar="S",
                         help="with --random: the seed of the shapes and of the inputs (default 0)")
-    # --random and --seed are read as text and checked below: argparse's own error would be two lines.
+    parser.add_argument("--precision", default=None, metavar="SETTING[,SETTING]",
+                        help="float32 matmul precision settings to time autotile under, from highest, high, medium "
+                             f"(default {','.join(DEFAULT_PRECISIONS)}; matvec and float64 run once, as the "
+                             "setting changes nothing for them); with --tune, each is tuned")
+    # --random, --seed and --precision are read as text and checked below: argparse's own error would be two lines.
     args = parser.parse_args(argv)
 
     from . import validate
@@ -527,6 +583,7 @@ def main(argv: list[str] | None = None) -> int:
             raise InvalidValueError("--seed acts only with --random N, which is not given")
         if seed is not None:
             validate.seed(seed, name="--seed")
+        precisions = parse_precisions(args.precision)
     except AutotileError as exc:
         return fail(str(exc))
 
@@ -536,13 +593,13 @@ def main(argv: list[str] | None = None) -> int:
         limits = live_device()  # before CuPy is imported: no GPU or no CuPy is one line, not a traceback
 
         if random_n is not None:
-            return _run_random(chosen, random_n, seed or 0, args.dtype, out, limits)
+            return _run_random(chosen, random_n, seed or 0, args.dtype, out, limits, precisions)
 
         import cupy
 
         from .timing import L2Flusher
 
-        env = environment(limits)
+        env = environment(limits) | {"dtype": args.dtype}
         ceilings = measure_ceilings(limits)
         flush = L2Flusher(limits.l2_bytes)
         rng = cupy.random.default_rng(2026)
@@ -551,36 +608,40 @@ def main(argv: list[str] | None = None) -> int:
             from .api import tune
 
             for kernel, shape, layout, _ in todo:
-                sel = select(ProblemKey(kernel, args.dtype, layout, shape), limits)
-                if sel.source == "exact" and not args.retune:
-                    continue
-                t0 = time.time()
-                # Re-tuning starts from the config in use, so the new entry is never slower than the old one,
-                # and from this shape's own entry where a template change has retired it (still a good guess).
-                start = ({f"in use ({sel.source})": sel.config}
-                         if sel.source != "built-in default" and sel.config is not None else {})
-                retired = _retired_entry(kernel, args.dtype, layout, shape, limits.fingerprint)
-                if retired is not None and retired != sel.config:
-                    start["this shape's retired entry"] = retired
-                result = tune(kernel, shape, dtype=args.dtype, layout=layout, trials=args.tune,
-                              timeout=args.tune_timeout, start=start or None, fix=fix or None)
-                label = f"{kernel} {layout} {'x'.join(map(str, shape))}"
-                print(f"tuned {label}: {result.best.median_ms:.4f} ms, {result.vs_baseline or 0:.2f}x cuBLAS, "
-                      f"{time.time() - t0:.0f} s", flush=True)
-                note = getattr(result, "save_note", None)  # fields of newer libraries: read with getattr
-                if note:
-                    print(note, flush=True)
-                error = getattr(result, "save_error", None)
-                if error:  # the next shapes' tuning would be lost the same way, and the benchmark not use it
-                    where = getattr(result, "saved_path", None) or "the cache"
-                    return fail(f"{label} was tuned but not saved to {where}: {' '.join(str(error).split())}", 1)
+                for setting in settings_for(kernel, args.dtype, precisions):
+                    sel = select(ProblemKey(kernel, args.dtype, layout, shape), limits, precision=setting or None)
+                    if sel.source == "exact" and not args.retune:
+                        continue
+                    t0 = time.time()
+                    # Re-tuning starts from the config in use, so the new entry is never slower than the old
+                    # one, and from this shape's own entry where a template change has retired it (still a good
+                    # guess). Both as the setting allows: the tuner leaves out a start outside its space.
+                    start = ({f"in use ({sel.source})": sel.config}
+                             if sel.source != "built-in default" and sel.config is not None else {})
+                    retired = _retired_entry(kernel, args.dtype, layout, shape, limits.fingerprint, setting)
+                    if retired is not None and retired != sel.config:
+                        start["this shape's retired entry"] = retired
+                    result = tune(kernel, shape, dtype=args.dtype, layout=layout, trials=args.tune,
+                                  timeout=args.tune_timeout, start=start or None, fix=fix or None,
+                                  precision=setting or None)
+                    label = f"{kernel} {layout} {'x'.join(map(str, shape))}" + (f" {setting}" if setting else "")
+                    print(f"tuned {label}: {result.best.median_ms:.4f} ms, {result.vs_baseline or 0:.2f}x cuBLAS, "
+                          f"{time.time() - t0:.0f} s", flush=True)
+                    note = getattr(result, "save_note", None)  # fields of newer libraries: read with getattr
+                    if note:
+                        print(note, flush=True)
+                    error = getattr(result, "save_error", None)
+                    if error:  # the next shapes' tuning would be lost the same way, and the benchmark not use it
+                        where = getattr(result, "saved_path", None) or "the cache"
+                        return fail(f"{label} was tuned but not saved to {where}: {' '.join(str(error).split())}", 1)
         if args.tune_only:
             return 0
         for kernel, shape, layout, seeds in todo:
-            new = _bench_problem(kernel, shape, layout, args.dtype, seeds, limits, ceilings, flush, rng)
+            new = _bench_problem(kernel, shape, layout, args.dtype, seeds, limits, ceilings, flush, rng,
+                                 settings_for(kernel, args.dtype, precisions))
             rows += new
             for r in new:
-                print(f"{r.kernel:<6} {r.layout:<3} {'x'.join(map(str, r.shape)):<17} {r.name:<28} "
+                print(f"{r.kernel:<6} {r.layout:<3} {'x'.join(map(str, r.shape)):<17} {r.name:<28} {r.precision:<7} "
                       f"{r.time_ms:9.4f} ms {r.metric:>10,.0f} {r.unit:<7} {r.vs_cublas:5.2f}x cuBLAS "
                       f"{r.vs_ceiling:5.2f}x ceiling" + ("" if r.error == r.error else "  WRONG RESULT"), flush=True)
         if args.fallback:

@@ -2,10 +2,16 @@
 
 Layout on disk, one JSON file per entry so that a damaged file costs only itself::
 
-    <root>/<device fingerprint>/<kernel>-<dtype>-<layout>-<shape>-<compat>.json
+    <root>/<device fingerprint>/<kernel>-<dtype>-<layout>-<shape>[-<slot>]-<compat>.json
 
-`shape` is like ``4096x4096x4096`` (or ``default`` for a device's fallback entry in the shipped cache) and
-`compat` is the first 12 characters of a compatibility hash that the caller computes
+`shape` is like ``4096x4096x4096`` (or ``default`` for a device's fallback entry in the shipped cache);
+`slot` is the precision class the record needs (`autotile.precision`) where that is not "highest": a
+problem has one entry per class, so that an IEEE-only ("highest") tuning result is never thrown away for a
+faster tf32x3 ("high") one, which the "highest" setting may not run. A "highest" record keeps the name
+without a slot, the name every record had before slots existed; a file of that name holding an older
+record that needs "high" (a tf32x3 config, written before slots) still counts as the "high" entry, and a
+`put` to the "highest" slot first moves such a record to its own name. `compat` is the first 12
+characters of a compatibility hash that the caller computes
 (`kernels.compat_hash`: the kernel's name and the names of its parameters that have no default); an entry
 whose full hash differs from the caller's is stale and never returned. That hash only says whether a
 stored config can still be read: a template edit or another compiler leaves it as it is. For those, each
@@ -38,15 +44,16 @@ import tempfile
 import time
 import types
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Callable, Literal
 
 import filelock
 import platformdirs
 
+from . import precision as precision_mod
 from . import resources
-from .errors import CacheError
+from .errors import AutotileError, CacheError
 from .problem import ProblemKey
 
 SCHEMA = 1
@@ -64,9 +71,14 @@ _PART_UNSAFE = re.compile(r"[^A-Za-z0-9_.+]+")
 _DIR_UNSAFE = re.compile(r"[^A-Za-z0-9_.+-]+")
 _ALNUM = re.compile(r"[A-Za-z0-9]")
 
+SLOTS = precision_mod.CLASSES  # one entry per problem and class: "highest", "high"
+UNNAMED_SLOT = "highest"  # the slot whose file name has no slot part (every name before slots existed)
+
 _FIELDS = ("kernel", "dtype", "layout", "shape", "compat", "config", "time_ms", "spread", "metric",
            "metric_unit", "baseline_ms", "device", "environment", "schema")
-_OPTIONAL_FIELDS = ("implementation",)  # added later: a record without it runs its generated config
+# Added later: a record without `implementation` runs its generated config; one without `precision` needs
+# what its config and implementation need (`precision.needed`).
+_OPTIONAL_FIELDS = ("implementation", "precision")
 IMPLEMENTATIONS = ("generated", "cublas")
 
 
@@ -245,8 +257,10 @@ class Record:
     (p75 - p25) / median); `metric` is in `metric_unit` (GFLOP/s or GB/s); `baseline_ms` is the cuBLAS time
     measured in the same run, if any. `implementation` says what the library runs for this problem:
     "generated" (the config) or "cublas" (where cuBLAS beat the best config; the config is kept all the
-    same, a tuning result is never thrown away). `run_ms` is the time of what runs. Constructing an invalid
-    record raises `CacheError`.
+    same, a tuning result is never thrown away). `run_ms` is the time of what runs. `precision` is the
+    class what runs needs ("highest": IEEE FP32 or float64; "high": tf32x3), which is also the record's slot
+    in the cache; "" derives it from `config` and `implementation`, and a value that differs from what
+    they need is refused. Constructing an invalid record raises `CacheError`.
     """
 
     kernel: str
@@ -264,6 +278,7 @@ class Record:
     environment: dict[str, Any]
     schema: int = SCHEMA
     implementation: str = "generated"
+    precision: str = ""
 
     @property
     def run_ms(self) -> float:
@@ -296,6 +311,24 @@ class Record:
         }
         for name, value in normalised.items():
             object.__setattr__(self, name, value)
+        object.__setattr__(self, "precision", self._check_precision())
+
+    def _check_precision(self) -> str:
+        """The class this record needs: derived, and compared with the stored one where there is one (a
+        record filed under a stricter class than its config needs would run tensor cores under "highest")."""
+        try:
+            derived = precision_mod.needed(self.kernel, self.dtype, self.config, self.implementation)
+        except AutotileError as exc:
+            raise CacheError(f"record config: {exc}") from None
+        if self.precision == "":
+            return derived
+        if self.precision not in precision_mod.CLASSES:
+            raise CacheError(f"record field 'precision' is {self.precision!r}; expected one of "
+                             f"{', '.join(precision_mod.CLASSES)}")
+        if self.precision != derived:
+            raise CacheError(f"record field 'precision' is {self.precision!r}, but its {self.implementation} "
+                             f"config needs {derived!r}")
+        return derived
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict (the shape as a list)."""
@@ -305,6 +338,7 @@ class Record:
             "time_ms": self.time_ms, "spread": self.spread, "metric": self.metric,
             "metric_unit": self.metric_unit, "baseline_ms": self.baseline_ms, "device": self.device,
             "environment": dict(self.environment), "implementation": self.implementation,
+            "precision": self.precision,
         }
 
     @classmethod
@@ -368,10 +402,39 @@ def _device_dir(device: str) -> str:
     return _safe(device, "device", _DIR_UNSAFE)
 
 
-def _file_name(kernel: str, dtype: str, layout: str, shape_part: str, compat: str) -> str:
-    parts = (_safe(kernel, "kernel"), _safe(dtype, "dtype"), _safe(layout, "layout"), shape_part,
+def _file_name(kernel: str, dtype: str, layout: str, shape_part: str, compat: str,
+               slot: str = UNNAMED_SLOT) -> str:
+    # A shape part is digits and "x" (or "default"), so a slot part after it can never be read as one.
+    slot_part = () if slot == UNNAMED_SLOT else (_check_slot(slot),)
+    parts = (_safe(kernel, "kernel"), _safe(dtype, "dtype"), _safe(layout, "layout"), shape_part, *slot_part,
              _safe(compat, "compat")[:COMPAT_CHARS])
     return "-".join(parts) + ".json"
+
+
+def _check_slot(slot: Any) -> str:
+    if slot not in SLOTS:
+        raise CacheError(f"cache slot {slot!r} is not one of {', '.join(SLOTS)}")
+    return str(slot)
+
+
+def _best(records: Iterable[Record], allowed_by: str | None) -> Record | None:
+    """Of one problem's entries (one per slot), the fastest that the setting `allowed_by` allows."""
+    allowed = [r for r in records if allowed_by is None or precision_mod.allows(allowed_by, r.precision)]
+    return min(allowed, key=_order, default=None)
+
+
+def _put_order(record: Record) -> tuple[float, int, float]:
+    """Which of two entries of one slot `put` keeps (the smaller): what runs faster; where both run cuBLAS,
+    the one whose config needs the stricter class (the slot's own class, so that nearest shapes can run it
+    under that class's setting), then the faster config."""
+    config_class = precision_mod.needed(record.kernel, record.dtype, record.config)
+    return record.run_ms, SLOTS.index(config_class), record.time_ms
+
+
+def _order(record: Record) -> tuple[float, int]:
+    """How records of one problem in different slots rank: what runs faster first; on a tie the stricter
+    class (an IEEE record is as fast, and runs under every setting)."""
+    return record.run_ms, SLOTS.index(record.precision)
 
 
 def _key_parts(key: ProblemKey) -> tuple[str, str, str]:
@@ -410,14 +473,15 @@ class TuningCache:
     # ----------------------------------------------------------------------------------------- paths
 
     def path_for(self, device: str, kernel: str, dtype: str, layout: str, shape: Sequence[int],
-                 compat: str) -> Path:
-        """Where the entry for this key lives in the user root. Raises `CacheError` on an empty part."""
-        return self._path(self.root, device, kernel, dtype, layout, _shape_part(shape), compat)
+                 compat: str, slot: str = UNNAMED_SLOT) -> Path:
+        """Where the entry for this key and precision class (`slot`: "highest" or "high") lives in the user
+        root. Raises `CacheError` on an empty part or an unknown slot."""
+        return self._path(self.root, device, kernel, dtype, layout, _shape_part(shape), compat, slot)
 
     @staticmethod
     def _path(root: Path, device: str, kernel: str, dtype: str, layout: str, shape_part: str,
-              compat: str) -> Path:
-        return root / _device_dir(device) / _file_name(kernel, dtype, layout, shape_part, compat)
+              compat: str, slot: str = UNNAMED_SLOT) -> Path:
+        return root / _device_dir(device) / _file_name(kernel, dtype, layout, shape_part, compat, slot)
 
     def _check_root(self) -> None:
         """Raise `CacheError` if the user root exists and is not a folder: listed, it would look empty."""
@@ -473,8 +537,9 @@ class TuningCache:
             return None, f"is not a valid record ({exc})"
         # A file must hold the entry its name describes; anything else (copied or renamed by hand,
         # another tool's file) would otherwise be served for the wrong problem.
-        names = {_file_name(record.kernel, record.dtype, record.layout, part, record.compat)
-                 for part in ("x".join(map(str, record.shape)), DEFAULT_SHAPE)}
+        names = {_file_name(record.kernel, record.dtype, record.layout, part, record.compat, slot)
+                 for part in ("x".join(map(str, record.shape)), DEFAULT_SHAPE)
+                 for slot in {record.precision, UNNAMED_SLOT}}  # the unnamed slot: a name from before slots
         if path.name not in names or path.parent.name != _device_dir(record.device):
             return None, (f"holds the entry for {record.kernel} {record.dtype} {record.layout} "
                           f"{'x'.join(map(str, record.shape))} on {record.device}, not what its name says")
@@ -492,39 +557,65 @@ class TuningCache:
         return (record.device == device and record.kernel == kernel and record.dtype == dtype
                 and record.layout == layout and record.compat == compat)
 
-    def get(self, device: str, key: ProblemKey, compat: str) -> Record | None:
-        """The entry for exactly this problem: from the user root, else the shipped root, else None."""
-        shape_part = _shape_part(key.shape)
-        for root in self._roots():
-            record = self._load(self._path(root, device, key.kernel, key.dtype, key.layout, shape_part, compat))
-            if (record is not None and record.shape == key.shape
+    def _slots_in(self, root: Path, device: str, key: ProblemKey, shape_part: str, compat: str,
+                  shape: tuple[int, ...] | None) -> dict[str, tuple[Path, Record]]:
+        """The valid entries of one root for one problem (`shape` None: any shape, for the device default
+        entry), by slot. A slot's own file wins over a record of that class under the unnamed name (a file
+        written before slots existed), which is read once for both."""
+        found: dict[str, tuple[Path, Record]] = {}
+        for slot in (UNNAMED_SLOT, *(s for s in SLOTS if s != UNNAMED_SLOT)):
+            path = self._path(root, device, key.kernel, key.dtype, key.layout, shape_part, compat, slot)
+            record = self._load(path)
+            if (record is not None and (shape is None or record.shape == shape)
                     and self._matches(record, device, *_key_parts(key), compat)):
-                return record
-        return None
+                found[record.precision] = (path, record)  # the unnamed file may hold an older "high" record
+        return found
+
+    def slots(self, device: str, key: ProblemKey, compat: str) -> dict[str, Record]:
+        """The entries for exactly this problem, one per precision class ("highest", "high") that has one:
+        each from the user root, else the shipped root."""
+        found: dict[str, Record] = {}
+        for root in self._roots():
+            for slot, (_, record) in self._slots_in(root, device, key, _shape_part(key.shape), compat,
+                                                    key.shape).items():
+                found.setdefault(slot, record)
+        return found
+
+    def get(self, device: str, key: ProblemKey, compat: str, allowed_by: str | None = None) -> Record | None:
+        """The entry for exactly this problem: of the slots that the precision setting `allowed_by`
+        allows (None: every slot), the one whose implementation runs fastest; None where there is none."""
+        return _best(self.slots(device, key, compat).values(), allowed_by)
 
     def records(self, device: str, key: ProblemKey, compat: str) -> list[tuple[int, Path, Record]]:
         """Every valid entry of this device for the problem's kernel, dtype and layout, whatever its shape
-        (the device's default entry excepted), with the rank of its root: 0 the user's, 1 the shipped."""
-        name_default = _file_name(key.kernel, key.dtype, key.layout, DEFAULT_SHAPE, compat)
-        # Sanitised parts hold no "-" and no glob characters, so the shape is the one starred part.
+        and slot (the device's default entries excepted), with the rank of its root: 0 the user's, 1 the
+        shipped."""
+        names_default = {_file_name(key.kernel, key.dtype, key.layout, DEFAULT_SHAPE, compat, slot)
+                         for slot in SLOTS}
+        # Sanitised parts hold no "-" and no glob characters, so the shape (and slot) is the starred part.
         pattern = _file_name(key.kernel, key.dtype, key.layout, "*", compat)
         found = []
         for rank, root in enumerate(self._roots()):
             for path in sorted((root / _device_dir(device)).glob(pattern)):
-                if path.name == name_default:
+                if path.name in names_default:
                     continue
                 record = self._load(path)
                 if record is not None and self._matches(record, device, *_key_parts(key), compat):
                     found.append((rank, path, record))
         return found
 
-    def device_default(self, device: str, key: ProblemKey, compat: str) -> Record | None:
-        """The shipped fallback entry of this device for the problem's kernel, dtype and layout, if any."""
+    def default_slots(self, device: str, key: ProblemKey, compat: str) -> dict[str, Record]:
+        """The shipped fallback entries of this device for the problem's kernel, dtype and layout, by slot."""
         if self.shipped_root is None:
-            return None
-        name = _file_name(key.kernel, key.dtype, key.layout, DEFAULT_SHAPE, compat)
-        record = self._load(self.shipped_root / _device_dir(device) / name)
-        return record if record is not None and self._matches(record, device, *_key_parts(key), compat) else None
+            return {}
+        found = self._slots_in(self.shipped_root, device, key, DEFAULT_SHAPE, compat, None)
+        return {slot: record for slot, (_, record) in found.items()}
+
+    def device_default(self, device: str, key: ProblemKey, compat: str,
+                       allowed_by: str | None = None) -> Record | None:
+        """The shipped fallback entry of this device for the problem's kernel, dtype and layout, if any: of
+        the slots that the precision setting `allowed_by` allows (None: every slot), the fastest."""
+        return _best(self.default_slots(device, key, compat).values(), allowed_by)
 
     def _device_folders(self, root: Path, device: str | None) -> Iterator[Path]:
         if device is not None:
@@ -552,51 +643,86 @@ class TuningCache:
     # --------------------------------------------------------------------------------------- writing
 
     def put(self, record: Record, is_current: Callable[[Record], bool] | None = None) -> PutOutcome:
-        """Store `record` unless a valid entry for the same key is faster and still counts.
+        """Store `record` in its slot (the precision class it needs) unless a valid entry of the same key and
+        slot is faster and still counts. Entries of the other slot are never compared with it, nor lost.
 
         `is_current(existing)` says whether a faster existing entry still counts (for example: its config
         still renders the kernel source it was timed on); the cache cannot tell, as it knows nothing of
         templates. It is asked only about a faster entry, with the device folder locked; an exception from it
         propagates and nothing is written. None counts every valid entry. A corrupt or foreign file in the
-        way is renamed to ``<name>.corrupt`` and reported. Raises `CacheError` if the file cannot be written.
+        way is renamed to ``<name>.corrupt`` and reported. A record of another class under the unnamed name
+        (written before slots existed) counts as its own slot's entry: moved to its slot's name when a
+        "highest" record takes the unnamed name, compared with (and then replaced by) a record of its class.
+        Raises `CacheError` if the file cannot be written.
         """
         if not isinstance(record, Record):
             raise CacheError(f"put() takes a Record, not {type(record).__name__}")
         path = self.path_for(record.device, record.kernel, record.dtype, record.layout, record.shape,
-                             record.compat)
+                             record.compat, record.precision)
+        unnamed = self.path_for(record.device, record.kernel, record.dtype, record.layout, record.shape,
+                                record.compat)
         text = json.dumps(record.to_json(), indent=2, sort_keys=True, allow_nan=False) + "\n"
         self._check_root()
-        problem: str | None = None
+        problems: list[tuple[Path, str]] = []
         note: str | None = None
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             with self._lock(path.parent):
-                existing, reason = self._parse(path)
-                if reason is not None:
-                    aside = self._move_aside(path)
-                    problem = f"{reason}; moved to {aside.name} and replaced"
-                if existing is not None and not (
-                        existing.shape == record.shape
-                        and self._matches(existing, record.device, record.kernel, record.dtype, record.layout,
-                                          record.compat)):
-                    existing = None  # another full compat hash behind the same name: stale, replaced
-                # What runs decides; where both run cuBLAS (the same time), the faster config is kept.
-                if existing is not None and (existing.run_ms, existing.time_ms) < (record.run_ms, record.time_ms):
+                existing = self._occupant(path, record, problems)
+                old_name: Path | None = None  # where an entry of this slot from before slots lies
+                if existing is not None and existing.precision != record.precision:
+                    # Under the unnamed name, a record of another class written before slots: its own slot.
+                    self._move_to_slot(path, existing, problems)
+                    existing = None
+                elif existing is None and path != unnamed:
+                    older = self._occupant(unnamed, record, problems)
+                    if older is not None and older.precision == record.precision:
+                        existing, old_name = older, unnamed
+                # What runs decides; where both run cuBLAS (the same time), a config this slot's class can run
+                # on other shapes, then the faster config, is kept.
+                if existing is not None and _put_order(existing) < _put_order(record):
                     if is_current is None or is_current(existing):
-                        return PutOutcome(False, path, f"kept the existing entry of {existing.run_ms:g} ms, "
-                                                       f"faster than {record.run_ms:g} ms", existing)
+                        return PutOutcome(False, old_name or path,
+                                          f"kept the existing entry of {existing.run_ms:g} ms, faster than "
+                                          f"{record.run_ms:g} ms", existing)
                     note = (f"replaced a faster entry of {existing.run_ms:g} ms that is no longer current "
                             f"with one of {record.run_ms:g} ms")
                 self._write_atomic(path, text)
+                if old_name is not None:
+                    _unlink(old_name)  # replaced by the entry under its slot's own name
         except filelock.Timeout:
             raise CacheError(f"{path}: another process held the lock of {path.parent} for over "
                              f"{LOCK_TIMEOUT_S:g} s") from None
         except OSError as exc:
             raise CacheError(f"{path}: cannot be written ({exc})") from exc
         # Reported after the write, so that warnings turned into errors cannot leave the entry missing.
-        if problem is not None:
-            self._report(path, problem)
+        for where, problem in problems:
+            self._report(where, problem)
         return PutOutcome(True, path, note, existing)
+
+    def _occupant(self, path: Path, record: Record, problems: list[tuple[Path, str]]) -> Record | None:
+        """The valid entry of `record`'s key at `path`, if any, with the device folder locked. A bad file
+        is moved aside (and noted in `problems`); an entry of another full compat hash is stale: None."""
+        existing, reason = self._parse(path)
+        if reason is not None:
+            aside = self._move_aside(path)
+            problems.append((path, f"{reason}; moved to {aside.name} and replaced"))
+        if existing is not None and not (
+                existing.shape == record.shape
+                and self._matches(existing, record.device, record.kernel, record.dtype, record.layout,
+                                  record.compat)):
+            return None  # another full compat hash behind the same name: stale, replaced
+        return existing
+
+    def _move_to_slot(self, path: Path, existing: Record, problems: list[tuple[Path, str]]) -> None:
+        """Move `existing` (at the unnamed `path`, of another class) to its slot's name, with the device
+        folder locked. Where that slot has a valid entry already, it is the one `get` served: `existing`
+        is left to be overwritten."""
+        target = self.path_for(existing.device, existing.kernel, existing.dtype, existing.layout, existing.shape,
+                               existing.compat, existing.precision)
+        if self._occupant(target, existing, problems) is None:
+            os.replace(path, target)
+            _fsync_dir(path.parent)
 
     @staticmethod
     def _move_aside(path: Path) -> Path:

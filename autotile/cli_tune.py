@@ -7,7 +7,7 @@ import json
 import sys
 from typing import Any, Callable
 
-from . import kernels, validate
+from . import kernels, precision, validate
 from .errors import InvalidValueError
 from .tuner import SAMPLERS
 
@@ -27,11 +27,17 @@ def add_commands(sub: Any, add_problem_options: Callable[..., None]) -> None:
     p.add_argument("--storage", default=None,
                    help="optuna storage URL, e.g. sqlite:///tune.db to resume later (default: in memory)")
     p.add_argument("--study-name", default=None,
-                   help="the study to create or, in --storage, resume (default: KERNEL-DTYPE-LAYOUT-SHAPE-DEVICE)")
+                   help="the study to create or, in --storage, resume (default: KERNEL-DTYPE-LAYOUT-SHAPE-DEVICE, "
+                        "and -highest under --precision highest)")
     p.add_argument("--candidate-timeout", type=float, default=60.0, metavar="SECONDS",
                    help="a candidate silent this long is recorded as a hang and its worker replaced (default 60)")
     p.add_argument("--fix", action="append", metavar="PARAM=VALUE[,VALUE...]",
                    help="narrow the space: PARAM takes only these values (repeatable)")
+    # Read as text and checked by validate.precision: argparse's own error for a bad choice is two lines.
+    p.add_argument("--precision", default=None, metavar="{highest,high,medium}",
+                   help="float32 matmul precision the winner must run under: highest searches IEEE FP32 (SIMT) "
+                        "configs only, high and medium the FP32-level tf32x3 tensor-core configs too (default: "
+                        "the process default, $AUTOTILE_FLOAT32_MATMUL_PRECISION, else high)")
     p.add_argument("--no-cache", action="store_true", help="do not write the winner to the cache")
     p.set_defaults(func=cmd_tune)
 
@@ -69,15 +75,16 @@ def cmd_tune(args: argparse.Namespace) -> int:
     validate.seed(args.seed, name="--seed")
     validate.storage_url(args.storage, name="--storage")
     fix = validate.fix_items(args.fix or [], name="--fix")
-    if fix:
-        spec.space.restricted(fix)  # unknown names and values fail here, before the GPU is touched
+    setting = validate.precision(args.precision, name="--precision")
+    narrowed = spec.space.restricted(fix) if fix else spec.space  # unknown names and values fail here
+    precision.restricted(narrowed, args.dtype, setting)  # and a --fix the precision leaves empty, before the GPU
     from .device import live_device
 
     live_device()  # a clear one-line error here when there is no GPU
     result = tune(args.kernel, shape, dtype=args.dtype, layout=layout, trials=args.trials, timeout=args.timeout,
                   sampler=args.sampler, seed=args.seed, storage=args.storage, study_name=args.study_name,
                   cache=None if args.no_cache else "default", progress=True,
-                  candidate_timeout=args.candidate_timeout, fix=fix or None)
+                  candidate_timeout=args.candidate_timeout, fix=fix or None, precision=setting)
     print(format_result(result))
     return report_saving(result)
 
@@ -105,7 +112,9 @@ def report_saving(result: Any) -> int:
 def format_result(r: Any) -> str:
     shape = "x".join(map(str, r.shape))
     unit = r.metric_unit
-    lines = [f"\n{r.kernel} {shape} {r.dtype} layout {r.layout} on {r.environment.get('gpu', '?')}",
+    setting = getattr(r, "precision", precision.DEFAULT)  # read with getattr: older libraries lack it
+    lines = [f"\n{r.kernel} {shape} {r.dtype} layout {r.layout} on {r.environment.get('gpu', '?')}"
+             + (f", precision {setting}" if setting != precision.DEFAULT else ""),
              f"{r.trials} candidates in {r.seconds:.1f} s ({r.trials_per_second:.2f} per second); "
              f"{r.pruned} infeasible draws pruned, {r.duplicates} repeats skipped; "
              f"failures: {', '.join(f'{n} {s}' for s, n in r.failures.items()) or 'none'}",
@@ -171,12 +180,14 @@ def cmd_cache_list(args: argparse.Namespace) -> int:
     if not entries:
         print(_nothing_for(cache, args.device, None, args.shipped))
         return 0
+    # precision: the class the entry needs (highest: IEEE FP32 or float64; high: tf32x3), its cache slot.
     print(f"{'device':<34} {'kernel':<7} {'dtype':<8} {'lay':<4} {'shape':<18} {'ms':>9} {'metric':>16} "
-          f"{'x cuBLAS':>9}")
+          f"{'x cuBLAS':>9} {'runs':<9} precision")
     for _, rec in entries:
         ratio = f"{rec.baseline_ms / rec.time_ms:.2f}" if rec.baseline_ms else "-"
         print(f"{rec.device:<34} {rec.kernel:<7} {rec.dtype:<8} {rec.layout:<4} {'x'.join(map(str, rec.shape)):<18} "
-              f"{rec.time_ms:>9.4f} {rec.metric:>9,.0f} {rec.metric_unit:<6} {ratio:>9}")
+              f"{rec.time_ms:>9.4f} {rec.metric:>9,.0f} {rec.metric_unit:<6} {ratio:>9} {rec.implementation:<9} "
+              f"{rec.precision}")
     return 0
 
 

@@ -5,7 +5,9 @@ Off by default. On with ``AUTOTILE_TUNE_AT_FIRST_CALL=1`` in the environment, or
 `autotile.tune_at_first_call(True)` (which wins over the environment). Only configs that already passed
 verification on this device are timed (the candidates of its shape database, which `autotile survey`
 verified, and the configs tuned on it), so no candidate can crash or hang the caller's process and no
-isolation is needed. Where a database exists, the model's best-ranked candidates are timed, not all.
+isolation is needed. Where a database exists, the model's best-ranked candidates are timed, not all. Only
+candidates the float32 matmul precision setting allows are timed (`autotile.precision`: under "highest",
+no tf32x3 config); cuBLAS always is.
 
 Cost: one compile per candidate not yet compiled in this process, plus about `REPS` timed runs of each
 on scratch inputs of the call's shape (the caller's arrays are never written but by the final run).
@@ -20,6 +22,7 @@ import warnings
 from typing import TYPE_CHECKING, Any
 
 from . import kernels
+from . import precision as precision_mod
 from .device import DeviceLimits
 from .problem import ProblemKey
 
@@ -49,22 +52,24 @@ class FirstCallWarning(UserWarning):
     """Tuning at first call failed; the call went on with the selection chain's choice."""
 
 
-def candidates(key: ProblemKey, device: DeviceLimits, cache: Any) -> list[Selection]:
+def candidates(key: ProblemKey, device: DeviceLimits, cache: Any, precision: str | None = None) -> list[Selection]:
     """What is timed: the model's ranking of the database's usable candidates (at most MAX_CANDIDATES) or,
-    without a database, the configs tuned on this device; and cuBLAS."""
+    without a database, the configs tuned on this device; and cuBLAS. Only what the precision setting
+    allows (None: the process-wide setting)."""
     from . import database
     from .model import model_for, worth_timing
     from .select import Selection, is_current, record_config
 
+    setting = precision_mod.resolve(precision)
     spec = kernels.get(key.kernel)
     found: dict[Any, Selection] = {}
     db = database.load(cache, device.fingerprint, key.kernel, key.dtype, key.layout)
     if db is not None and db.shapes:
         m = model_for(db, device)
-        for j in m.rank(key.shape)[:MAX_CANDIDATES]:
+        for j in m.rank(key.shape, setting=setting)[:MAX_CANDIDATES]:
             config = m.configs[j]
             found.setdefault(config, Selection(config, "first call", None,
-                                               why=f"survey candidate {db.candidates[j].name}"))
+                                               why=f"survey candidate {db.candidates[j].name}", precision=setting))
     else:
         from .space import Problem
 
@@ -74,17 +79,23 @@ def candidates(key: ProblemKey, device: DeviceLimits, cache: Any) -> list[Select
                 continue
             config = record_config(record)
             if (config is not None and is_current(record) and spec.space.is_feasible(config, problem)
+                    and precision_mod.allows(setting, precision_mod.needed(key.kernel, key.dtype, config))
                     and worth_timing(key.kernel, config, key.shape, device.sm_count)):
                 found.setdefault(config, Selection(config, "first call", None,
-                                                   why="tuned on " + "x".join(map(str, record.shape))))
-    return [Selection(None, "first call", None, None, "cublas")] + list(found.values())[:MAX_CANDIDATES]
+                                                   why="tuned on " + "x".join(map(str, record.shape)),
+                                                   precision=setting))
+    return ([Selection(None, "first call", None, None, "cublas", precision=setting)]
+            + list(found.values())[:MAX_CANDIDATES])
 
 
-def tune_here(key: ProblemKey, device: DeviceLimits, cache: Any, fallback: Selection) -> Selection:
-    """Time the candidates on scratch inputs of `key`'s shape, store the winner, return it. Any failure
-    warns and returns `fallback`: the user's call never fails because tuning did."""
+def tune_here(key: ProblemKey, device: DeviceLimits, cache: Any, fallback: Selection,
+              precision: str | None = None) -> Selection:
+    """Time the candidates the precision setting allows (None: the process-wide one) on scratch inputs of
+    `key`'s shape, store the winner, return it. Any failure warns and returns `fallback`: the user's call
+    never fails because tuning did."""
+    setting = precision_mod.resolve(precision)  # a bad setting is the caller's error, not a tuning failure
     try:
-        return _tune(key, device, cache)
+        return _tune(key, device, cache, setting)
     except Exception as exc:  # never the caller's problem: run what the chain chose
         warnings.warn(FirstCallWarning(f"tuning {key.kernel} {key.dtype} {key.layout} "
                                        f"{'x'.join(map(str, key.shape))} at first call failed ({exc}); "
@@ -92,7 +103,7 @@ def tune_here(key: ProblemKey, device: DeviceLimits, cache: Any, fallback: Selec
         return fallback
 
 
-def _tune(key: ProblemKey, device: DeviceLimits, cache: Any) -> Selection:
+def _tune(key: ProblemKey, device: DeviceLimits, cache: Any, setting: str) -> Selection:
     import cupy
 
     from .api import save_timed_config
@@ -109,7 +120,7 @@ def _tune(key: ProblemKey, device: DeviceLimits, cache: Any) -> Selection:
     if _flusher is None:
         _flusher = L2Flusher(device.l2_bytes)
     timed: list[tuple[float, Selection]] = []
-    for sel in candidates(key, device, cache):
+    for sel in candidates(key, device, cache, setting):
         try:
             runner = sel.implementation_object().prepare(key)
 
@@ -133,7 +144,8 @@ def _tune(key: ProblemKey, device: DeviceLimits, cache: Any) -> Selection:
     if generated and cublas_ms is not None:
         gen_ms, gen = min(generated, key=lambda t: t[0])
         save_timed_config(key, gen.config, gen_ms, cublas_ms, cache, device,
-                     {"tuned_by": "first call", "candidates": len(timed), "seconds": round(seconds, 3)})
+                     {"tuned_by": "first call", "candidates": len(timed), "seconds": round(seconds, 3),
+                      "precision_setting": setting})
     why = f"timed {len(timed)} candidates at first call in {seconds:.2f} s: {best_ms:.4f} ms" + (
         f", cuBLAS {cublas_ms:.4f} ms" if cublas_ms is not None else "")
     return dataclasses.replace(best, why=why)

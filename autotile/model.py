@@ -7,8 +7,10 @@ each weighted by its closeness. A candidate's closeness also counts how differen
 there (blocks per wave, in log2): a config that launches 40 blocks on the new shape learns more from a
 neighbour where it launched 50 than from one where it launched 400. A generated candidate is chosen
 only where its predicted speed-up is at least `1 + margin` and it was no slower than `floor` x cuBLAS at
-any neighbour that timed it; otherwise cuBLAS runs. The parameters are fitted by leave-one-out on the
-database itself (`fit`), and `cross_validate` reports what that held-out check measured.
+any neighbour that timed it; otherwise cuBLAS runs. Only candidates the float32 matmul precision setting
+allows compete (`autotile.precision`: under "highest", no tf32x3 config); cuBLAS is allowed under every
+one. The parameters are fitted by leave-one-out on the database itself (`fit`), and `cross_validate`
+reports what that held-out check measured.
 
 Pure NumPy on the host; no GPU needed.
 """
@@ -24,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from . import kernels
+from . import precision as precision_mod
 from .database import Candidate, ShapeDatabase
 from .device import DeviceLimits
 from .space import Config, Problem
@@ -96,6 +99,19 @@ class Model:
         self.worth = np.zeros((len(db.shapes), len(self.usable)), dtype=bool)  # rows x usable candidates
         for i, shape in enumerate(db.shapes):
             self.fill[i, self.usable], self.worth[i] = self._features(tuple(shape))
+        self._allowed: dict[str, np.ndarray] = {}
+
+    def allowed(self, setting: str | None) -> np.ndarray:
+        """For each usable candidate, whether the precision `setting` allows it (None: every one)."""
+        if setting is None:
+            return np.ones(len(self.usable), dtype=np.bool_)
+        mask = self._allowed.get(setting)
+        if mask is None:
+            db = self.db
+            mask = self._allowed[setting] = np.array(
+                [precision_mod.allows(setting, precision_mod.needed(db.kernel, db.dtype, self.configs[j]))
+                 for j in self.usable], dtype=np.bool_)
+        return mask
 
     def _features(self, shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
         """For each usable candidate on `shape`: log2 blocks per SM, and whether it is worth running."""
@@ -105,9 +121,10 @@ class Model:
         return fill, worth.astype(np.bool_)
 
     def choose(self, shape: Sequence[int], params: ModelParams = ModelParams(),
-               exclude: int | None = None) -> Choice | None:
+               exclude: int | None = None, setting: str | None = None) -> Choice | None:
         """The candidate to run on `shape` (None where the database has no cuBLAS column); `exclude` leaves
-        one database row out (for cross-validation)."""
+        one database row out (for cross-validation); `setting`, a precision setting, leaves out the
+        candidates it does not allow (None: none left out)."""
         if self.gain is None or self.cublas is None:
             return None
         shape_t = tuple(int(d) for d in shape)
@@ -136,7 +153,7 @@ class Model:
                 predicted = np.where(ok, w * gain, 0.0).sum(axis=0) / w.sum(axis=0)
             worst = np.where(ok, gain, np.inf).min(axis=0)
             enough = 2 * ok.sum(axis=0) >= len(order)  # timed at under half the neighbours: too little
-        eligible = worth & enough & np.isfinite(predicted)
+        eligible = worth & enough & np.isfinite(predicted) & self.allowed(setting)
         safe = eligible & (predicted >= math.log2(1 + params.margin)) & (worst >= math.log2(params.floor))
         near: tuple[tuple[tuple[int, ...], float, float | None], ...] = tuple(
             (tuple(int(d) for d in self.db.shapes[i]), float(dist[i]), None) for i in order)
@@ -151,18 +168,19 @@ class Model:
         near = tuple((s, d, None if not ok[n, k] else float(2 ** gain[n, k])) for n, (s, d, _) in enumerate(near))
         return Choice(self.db.candidates[j], self.configs[j], float(2 ** predicted[k]), near)
 
-    def rank(self, shape: Sequence[int], params: ModelParams = ModelParams()) -> list[int]:
-        """Usable generated candidates worth timing on `shape`, best predicted first (those with too few
-        timed neighbours last): the short list that tuning at first call times."""
+    def rank(self, shape: Sequence[int], params: ModelParams = ModelParams(), setting: str | None = None) -> list[int]:
+        """Usable generated candidates worth timing on `shape` that the precision `setting` allows (None:
+        all), best predicted first (those with too few timed neighbours last): the short list that tuning
+        at first call times."""
         shape_t = tuple(int(d) for d in shape)
         q = np.log2(np.asarray(shape_t, dtype=np.float64))
         dist = np.abs(self.log_shapes - q).sum(axis=1)
         order = np.argsort(dist, kind="stable")[:params.neighbours]
         keyed: list[tuple[float, int]] = []
-        for j in self.usable:
+        for j, ok_here in zip(self.usable, self.allowed(setting), strict=True):
             config = self.configs[j]
             assert config is not None and self.gain is not None
-            if not worth_timing(self.db.kernel, config, shape_t, self.device.sm_count):
+            if not ok_here or not worth_timing(self.db.kernel, config, shape_t, self.device.sm_count):
                 continue
             g = self.gain[order, j]
             ok = np.isfinite(g)

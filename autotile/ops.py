@@ -7,6 +7,13 @@ default) and prepared through the one implementation interface
 geometry) is memoized per device and problem, so the host work per call is a dictionary lookup and one
 launch.
 
+Float32 matmul runs under a precision setting, in PyTorch's words (`autotile.precision`): a call's
+``precision=`` ("highest", "high" or "medium"), else the process-wide setting
+(`autotile.set_float32_matmul_precision`, ``$AUTOTILE_FLOAT32_MATMUL_PRECISION``, else "high"). Under
+"highest" only IEEE FP32 arithmetic runs (SIMT kernels, cuBLAS SGEMM); "high" and "medium" also allow the
+FP32-level tf32x3 tensor-core kernels. For float64 and matvec every kernel is IEEE: the setting is checked
+and changes nothing.
+
 Inputs: CuPy arrays, or any object CuPy takes without copying (``__cuda_array_interface__``, DLPack
 such as PyTorch CUDA tensors). Non-contiguous inputs are copied to a contiguous array first (one extra
 pass over the data); `out` must be contiguous, as the kernel writes it directly.
@@ -20,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from . import precision as precision_mod
 from .errors import ArgumentError, DeviceUnavailableError
 from .impl import Runner
 from .problem import MAX_DIM, ProblemKey
@@ -90,11 +98,15 @@ def _device(cupy: Any) -> Any:
     return limits
 
 
-def _prepare(kernel: str, dtype: str, layout: str, shape: tuple[int, ...]) -> _Prepared:
+def _prepare(kernel: str, dtype: str, layout: str, shape: tuple[int, ...], setting: str | None = None) -> _Prepared:
+    """What runs `kernel` on this problem under the precision `setting` (resolved by the caller; None: the
+    process-wide one), prepared once."""
     # The per-call path: one cheap runtime query and a dictionary lookup on plain values (a ProblemKey,
     # which validates, is made only on the first call of a problem).
+    if setting is None:
+        setting = precision_mod.get_float32_matmul_precision()
     cupy = _cupy()
-    memo_key = (cupy.cuda.runtime.getDevice(), kernel, dtype, layout, shape)
+    memo_key = (cupy.cuda.runtime.getDevice(), kernel, dtype, layout, shape, setting)
     prepared = _prepared.get(memo_key)
     if prepared is not None:
         return prepared
@@ -106,11 +118,11 @@ def _prepare(kernel: str, dtype: str, layout: str, shape: tuple[int, ...]) -> _P
 
     key = ProblemKey(kernel, dtype, layout, shape)
     device = _device(cupy)
-    selection = select(key, device)
+    selection = select(key, device, precision=setting)
     if first_call.enabled() and not (selection.source == "exact"):
         from .cache import TuningCache
 
-        selection = first_call.tune_here(key, device, TuningCache(), selection)
+        selection = first_call.tune_here(key, device, TuningCache(), selection, setting)
     prepared = _Prepared(selection.implementation_object().prepare(key), selection)
     with _lock:
         _prepared[memo_key] = prepared
@@ -128,8 +140,12 @@ def _check_out(cupy: Any, out: Any, shape: tuple[int, ...], dtype: str) -> Any:
     return out
 
 
-def matmul(A: Any, B: Any, out: Any = None) -> Any:
-    """C = A @ B for 2-D float32 or float64 CuPy arrays A (M x K) and B (K x N); returns C (M x N)."""
+def matmul(A: Any, B: Any, out: Any = None, precision: str | None = None) -> Any:
+    """C = A @ B for 2-D float32 or float64 CuPy arrays A (M x K) and B (K x N); returns C (M x N).
+
+    `precision`: "highest" (IEEE FP32 only), "high" (also the FP32-level tf32x3 tensor-core kernels) or
+    "medium" (as "high"); None takes the process-wide setting. float64 is IEEE under every setting."""
+    setting = precision_mod.resolve(precision)  # checked first: a bad value is an error whatever the arrays
     cupy = _cupy()
     A, B = _as_device_array(cupy, A, "A"), _as_device_array(cupy, B, "B")
     if A.ndim != 2 or B.ndim != 2:
@@ -147,12 +163,15 @@ def matmul(A: Any, B: Any, out: Any = None) -> Any:
     if not B.flags.c_contiguous:
         B = cupy.ascontiguousarray(B)
     out = _check_out(cupy, out, (M, N), dtype)
-    _prepare("matmul", dtype, "row", (M, N, K)).runner.run((A, B), out)
+    _prepare("matmul", dtype, "row", (M, N, K), setting).runner.run((A, B), out)
     return out
 
 
-def matvec(A: Any, x: Any, out: Any = None) -> Any:
-    """y = A @ x for a 2-D A (M x K, C- or Fortran-ordered) and a 1-D x (K); returns y (M)."""
+def matvec(A: Any, x: Any, out: Any = None, precision: str | None = None) -> Any:
+    """y = A @ x for a 2-D A (M x K, C- or Fortran-ordered) and a 1-D x (K); returns y (M).
+
+    `precision` is checked as `matmul`'s is, and changes nothing: every matvec kernel is IEEE."""
+    setting = precision_mod.resolve(precision)
     cupy = _cupy()
     A, x = _as_device_array(cupy, A, "A"), _as_device_array(cupy, x, "x")
     if A.ndim != 2 or x.ndim != 1:
@@ -174,13 +193,15 @@ def matvec(A: Any, x: Any, out: Any = None) -> Any:
     if not x.flags.c_contiguous:
         x = cupy.ascontiguousarray(x)
     out = _check_out(cupy, out, (M,), dtype)
-    _prepare("matvec", dtype, layout, (M, K)).runner.run((A, x), out)
+    _prepare("matvec", dtype, layout, (M, K), setting).runner.run((A, x), out)
     return out
 
 
-def selection_for(kernel: str, dtype: str, layout: str, shape: tuple[int, ...]) -> Selection:
-    """Which config the library runs for a problem on the current GPU (preparing it, as a call would)."""
-    return _prepare(kernel, dtype, layout, tuple(shape)).selection
+def selection_for(kernel: str, dtype: str, layout: str, shape: tuple[int, ...],
+                  precision: str | None = None) -> Selection:
+    """Which config the library runs for a problem on the current GPU under the precision setting (None:
+    the process-wide one), preparing it as a call would."""
+    return _prepare(kernel, dtype, layout, tuple(shape), precision_mod.resolve(precision)).selection
 
 
 def forget() -> None:

@@ -4,7 +4,9 @@ Reads the JSON that `python -m autotile.bench` writes (no GPU needed) and prints
 table (cuBLAS, the best seed, autotile, errors), the matvec table (with the ratio to the measured read
 bandwidth) and the nearest-shape fallback table. A `random.json` of `python -m autotile.bench --random N`
 gives instead the distribution of autotile's speed over random shapes (`random_markdown`): one row per
-kernel, layout and GPU, all such files given together in one table.
+kernel, layout and GPU, all such files given together in one table. Float32 matmul rows carry the precision
+setting autotile ran under ("high", "highest"; runs made before the setting existed have none): each is a
+row of its own, its ratio to the cuBLAS time of the same run.
 """
 
 from __future__ import annotations
@@ -53,30 +55,32 @@ def ratio_summary(ratios: Sequence[float]) -> dict[str, Any]:
             "frac_ge_1": float(np.mean(values >= 1.0)), "frac_ge_097": float(np.mean(values >= 0.97))}
 
 
-def random_groups(rows: Sequence[dict[str, Any]]) -> dict[tuple[str, str], list[dict[str, Any]]]:
-    """Rows of a random-shape run by (kernel, layout), in the order of the run."""
-    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+def random_groups(rows: Sequence[dict[str, Any]]) -> dict[tuple[str, str, str], list[dict[str, Any]]]:
+    """Rows of a random-shape run by (kernel, layout, precision setting: "" where none), in the order of the
+    run."""
+    groups: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
     for row in rows:
-        groups.setdefault((row["kernel"], row["layout"]), []).append(row)
+        groups.setdefault((row["kernel"], row["layout"], row.get("precision") or ""), []).append(row)
     return groups
 
 
 def random_markdown(runs: Sequence[dict[str, Any]]) -> str:
     """The README's table of autotile's speed over random shapes, from the `random.json` of one or more
-    runs (one per GPU, say): one row per kernel, layout and GPU. Ratios are cuBLAS time / autotile time in
-    the same run; a shape whose result was wrong (either implementation) stays in the numbers and is
-    counted in the N column, so that it never hides."""
+    runs (one per GPU, say): one row per kernel, layout, precision setting (after the dtype, where the run
+    had one) and GPU. Ratios are cuBLAS time / autotile time in the same run; a shape whose result was wrong
+    (either implementation) stays in the numbers and is counted in the N column, so that it never hides."""
     lines = ["| kernel | layout | GPU | N | min | p10 | median | geomean | >= 1.0x |",
              "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
     notes = []
     for results in runs:
         env = results["environment"]
         notes.append(f"{env['gpu']} ({env['date']}: seed {env['seed']}, {env['n']} shapes per kernel)")
-        for (kernel, layout), rows in random_groups(results["rows"]).items():
+        for (kernel, layout, setting), rows in random_groups(results["rows"]).items():
             s = ratio_summary([float(r["ratio"]) for r in rows])
             wrong = sum(1 for r in rows if r["wrong"])
             count = f"{s['count']}" + (f" ({wrong} WRONG)" if wrong else "")
-            lines.append(f"| {kernel} {env.get('dtype', 'float32')} | {layout} | {env['gpu']} | {count} | "
+            lines.append(f"| {kernel} {env.get('dtype', 'float32')}{' ' + setting if setting else ''} | {layout} | "
+                         f"{env['gpu']} | {count} | "
                          f"{s['min']:.2f} | {s['p10']:.2f} | {s['median']:.2f} | **{s['geomean']:.2f}** | "
                          f"{s['frac_ge_1']:.0%} |")
     return ("Speed of autotile as the library runs it (the config its selection chain picks) over random shapes, "
@@ -92,25 +96,29 @@ def summary_markdown(results: dict[str, Any]) -> str:
              f"Measured in the same run: device-to-device copy {ceilings['copy_gbps']:,.0f} GB/s, full read "
              f"{ceilings['read_gbps']:,.0f} GB/s, FP32 peak {ceilings['fp32_peak_tflops']:.1f} TFLOP/s. Medians, "
              "L2 flushed; autotile runs the config the library picks (the shipped one tuned for the shape, "
-             "`cache/`). Errors are ||C - C64|| / ||C64|| against a float64 product of the same inputs.",
+             "`cache/`) under the float32 matmul precision setting of its row (highest: IEEE FP32 only; high: "
+             "tf32x3 allowed), each row against the cuBLAS time of the same run. Errors are ||C - C64|| / ||C64|| "
+             "against a float64 product of the same inputs.",
              ""]
     ordinary = [r for r in results["rows"] if "nearest" not in r["name"] and "tuned for this shape" not in r["name"]]
     groups = _groups(ordinary)
 
     lines += ["| matmul float32 M x N x K | cuBLAS TFLOP/s | best seed TFLOP/s (x cuBLAS) | autotile TFLOP/s | "
-              "autotile x cuBLAS | autotile math | error cuBLAS / autotile |",
-              "| --- | ---: | ---: | ---: | ---: | --- | ---: |"]
+              "autotile x cuBLAS | autotile math | precision | error cuBLAS / autotile |",
+              "| --- | ---: | ---: | ---: | ---: | --- | --- | ---: |"]
     for (kernel, _, _), group in groups.items():
         autotile = [r for r in group if r["name"].startswith("autotile")]
         if kernel != "matmul" or not autotile:
             continue
-        cublas, mine = group[0], autotile[0]
+        cublas = group[0]
         seeds = [r for r in group if r["name"].startswith("seed")]
         best = (f"{max(r['metric'] for r in seeds) / 1e3:.1f} ({max(r['vs_cublas'] for r in seeds):.2f})"
                 if seeds else "-")
-        math = "tf32x3" if "MATH=tf32x3" in mine["config"] else "simt"
-        lines.append(f"| {_shape(mine)} | {cublas['metric'] / 1e3:.1f} | {best} | {mine['metric'] / 1e3:.1f} | "
-                     f"**{mine['vs_cublas']:.2f}** | {math} | {_error(cublas)} / {_error(mine)} |")
+        for mine in autotile:  # one per precision setting, each against the cuBLAS of this run
+            math = "tf32x3" if "MATH=tf32x3" in mine["config"] else ("cuBLAS" if mine["config"] == "cuBLAS" else "simt")
+            lines.append(f"| {_shape(mine)} | {cublas['metric'] / 1e3:.1f} | {best} | {mine['metric'] / 1e3:.1f} | "
+                         f"**{mine['vs_cublas']:.2f}** | {math} | {mine.get('precision') or '-'} | "
+                         f"{_error(cublas)} / {_error(mine)} |")
 
     lines += ["", "| matvec float32 M x K | layout | cuBLAS GB/s | seed 004 GB/s | autotile GB/s | autotile x cuBLAS | "
               "autotile x read |",

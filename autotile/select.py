@@ -11,6 +11,11 @@ A chain of steps, each of which may answer or pass:
 4. ``device default``: the device's shipped fallback record;
 5. ``built-in default``: the space's safe default, feasible for the dtype and device.
 
+Every step chooses only what the float32 matmul precision setting allows (`autotile.precision`): under
+"highest", no tf32x3 config, whichever step would have offered it (cuBLAS, which CuPy runs without TF32,
+is allowed under every setting). A problem may have one record per precision class (`cache.py`'s slots);
+the exact and device-default steps take the fastest allowed.
+
 A record counts only while it is current: its config still renders the kernel source that was timed
 (`source_sha`), so a template change retires exactly the records it alters. Records tuned with the
 library's compiler and options are preferred; where the whole chain of records finds none, records from
@@ -27,8 +32,10 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from . import build, kernels
+from . import precision as precision_mod
 from .cache import Record, TuningCache
 from .device import DeviceLimits
+from .errors import UnknownNameError
 from .impl import Cublas, Generated, Implementation
 from .problem import ProblemKey
 from .space import Config, Problem
@@ -42,7 +49,8 @@ LEGACY_COMPILE_OPTIONS = ("-std=c++17", "-ftz=true", "--device-as-default-execut
 @dataclasses.dataclass(frozen=True)
 class Selection:
     """What a call runs: a generated `config`, or cuBLAS (`implementation` "cublas", `config` None); the step
-    that chose it (`source`); for a record, the shape it was tuned on; `why`, the model's reasoning."""
+    that chose it (`source`); for a record, the shape it was tuned on; `why`, the model's reasoning;
+    `precision`, the float32 matmul precision setting it was chosen under."""
 
     config: Config | None
     source: str
@@ -50,12 +58,14 @@ class Selection:
     record: Record | None = None
     implementation: str = "generated"
     why: str = ""
+    precision: str = precision_mod.DEFAULT
 
     def explain(self) -> str:
-        """One line: what runs, and why."""
+        """One line: what runs, and why (and the precision setting, where it is not the default)."""
         tuned = f", tuned on {'x'.join(map(str, self.tuned_shape))}" if self.tuned_shape else ""
         what = self.config.key() if self.config is not None else "cuBLAS"
-        return f"{self.source}{tuned}: {what}" + (f" ({self.why})" if self.why else "")
+        setting = f" [precision {self.precision}]" if self.precision != precision_mod.DEFAULT else ""
+        return f"{self.source}{tuned}: {what}" + (f" ({self.why})" if self.why else "") + setting
 
     def implementation_object(self) -> Implementation:
         """The `impl` object that runs this selection."""
@@ -72,6 +82,7 @@ class Context:
     device: DeviceLimits
     cache: TuningCache
     accept: Callable[[Record], bool]  # which records count (current, and maybe same compiler)
+    precision: str = precision_mod.DEFAULT  # the setting: what may run
 
 
 Step = Callable[[Context], "Selection | None"]
@@ -108,13 +119,36 @@ def same_compiler(record: Record) -> bool:
             and options == tuple(build.COMPILE_OPTIONS))
 
 
+def runs_here(record: Record, key: ProblemKey) -> tuple[str, Config | dict[str, Any] | None]:
+    """What a record runs for `key`: cuBLAS on the very shape it names cuBLAS for, its config otherwise
+    (a nearest shape, the device default)."""
+    if record.implementation == "cublas" and tuple(record.shape) == key.shape:
+        return "cublas", None
+    return "generated", record.config
+
+
+def allowed(ctx: Context, record: Record) -> bool:
+    """Whether the setting allows what `record` runs for the context's problem."""
+    implementation, config = runs_here(record, ctx.key)
+    return precision_mod.allows(ctx.precision, precision_mod.needed(record.kernel, record.dtype, config,
+                                                                    implementation))
+
+
+def _best_slot(ctx: Context, slots: dict[str, Record], source: str) -> Selection | None:
+    """Of one problem's records (one per precision class), the fastest that counts and is allowed."""
+    for record in sorted(slots.values(), key=lambda r: (r.run_ms, precision_mod.CLASSES.index(r.precision))):
+        if ctx.accept(record) and allowed(ctx, record):
+            found = _from_record(record, source, ctx)
+            if found is not None:
+                return found
+    return None
+
+
 # -- the steps ------------------------------------------------------------------------------------------
 
 def exact(ctx: Context) -> Selection | None:
-    record = ctx.cache.get(ctx.device.fingerprint, ctx.key, kernels.compat_hash(ctx.key.kernel))
-    if record is None or not ctx.accept(record):
-        return None
-    return _from_record(record, "exact", ctx)
+    return _best_slot(ctx, ctx.cache.slots(ctx.device.fingerprint, ctx.key, kernels.compat_hash(ctx.key.kernel)),
+                      "exact")
 
 
 def model(ctx: Context) -> Selection | None:
@@ -124,17 +158,17 @@ def model(ctx: Context) -> Selection | None:
     db = database.load(ctx.cache, ctx.device.fingerprint, *_key_parts(ctx.key))
     if db is None or not db.shapes:
         return None
-    choice = model_for(db, ctx.device).choose(ctx.key.shape, params_of(db))
+    choice = model_for(db, ctx.device).choose(ctx.key.shape, params_of(db), setting=ctx.precision)
     if choice is None:
         return None
     return Selection(choice.config, f"model ({len(db.shapes)} surveyed shapes)", None, None,
-                     choice.candidate.implementation, choice.explain())
+                     choice.candidate.implementation, choice.explain(), ctx.precision)
 
 
 def nearest(ctx: Context) -> Selection | None:
     best: tuple[tuple[float, int, float, str], Record] | None = None
     for rank, path, record in ctx.cache.records(ctx.device.fingerprint, ctx.key, kernels.compat_hash(ctx.key.kernel)):
-        if len(record.shape) != len(ctx.key.shape) or not ctx.accept(record):
+        if len(record.shape) != len(ctx.key.shape) or not ctx.accept(record) or not allowed(ctx, record):
             continue
         # Nearest shape first; ties go to the user's own entries, then to the faster one.
         order = (log_distance(record.shape, ctx.key.shape), rank, record.time_ms, str(path))
@@ -144,16 +178,25 @@ def nearest(ctx: Context) -> Selection | None:
 
 
 def device_default(ctx: Context) -> Selection | None:
-    record = ctx.cache.device_default(ctx.device.fingerprint, ctx.key, kernels.compat_hash(ctx.key.kernel))
-    if record is None or not ctx.accept(record):
-        return None
-    return _from_record(record, "device default", ctx)
+    slots = ctx.cache.default_slots(ctx.device.fingerprint, ctx.key, kernels.compat_hash(ctx.key.kernel))
+    return _best_slot(ctx, slots, "device default")
 
 
 def builtin_default(ctx: Context) -> Selection:
-    space = kernels.get(ctx.key.kernel).space
+    """The space's default for the layout, in the part of the space the setting allows (under "highest", a
+    SIMT config): the first default that is feasible, else the first feasible named config."""
+    space = precision_mod.restricted(kernels.get(ctx.key.kernel).space, ctx.key.dtype, ctx.precision)
     problem = Problem(ctx.device, ctx.key.dtype, ctx.key.layout)
-    return Selection(space.default_config(ctx.key.layout, problem), "built-in default", None)
+    try:
+        config = space.default_config(ctx.key.layout, problem)
+    except UnknownNameError:  # every default of the layout was narrowed away
+        named = [c for n, c in space.named_configs.items()
+                 if space.named_layouts.get(n, ctx.key.layout) == ctx.key.layout]
+        fallback = next((c for c in named if space.is_feasible(c, problem)), named[0] if named else None)
+        if fallback is None:
+            raise
+        config = fallback
+    return Selection(config, "built-in default", None, precision=ctx.precision)
 
 
 RECORD_STEPS: tuple[Step, ...] = (exact, model, nearest, device_default)
@@ -169,20 +212,24 @@ def _from_record(record: Record, source: str, ctx: Context) -> Selection | None:
     tuned_shape = tuple(record.shape)
     if record.implementation == "cublas" and tuned_shape == ctx.key.shape:
         return Selection(None, source, tuned_shape, record, "cublas",
-                         f"cuBLAS {record.baseline_ms:g} ms beat the best config's {record.time_ms:g} ms")
+                         f"cuBLAS {record.baseline_ms:g} ms beat the best config's {record.time_ms:g} ms",
+                         ctx.precision)
     if tuned_shape != ctx.key.shape:
         refilled = keep_grid_filled(ctx.key, config, tuned_shape)
         if refilled != config:
             source += f", SPLIT_K raised {config['SPLIT_K']}->{refilled['SPLIT_K']}"
             config = refilled
-    return Selection(config, source, tuned_shape, record)
+    return Selection(config, source, tuned_shape, record, precision=ctx.precision)
 
 
-def select(key: ProblemKey, device: DeviceLimits, cache: TuningCache | None = None) -> Selection:
-    """What the library runs for `key` on `device`: the first step of the chain that answers. Records of
-    another compiler (or other compile options) come only after the whole chain has found none of its own."""
+def select(key: ProblemKey, device: DeviceLimits, cache: TuningCache | None = None,
+           precision: str | None = None) -> Selection:
+    """What the library runs for `key` on `device` under the float32 matmul `precision` setting (None: the
+    process-wide one): the first step of the chain that answers. Records of another compiler (or other
+    compile options) come only after the whole chain has found none of its own."""
+    setting = precision_mod.resolve(precision)
     cache = cache if cache is not None else TuningCache()
-    strict = Context(key, device, cache, lambda r: same_compiler(r) and is_current(r))
+    strict = Context(key, device, cache, lambda r: same_compiler(r) and is_current(r), setting)
     for step in RECORD_STEPS:
         found = step(strict)
         if found is not None:
@@ -238,10 +285,11 @@ def keep_grid_filled(key: ProblemKey, config: Config, tuned_shape: tuple[int, ..
     return best
 
 
-def explain(key: ProblemKey, device: DeviceLimits, cache: Any = None) -> str:
+def explain(key: ProblemKey, device: DeviceLimits, cache: Any = None, precision: str | None = None) -> str:
     """Which config `key` gets on `device`, and why, in one line (for people and tests)."""
-    return select(key, device, cache).explain()
+    return select(key, device, cache, precision).explain()
 
 
-__all__ = ["MIN_K_PER_SPLIT", "RECORD_STEPS", "Selection", "builtin_default", "device_default", "exact",
-           "explain", "is_current", "keep_grid_filled", "log_distance", "model", "nearest", "same_compiler", "select"]
+__all__ = ["MIN_K_PER_SPLIT", "RECORD_STEPS", "Selection", "allowed", "builtin_default", "device_default", "exact",
+           "explain", "is_current", "keep_grid_filled", "log_distance", "model", "nearest", "runs_here",
+           "same_compiler", "select"]

@@ -3,8 +3,9 @@ winner chosen by re-timing the best few candidates interleaved.
 
 The study talks to an `Evaluator`: the GPU one runs candidates in a worker process (`worker.IsolatedRunner`);
 `autotile.testing.ReplayEvaluator` answers from a table of recorded timings, so the loop is tested without
-a GPU. A study is bound to its problem (kernel, dtype, layout, shape, device): resuming it for another one
-is refused.
+a GPU. A study is bound to its problem (kernel, dtype, layout, shape, device) and to the precision it
+searches (`autotile.precision`: under "highest" the space holds SIMT configs only, MATH=simt): resuming
+it for another one is refused.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import time
 from typing import Any, Callable, Protocol
 
 from . import kernels
+from . import precision as precision_mod
 from .device import DeviceLimits
 from .errors import AutotileError, InvalidValueError, UnknownNameError
 from .problem import ProblemKey
@@ -57,6 +59,8 @@ class TuneOptions:
     # Configs (name -> parameter mapping) run right after the seeds and the space's named configs, for
     # example the config in use when re-tuning, so that the winner is never worse than what it replaces.
     start: tuple[tuple[str, Any], ...] = ()
+    # The float32 matmul precision setting the winner must run under: "highest" searches MATH=simt only.
+    precision: str = precision_mod.DEFAULT
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,6 +110,7 @@ class TuneResult:
     saved_path: str | None = None
     save_error: str | None = None
     save_note: str | None = None  # for example: the cache kept an existing, faster entry
+    precision: str = precision_mod.DEFAULT  # the setting the search ran under (the record needs its winner's)
 
     @property
     def key(self) -> ProblemKey:
@@ -164,6 +169,9 @@ class Tuner:
             raise InvalidValueError(f"sampler {options.sampler!r} is not one of {', '.join(SAMPLERS)}")
         if options.trials < 1:
             raise InvalidValueError(f"trials must be at least 1, got {options.trials}")
+        precision_mod.check(options.precision)
+        # What the setting does not allow is never drawn, nor run as a seed or a start.
+        self.space = precision_mod.restricted(self.space, key.dtype, options.precision)
         self.options = options
         self._render = render_source or (lambda c: self.spec.render(c, key.dtype, key.layout))
         self._next_id = 0
@@ -203,8 +211,7 @@ class Tuner:
         logging.getLogger("optuna").setLevel(logging.WARNING)
         opts = self.options
         problem = Problem(limits, self.dtype, self.layout)
-        shape_text = self.key.shape_text
-        study_name = opts.study_name or f"{self.spec.name}-{self.dtype}-{self.layout}-{shape_text}-{limits.fingerprint}"
+        study_name = opts.study_name or self.default_study_name(limits)
         study = optuna.create_study(direction="minimize", sampler=make_sampler(opts.sampler, opts.seed),
                                     storage=opts.storage, study_name=study_name, load_if_exists=True)
         self._bind(study, limits)
@@ -317,13 +324,32 @@ class Tuner:
             baseline_ms=baseline_ms,
             metric=kernels.metric(self.spec.name, self.shape, self.dtype, best.median_ms)[0], metric_unit=unit,
             trials=ran, failures=failures, pruned=pruned, duplicates=duplicates,
-            seconds=time.monotonic() - started, environment=dict(evaluator.environment), study_name=study_name)
+            seconds=time.monotonic() - started, environment=dict(evaluator.environment), study_name=study_name,
+            precision=opts.precision)
+
+    def _searched(self) -> str:
+        """The precision class the search reaches: two settings with the same one search the same space
+        (and every setting the same, for a kernel and dtype the setting cannot narrow: matvec, float64)."""
+        if not precision_mod.applies(self.key.kernel, self.key.dtype):
+            return precision_mod.DEFAULT
+        return precision_mod.loosest(self.options.precision)
+
+    def default_study_name(self, limits: DeviceLimits) -> str:
+        """KERNEL-DTYPE-LAYOUT-SHAPE-DEVICE, with the precision class at the end where it is not "high" (a
+        "highest" study searches another space, and must not meet a "high" one of the same name)."""
+        name = f"{self.spec.name}-{self.dtype}-{self.layout}-{self.key.shape_text}-{limits.fingerprint}"
+        searched = self._searched()
+        return name if searched == precision_mod.DEFAULT else f"{name}-{searched}"
 
     def _bind(self, study: Any, limits: DeviceLimits) -> None:
-        """Bind a new study to this problem; refuse to resume one made for another problem, whose trials
-        (times of another shape, configs infeasible for another dtype) would pass for this one's."""
-        mine = dict(self.key.to_json(), device=limits.fingerprint)
+        """Bind a new study to this problem and precision; refuse to resume one made for another problem,
+        whose trials (times of another shape, configs infeasible for another dtype) would pass for this
+        one's, or for another precision, whose trials hold configs this one may not run (or lack some)."""
+        mine = dict(self.key.to_json(), device=limits.fingerprint, precision=self._searched())
         bound = study.user_attrs.get(PROBLEM_ATTR)
+        if isinstance(bound, dict) and "precision" not in bound:
+            # Bound before studies named a precision: they searched tf32x3 as well, which is "high".
+            bound = dict(bound, precision=precision_mod.DEFAULT)
         if bound is None:
             if any(t.user_attrs.get("config_key") for t in study.trials):
                 raise InvalidValueError(f"study {study.study_name!r} holds trials of an unknown problem (made "
@@ -331,9 +357,10 @@ class Tuner:
             study.set_user_attr(PROBLEM_ATTR, mine)
         elif bound != mine:
             theirs = f"{bound.get('kernel')} {bound.get('dtype')} {bound.get('layout')} " \
-                     f"{'x'.join(map(str, bound.get('shape', [])))} on {bound.get('device')}"
+                     f"{'x'.join(map(str, bound.get('shape', [])))} on {bound.get('device')} " \
+                     f"at precision {bound.get('precision')}"
             raise InvalidValueError(f"study {study.study_name!r} tunes {theirs}, not {self.key} on "
-                                    f"{limits.fingerprint}; use another --study-name")
+                                    f"{limits.fingerprint} at precision {self._searched()}; use another --study-name")
 
     def _retime(self, evaluator: Evaluator, known: dict[str, tuple[float | None, str | None]]
                 ) -> tuple[list[Finalist], Timing | None]:

@@ -153,6 +153,14 @@ def _check_sqlite_file(url: str, database: str | None, name: str) -> None:
         raise InvalidValueError(f"{name} {url!r}: folder {str(folder)!r} is not writable")
 
 
+def precision(value: Any, *, name: str = "precision") -> str:
+    """`value` as a float32 matmul precision setting ("highest", "high" or "medium"); None is the
+    process-wide setting (`autotile.precision`), which is checked too."""
+    from . import precision as precision_mod
+
+    return precision_mod.resolve(value, name=name)
+
+
 def fix_items(items: Iterable[str], *, name: str = "--fix") -> dict[str, list[str]]:
     """'PARAM=V1,V2' strings -> {PARAM: [V1, V2]}; the values are checked against a space later."""
     fix: dict[str, list[str]] = {}
@@ -181,4 +189,4 @@ def writable_folder(folder: str | Path, *, name: str) -> Path:
     return path
 
 
-__all__ = ["SEED_MAX", "count", "fix_items", "seconds", "seed", "storage_url", "writable_folder"]
+__all__ = ["SEED_MAX", "count", "fix_items", "precision", "seconds", "seed", "storage_url", "writable_folder"]

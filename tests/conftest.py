@@ -50,3 +50,15 @@ def isolated_cache(tmp_path, monkeypatch):
     root = tmp_path / "cache"
     monkeypatch.setenv("AUTOTILE_CACHE_DIR", str(root))
     return root
+
+
+@pytest.fixture(autouse=True)
+def default_precision(monkeypatch):
+    """Every test starts with the process-wide float32 matmul precision unset and no
+    $AUTOTILE_FLOAT32_MATMUL_PRECISION (so "high"), and a test that sets either leaves nothing behind."""
+    from autotile import precision
+
+    monkeypatch.delenv(precision.ENV_VAR, raising=False)
+    precision._reset()
+    yield
+    precision._reset()

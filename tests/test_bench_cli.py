@@ -67,6 +67,9 @@ BAD = {
     "negative fallback": (["--fallback", "-2"], ["--fallback must be at least 0, got -2"]),
     "tune timeout nan": (["--tune", "5", "--tune-timeout", "nan"], ["--tune-timeout", "got nan"]),
     "tune timeout negative": (["--tune", "5", "--tune-timeout", "-1"], ["--tune-timeout", "got -1"]),
+    "precision unknown": (["--precision", "bogus"], ["--precision 'bogus' is not one of highest, high, medium"]),
+    "precision one bad of two": (["--precision", "highest,fast"], ["--precision 'fast'"]),
+    "precision empty": (["--precision", ""], ["--precision ''"]),
 }
 
 
@@ -113,9 +116,9 @@ def test_a_result_that_was_not_saved_stops_the_run(capsys, monkeypatch, tmp_path
     rc = bench.main(["--kernels", "matmul", "--quick", "--tune", "3", "--out", str(tmp_path / "out")])
     out, err = capsys.readouterr()
     assert rc == 1
-    assert len(calls) == 1  # stopped after the first shape
-    assert out.startswith("tuned matmul row 4096x4096x4096: 1.5000 ms, 0.90x cuBLAS")
-    assert err == ("autotile.bench: error: matmul row 4096x4096x4096 was tuned but not saved to /ro/x.json: "
+    assert len(calls) == 1  # stopped after the first shape, under its first precision setting
+    assert out.startswith("tuned matmul row 4096x4096x4096 high: 1.5000 ms, 0.90x cuBLAS")
+    assert err == ("autotile.bench: error: matmul row 4096x4096x4096 high was tuned but not saved to /ro/x.json: "
                    "[Errno 30] Read-only file system\n")
 
 
@@ -305,7 +308,7 @@ def test_random_problem_times_the_runner_the_library_prepared(monkeypatch):
     monkeypatch.setattr(bench, "_Problem", FakeProblem)
     monkeypatch.setattr(bench.ops, "_prepare", prepare)
     row = bench._random_problem("matvec", (300, 5000), "col", "float32", None, None)
-    assert prepared_for == [("matvec", "float32", "col", (300, 5000))]
+    assert prepared_for == [("matvec", "float32", "col", (300, 5000), None)]  # None: the process's precision
     assert launched == [(("A", "x"), "y")]
     assert row.ratio == pytest.approx(1.25) and (row.cublas_ms, row.autotile_ms) == (2.0, 1.6)
     assert row.wrong and row.autotile_error == 0.3 and row.cublas_error == 1e-7  # kept, flagged
@@ -326,7 +329,8 @@ def test_random_run_writes_every_shape_and_flags_wrong_results(capsys, monkeypat
     monkeypatch.setattr("autotile.timing.L2Flusher", lambda l2_bytes: None)
     calls = []
 
-    def problem(kernel, shape, layout, dtype, flush, rng):
+    def problem(kernel, shape, layout, dtype, flush, rng, precision=""):
+        assert precision == ""  # matvec: the setting changes nothing, so each problem runs once
         calls.append((kernel, shape, layout, dtype))
         ratio = 0.5 + (len(calls) % 4) * 0.25
         return bench.RandomRow(kernel, layout, shape, 1.0, 1.0 / ratio, ratio, 1e-7, 1e-7, 1e-5, len(calls) == 2,
@@ -387,3 +391,128 @@ def test_report_command_reads_random_json(capsys, tmp_path):
     assert report.main([str(path)]) == 2
     _, err = capsys.readouterr()
     assert err.startswith("autotile.report: error: ") and "row 2 lacks 'ratio'" in err and len(err.splitlines()) == 1
+
+
+# -- the precision setting: both settings of float32 matmul, each against the cuBLAS of the same run ------
+
+def test_precision_settings_per_problem():
+    assert bench.parse_precisions(None) is None
+    assert bench.parse_precisions("highest, high,highest") == ["highest", "high"]
+    assert bench.settings_for("matmul", "float32", None) == ["high", "highest"]
+    assert bench.settings_for("matmul", "float32", ["highest"]) == ["highest"]
+    assert bench.settings_for("matmul", "float64", None) == [""]  # the setting changes nothing: once
+    assert bench.settings_for("matvec", "float32", ["highest", "high"]) == [""]
+
+
+class _FakeProblem:
+    """bench._Problem without a GPU: cuBLAS takes 2 ms, a seed 8 ms; an implementation prepared for the
+    selection's config takes what `times` says for its config key."""
+
+    times = {"MATH=tf32x3": 1.6, "MATH=simt": 2.5, "cuBLAS": 2.0}
+
+    def __init__(self, kernel, shape, layout, dtype, ceilings, flush, rng, timing=None):
+        self.kernel, self.layout, self.shape = kernel, layout, shape
+        self.spec = types.SimpleNamespace(space=types.SimpleNamespace(
+            named=lambda name: types.SimpleNamespace(key=lambda: name), is_feasible=lambda c, p: True))
+
+    def cublas(self):
+        return "cuBLAS"
+
+    def launcher(self, config):
+        return "seed"
+
+    def _run(self, implementation):
+        return implementation
+
+    def measure(self, name, run, config=""):
+        ms = {"cuBLAS": 2.0, "seed": 8.0}.get(run) or self.times[run]
+        return bench.Row(self.kernel, self.layout, self.shape, name, ms, 0.0, 1000.0 / ms, "GFLOP/s", 0.0, 0.1,
+                         1e-7, config, 1e-7)
+
+
+def _fake_select(asked):
+    def select(key, limits, precision=None):
+        asked.append(precision)
+        math = "simt" if precision == "highest" else "tf32x3"
+        config = types.SimpleNamespace(key=lambda: f"MATH={math}")
+        return types.SimpleNamespace(source="exact", config=config, implementation_object=lambda: f"MATH={math}")
+
+    return select
+
+
+def test_bench_problem_times_autotile_under_each_setting_against_one_cublas(monkeypatch):
+    asked = []
+    monkeypatch.setattr(bench, "_Problem", _FakeProblem)
+    monkeypatch.setattr(bench, "select", _fake_select(asked))
+    rows = bench._bench_problem("matmul", (4096, 4096, 4096), "row", "float32", ("seed-naive",), PROFILES["h100"],
+                                {}, None, None, bench.settings_for("matmul", "float32", None))
+    assert asked == ["high", "highest"]
+    assert [(r.name, r.precision) for r in rows] == [("cuBLAS", ""), ("seed-naive", ""), ("autotile (exact)", "high"),
+                                                     ("autotile (exact)", "highest")]
+    assert [r.vs_cublas for r in rows] == pytest.approx([1.0, 0.25, 1.25, 0.8])  # all against the one cuBLAS
+    assert rows[2].config == "MATH=tf32x3" and rows[3].config == "MATH=simt"
+    md = bench.to_markdown(rows, {"gpu": "GPU X", "date": "d", "cupy": "14", "cuda_runtime": 1, "driver": 2,
+                                  "compiler": "nvrtc"},
+                           {"copy_gbps": 1.0, "read_gbps": 1.0, "fp32_peak_tflops": 1.0, "clock_mhz": 1.0})
+    table = [line for line in md.splitlines() if line.startswith("| matmul |")]
+    assert [line.split("|")[5].strip() for line in table] == ["-", "-", "high", "highest"]
+    assert "| implementation | precision | ms |" in md
+    # Where the setting changes nothing the library's pick is timed once, under the process's setting.
+    asked.clear()
+    once = bench._bench_problem("matvec", (4096, 4096), "row", "float32", (), PROFILES["h100"], {}, None, None,
+                                bench.settings_for("matvec", "float32", None))
+    assert asked == [None] and [r.precision for r in once] == ["", ""]
+
+
+def test_summary_table_has_a_line_per_setting():
+    data = json.loads((REPO / "tests" / "data" / "bench_results_h200.json").read_text())
+    rows = data["rows"]
+    i = next(i for i, r in enumerate(rows) if r["kernel"] == "matmul" and r["name"].startswith("autotile")
+             and r["shape"] == [4096, 4096, 4096])
+    rows[i]["precision"] = "high"
+    strict = dict(rows[i], precision="highest", config="cuBLAS", vs_cublas=1.0, metric=rows[i - 3]["metric"])
+    rows.insert(i + 1, strict)
+    text = report.summary_markdown(data)
+    lines = [line for line in text.splitlines() if line.startswith("| 4096x4096x4096 |")]
+    cells = [[c.strip() for c in line.strip("|").split("|")] for line in lines]
+    assert [(c[4], c[5], c[6]) for c in cells] == [("**1.21**", "tf32x3", "high"), ("**1.00**", "cuBLAS", "highest")]
+    assert cells[0][1] == cells[1][1]  # one cuBLAS measurement for both
+    assert "| autotile math | precision | error cuBLAS / autotile |" in text
+    other = next(line for line in text.splitlines() if line.startswith("| 1000x3000x500 |"))
+    assert other.split("|")[7].strip() == "-"  # a run from before the setting: no precision recorded
+
+
+def test_random_run_times_float32_matmul_under_each_setting(capsys, monkeypatch, tmp_path):
+    monkeypatch.setattr("autotile.device.live_device", lambda *a, **k: PROFILES["h100"])
+    pool = types.SimpleNamespace(free_all_blocks=lambda: None)
+    monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(
+        random=types.SimpleNamespace(default_rng=lambda seed: None), get_default_memory_pool=lambda: pool))
+    env = {"gpu": "GPU X", "date": "2026-12-01", "cupy": "14", "cuda_runtime": 13020, "driver": 13000,
+           "compiler": "nvrtc-13.0"}
+    monkeypatch.setattr(bench, "environment", lambda limits: dict(env))
+    monkeypatch.setattr("autotile.timing.L2Flusher", lambda l2_bytes: None)
+    calls = []
+
+    def problem(kernel, shape, layout, dtype, flush, rng, precision=""):
+        calls.append((shape, precision))
+        ratio = 1.2 if precision == "high" else 0.9
+        return bench.RandomRow(kernel, layout, shape, 1.0, 1.0 / ratio, ratio, 1e-7, 1e-7, 1e-5, False, "model",
+                               f"model: x [precision {precision}]", "x", precision)
+
+    monkeypatch.setattr(bench, "_random_problem", problem)
+    out = tmp_path / "out"
+    assert bench.main(["--random", "2", "--kernels", "matmul", "--out", str(out)]) == 0
+    capsys.readouterr()
+    shapes = bench.random_shapes("matmul", 2, 0)
+    assert calls == [(s, p) for s in shapes for p in ("high", "highest")]
+    data = json.loads((out / "random.json").read_text())
+    assert set(data["summary"]) == {"matmul row high", "matmul row highest"}
+    assert data["summary"]["matmul row high"]["geomean"] == pytest.approx(1.2)
+    assert [r["precision"] for r in data["rows"]] == ["high", "highest"] * 2
+    table = report.random_markdown([data])
+    assert "| matmul float32 high | row | GPU X | 2 |" in table
+    assert "| matmul float32 highest | row | GPU X | 2 |" in table
+    assert "| matmul high | row |" in (out / "random.md").read_text()
+    calls.clear()
+    assert bench.main(["--random", "1", "--kernels", "matmul", "--precision", "highest", "--out", str(out)]) == 0
+    assert calls == [(shapes[0], "highest")]

@@ -775,3 +775,150 @@ def test_docs_say_what_the_compat_hash_covers() -> None:
         assert "names of its parameters that have no default" in flat
         assert "source_sha" in flat and "compiler" in flat
         assert "from the template" not in flat and "hashes the kernel's template" not in flat
+
+
+# --------------------------------------------------------------------- precision classes: one slot each
+
+TF32X3 = {"MATH": "tf32x3", "BM": 128, "BN": 128, "smem": "dynamic"}  # needs "high"
+SIMT = {"MATH": "simt", "BM": 128, "BN": 128, "smem": "dynamic"}  # needs "highest"
+
+
+def high(time_ms: float = 1.0, **changes: Any) -> Record:
+    return make(time_ms=time_ms, config=dict(TF32X3), **changes)
+
+
+def highest(time_ms: float = 1.0, **changes: Any) -> Record:
+    return make(time_ms=time_ms, config=dict(SIMT), **changes)
+
+
+def old_file(root: Path, rec: Record, shape_part: str | None = None) -> Path:
+    """`rec` written by hand as an autotile from before precision slots wrote it: no `precision` field,
+    under the name without a slot, whatever class its config needs."""
+    path = ship(root, rec, shape_part)
+    data = json.loads(path.read_text())
+    del data["precision"]
+    path.write_text(json.dumps(data))
+    return path
+
+
+def test_record_carries_the_class_it_needs() -> None:
+    assert high().precision == "high" and highest().precision == "highest" and make().precision == "highest"
+    assert make(config=dict(TF32X3), implementation="cublas").precision == "highest"  # cuBLAS runs
+    assert make(config=dict(TF32X3), dtype="float64").precision == "highest"
+    assert high().to_json()["precision"] == "high"
+    assert Record.from_json(high().to_json()) == high()
+    old = high().to_json()
+    del old["precision"]  # written before the field existed: derived from the config
+    assert Record.from_json(old) == high()
+
+
+@pytest.mark.parametrize("change,needle", [
+    ({"precision": "highest"}, "'precision' is 'highest', but its generated config needs 'high'"),
+    ({"precision": "medium"}, "expected one of highest, high"),
+    ({"precision": 3}, "expected one of highest, high"),
+    ({"config": {"MATH": "fp8"}}, "MATH='fp8' has no precision class"),
+])
+def test_record_precision_is_validated(change: dict[str, Any], needle: str) -> None:
+    d = high().to_json()
+    d.update(change)
+    with pytest.raises(CacheError) as info:
+        Record.from_json(d)
+    assert needle in str(info.value) and "\n" not in str(info.value)
+
+
+def test_slot_file_names(cache: TuningCache) -> None:
+    base = key(make())
+    assert cache.path_for(*base).name == f"matmul-float32-row-4096x4096x4096-{COMPAT[:12]}.json"
+    assert cache.path_for(*base, "highest") == cache.path_for(*base)
+    assert cache.path_for(*base, "high").name == f"matmul-float32-row-4096x4096x4096-high-{COMPAT[:12]}.json"
+    with pytest.raises(CacheError, match="'medium'"):
+        cache.path_for(*base, "medium")
+    assert cache.put(high()).path == cache.path_for(*base, "high")
+    assert cache.put(highest()).path == cache.path_for(*base)
+
+
+@pytest.mark.parametrize("order", ["highest first", "high first"])
+def test_a_highest_and_a_high_record_of_one_shape_coexist(cache: TuningCache, order: str) -> None:
+    slow_ieee, fast_tc = highest(time_ms=2.0), high(time_ms=1.0)
+    puts = [slow_ieee, fast_tc] if order == "highest first" else [fast_tc, slow_ieee]
+    assert all(cache.put(rec).written for rec in puts)  # neither is compared with the other
+    assert cache.slots(*pkey(make())) == {"highest": slow_ieee, "high": fast_tc}
+    assert cache.get(*pkey(make())) == fast_tc  # every slot: the fastest
+    assert cache.get(*pkey(make()), allowed_by="high") == fast_tc
+    assert cache.get(*pkey(make()), allowed_by="medium") == fast_tc
+    assert cache.get(*pkey(make()), allowed_by="highest") == slow_ieee
+    assert sorted(r.precision for _, _, r in cache.records(*pkey(make()))) == ["high", "highest"]
+    assert len(cache.entries()) == 2 and cache.problems == []
+    # Within a slot, put compares as before.
+    assert not cache.put(highest(time_ms=3.0)).written and not cache.put(high(time_ms=1.5)).written
+    assert cache.put(highest(time_ms=1.5)).written
+    assert cache.get(*pkey(make()), allowed_by="highest") == highest(time_ms=1.5)
+    assert cache.get(*pkey(make())) == fast_tc
+    assert cache.clear() == 2
+
+
+def test_an_old_named_tf32x3_file_is_found_under_high(tmp_path: Path, shipped: Path) -> None:
+    """The shipped records were written before slots: tf32x3 configs under the name without a slot."""
+    cache = TuningCache(tmp_path / "user", shipped_root=shipped)
+    path = old_file(shipped, high(time_ms=1.0))
+    assert path.name == f"matmul-float32-row-4096x4096x4096-{COMPAT[:12]}.json"  # no slot in the name
+    assert cache.slots(*pkey(make())) == {"high": high(time_ms=1.0)}
+    assert cache.get(*pkey(make()), allowed_by="high") == high(time_ms=1.0)
+    assert cache.get(*pkey(make()), allowed_by="highest") is None
+    assert [r for _, _, r in cache.records(*pkey(make()))] == [high(time_ms=1.0)]
+    assert [r for _, r in cache.entries(include_shipped=True)] == [high(time_ms=1.0)]
+    old_file(shipped, high(time_ms=4.0, dtype="float32", shape=(8, 8, 8)), shape_part="default")
+    assert cache.device_default(*pkey(make()), allowed_by="high") == high(time_ms=4.0, shape=(8, 8, 8))
+    assert cache.device_default(*pkey(make()), allowed_by="highest") is None
+    # A "highest" record tuned by the user sits beside it, under the same name in the user root.
+    cache.put(highest(time_ms=2.0))
+    assert cache.slots(*pkey(make())) == {"highest": highest(time_ms=2.0), "high": high(time_ms=1.0)}
+    assert cache.problems == []
+
+
+def test_a_highest_put_moves_an_old_named_high_record_to_its_slot(cache: TuningCache) -> None:
+    old = old_file(cache.root, high(time_ms=1.0))
+    outcome = cache.put(highest(time_ms=5.0))  # slower, but another class: never compared, nothing lost
+    assert outcome.written and outcome.path == old and outcome.existing is None
+    assert json.loads(old.read_text())["precision"] == "highest"
+    moved = cache.path_for(*key(make()), "high")
+    assert Record.from_json(json.loads(moved.read_text())) == high(time_ms=1.0)
+    assert cache.slots(*pkey(make())) == {"highest": highest(time_ms=5.0), "high": high(time_ms=1.0)}
+    assert cache.problems == []
+
+
+def test_a_high_put_competes_with_an_old_named_high_record(cache: TuningCache) -> None:
+    old = old_file(cache.root, high(time_ms=1.0))
+    kept = cache.put(high(time_ms=2.0))
+    assert not kept.written and kept.path == old and kept.existing == high(time_ms=1.0)
+    assert "kept the existing entry of 1 ms" in (kept.reason or "")
+    replaced = cache.put(high(time_ms=0.5))
+    assert replaced.written and replaced.existing == high(time_ms=1.0)
+    assert not old.exists()  # the old name held the "high" entry: now under its slot's name only
+    assert cache.slots(*pkey(make())) == {"high": high(time_ms=0.5)}
+
+
+def test_a_slot_file_holding_another_class_is_foreign(cache: TuningCache) -> None:
+    path = cache.path_for(*key(make()), "high")
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps(highest().to_json()))
+    with pytest.warns(CacheWarning, match="not what its name says"):
+        assert cache.slots(*pkey(make())) == {}
+
+
+def test_the_slot_winner_on_a_tie_is_the_stricter_class(cache: TuningCache) -> None:
+    cache.put(highest(time_ms=1.0))
+    cache.put(high(time_ms=1.0))
+    assert cache.get(*pkey(make())) == highest(time_ms=1.0)  # as fast, and it runs under every setting
+
+
+def test_two_cublas_records_of_a_slot_keep_the_config_its_class_can_run(cache: TuningCache) -> None:
+    """cuBLAS won both runs (the same time): the "highest" slot keeps the SIMT config, which "highest" can
+    run on nearest shapes, over a faster tf32x3 one, which it cannot."""
+    tc = make(time_ms=1.0, config=dict(TF32X3), implementation="cublas", baseline_ms=0.5)
+    ieee = make(time_ms=2.0, config=dict(SIMT), implementation="cublas", baseline_ms=0.5)
+    assert tc.precision == ieee.precision == "highest"
+    assert cache.put(tc).written
+    assert cache.put(ieee).written
+    assert not cache.put(tc).written
+    assert cache.get(*pkey(make())) == ieee

@@ -276,6 +276,10 @@ TUNE_ERRORS = {
     "fix without =": (["--fix", "BM"], ["--fix 'BM'", "PARAM=VALUE"]),
     "fix without values": (["--fix", "BM="], ["--fix 'BM='"]),
     "fix unknown param": (["--fix", "BX=16"], ["unknown parameter 'BX'"]),
+    "precision unknown": (["--precision", "bogus"], ["--precision 'bogus' is not one of highest, high, medium"]),
+    "precision upper case": (["--precision", "HIGH"], ["--precision 'HIGH'"]),
+    "precision with a fix it empties": (["--precision", "highest", "--fix", "MATH=tf32x3"],
+                                        ["'highest' allows MATH simt only", "tf32x3"]),
 }
 
 
@@ -344,6 +348,7 @@ def test_tune_accepts_good_options_and_only_then_asks_for_the_gpu(capsys, monkey
 
 
 SUBPROCESS_ERRORS = {
+    "precision": (["--precision", "bogus"], "--precision 'bogus' is not one of highest, high, medium"),
     "seed": (["--seed", "-3"], "--seed -3"),
     "storage": (["--storage", "garbage://x"], "'garbage://x'"),
     "timeout": (["--timeout", "nan"], "got nan"),
@@ -559,3 +564,64 @@ def test_tune_with_a_library_without_the_save_fields(capsys, fake_tune):
     rc, out, err = run(capsys, *TUNE, "--no-cache")
     assert (rc, err) == (0, "")
     assert out.endswith(", 0.80x cuBLAS, 2.00x the best seed (seed-tiled16)\n")  # the table is the last line
+
+
+# -- the precision setting ------------------------------------------------------------------------------
+
+def test_tune_passes_the_precision_and_takes_the_process_default(capsys, monkeypatch):
+    from autotile import precision
+
+    asked = []
+    monkeypatch.setattr("autotile.device.live_device", lambda *a, **k: PROFILES["h100"])
+    monkeypatch.setattr("autotile.api.tune", lambda *a, **k: asked.append(k["precision"]) or _result())
+    assert run(capsys, *TUNE, "--precision", "highest", "--no-cache")[0] == 0
+    assert run(capsys, *TUNE, "--no-cache")[0] == 0
+    monkeypatch.setenv(precision.ENV_VAR, "highest")
+    precision._reset()
+    assert run(capsys, *TUNE, "--no-cache")[0] == 0
+    assert asked == ["highest", "high", "highest"]
+
+
+def test_a_bad_precision_environment_variable_is_one_line(capsys, gpu_forbidden, monkeypatch):
+    from autotile import precision
+
+    monkeypatch.setenv(precision.ENV_VAR, "half")
+    precision._reset()
+    rc, out, err = run(capsys, *TUNE)
+    assert_one_line_error(rc, out, err, "AUTOTILE_FLOAT32_MATMUL_PRECISION='half'", "highest, high, medium")
+
+
+def test_tune_table_names_a_precision_other_than_the_default():
+    import dataclasses
+
+    from autotile.cli_tune import format_result
+
+    assert "precision" not in format_result(_result()).splitlines()[1]
+    strict = dataclasses.replace(_result(), precision="highest")
+    assert format_result(strict).splitlines()[1].endswith("on Test GPU, precision highest")
+
+
+def test_cache_list_and_show_give_each_entry_its_precision(capsys, isolated_cache):
+    import json
+
+    from autotile import kernels
+    from autotile.cache import Record, TuningCache
+
+    space = load_space("matmul")
+    cache = TuningCache(root=isolated_cache, shipped_root=None)
+    for name, ms in (("tf32x3-128", 1.0), ("regtile-128", 2.0)):
+        cache.put(Record(kernel="matmul", dtype="float32", layout="row", shape=(4096, 4096, 4096),
+                         compat=kernels.compat_hash("matmul"), config=dict(space.named(name)), time_ms=ms,
+                         spread=0.0, metric=1.0, metric_unit="GFLOP/s", baseline_ms=1.5,
+                         device=PROFILES["h100"].fingerprint, environment={}))
+    rc, out, err = run(capsys, "cache", "list")
+    assert (rc, err) == (0, "")
+    header, *rows = out.splitlines()
+    assert header.split()[-2:] == ["runs", "precision"]
+    assert sorted(r.split()[-1] for r in rows) == ["high", "highest"]
+    rc, out, err = run(capsys, "cache", "show", "matmul")
+    assert (rc, err) == (0, "")
+    paths = [line for line in out.splitlines() if line.startswith("# ")]
+    assert sorted(p.rsplit("-", 2)[-2] for p in paths) == ["4096x4096x4096", "high"]
+    shown = [json.loads(chunk) for chunk in re.split(r"^# .*$", out, flags=re.M) if chunk.strip()]
+    assert sorted(d["precision"] for d in shown) == ["high", "highest"]

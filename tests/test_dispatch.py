@@ -171,7 +171,7 @@ def test_record_implementation_round_trip_and_checks():
     rec = _record((5, 6, 7), config, 2.0, 1.0, "cublas")
     assert Record.from_json(rec.to_json()) == rec and rec.run_ms == 1.0
     old = rec.to_json()
-    del old["implementation"]  # written before the field existed: runs its config
+    del old["implementation"], old["precision"]  # written before the fields existed: runs its config
     assert Record.from_json(old).implementation == "generated"
     with pytest.raises(CacheError, match="implementation"):
         _record((5, 6, 7), config, 2.0, 1.0, "magma")
@@ -181,10 +181,15 @@ def test_record_implementation_round_trip_and_checks():
 
 def test_a_faster_cublas_record_is_kept_over_a_slower_config(tmp_path):
     cache = TuningCache(root=tmp_path, shipped_root=None)
-    config = kernels.get("matmul").space.named("tf32x3-128")
-    assert cache.put(_record((8, 8, 8), config, 2.0, 1.0, "cublas")).written
-    outcome = cache.put(_record((8, 8, 8), config, 1.5, 3.0))
+    space = kernels.get("matmul").space
+    config = space.named("tf32x3-128")
+    assert cache.put(_record((8, 8, 8), config, 2.0, 1.0, "cublas")).written  # cuBLAS: the "highest" slot
+    outcome = cache.put(_record((8, 8, 8), space.named("safe-default"), 1.5, 3.0))  # the same slot, slower
     assert not outcome.written and "1 ms" in (outcome.reason or "")
+    # A tf32x3 config has a slot of its own (needed "high"): stored beside, and cuBLAS, faster, still runs.
+    assert cache.put(_record((8, 8, 8), config, 1.5, 3.0)).written
+    sel = select.select(ProblemKey("matmul", "float32", "row", (8, 8, 8)), H100, cache)
+    assert sel.implementation == "cublas" and sel.source == "exact"
 
 
 def test_model_step_serves_shapes_without_a_record(tmp_path):
@@ -306,3 +311,65 @@ def test_shipped_databases_are_valid_and_current():
         # Every surveyed candidate still renders the kernel that was timed (a template change would retire it).
         assert len(m.usable) == len(db.candidates) - 1, path
         assert db.environment.get("model"), path
+
+
+# -- the precision setting: the model and tuning at first call ------------------------------------------
+
+def _ieee_wins_db() -> database.ShapeDatabase:
+    """The synthetic database with a SIMT config that is 1.2x cuBLAS everywhere (and tf32x3 faster still)."""
+    db = _synthetic_db(speedup_big=2.0, speedup_small=2.0)
+    rows = tuple((t[0], t[1], t[0] / 1.2) for t in db.times_ms)
+    return database.ShapeDatabase(db.kernel, db.dtype, db.layout, db.device, db.candidates, db.shapes, rows, {})
+
+
+def test_model_leaves_out_what_the_setting_does_not_allow():
+    m = model.Model(_synthetic_db(), H100)
+    assert m.choose((3000, 3100, 2900)).candidate.name == "fast"  # tf32x3
+    strict = m.choose((3000, 3100, 2900), setting="highest")
+    assert strict is not None and strict.candidate.implementation == "cublas"  # the SIMT one is 0.5x
+    assert "(best: slow 0.50x)" in strict.explain()  # the runner-up is an allowed one
+    assert m.choose((3000, 3100, 2900), setting="medium").candidate.name == "fast"
+    ieee = model.Model(_ieee_wins_db(), H100)
+    assert ieee.choose((3000, 3100, 2900)).candidate.name == "fast"
+    pick = ieee.choose((3000, 3100, 2900), setting="highest")
+    assert pick.candidate.name == "slow" and pick.config["MATH"] == "simt"
+    assert [m.db.candidates[j].name for j in m.rank((3000, 3000, 3000), setting="highest")] == ["slow"]
+
+
+def test_model_step_under_highest(tmp_path):
+    cache = TuningCache(root=tmp_path, shipped_root=None)
+    database.save(cache, _synthetic_db())
+    key = ProblemKey("matmul", "float32", "row", (3000, 3100, 2900))
+    assert select.select(key, H100, cache).config["MATH"] == "tf32x3"
+    strict = select.select(key, H100, cache, precision="highest")
+    assert strict.source.startswith("model") and strict.implementation == "cublas"
+    assert strict.explain().endswith("[precision highest]")
+
+
+def test_first_call_times_only_what_the_setting_allows(tmp_path):
+    cache = TuningCache(root=tmp_path, shipped_root=None)
+    database.save(cache, _synthetic_db())
+    key = ProblemKey("matmul", "float32", "row", (3000, 3000, 3000))
+    loose = first_call.candidates(key, H100, cache)
+    assert any(c.config is not None and c.config["MATH"] == "tf32x3" for c in loose)
+    strict = first_call.candidates(key, H100, cache, "highest")
+    assert strict[0].implementation == "cublas"
+    assert [c.config["MATH"] for c in strict[1:]] == ["simt"]
+    assert all(c.precision == "highest" for c in strict)
+    # Without a database: the configs tuned on this device, as the setting allows.
+    bare = TuningCache(root=tmp_path / "bare", shipped_root=None)
+    space = kernels.get("matmul").space
+    bare.put(_record((4096, 4096, 4096), space.named("tf32x3-128"), 1.0, 2.0))
+    bare.put(_record((2048, 2048, 2048), space.named("regtile-128"), 1.0, 2.0))
+    maths = lambda picks: sorted(c.config["MATH"] for c in picks if c.config is not None)  # noqa: E731
+    assert maths(first_call.candidates(key, H100, bare)) == ["simt", "tf32x3"]
+    assert maths(first_call.candidates(key, H100, bare, "highest")) == ["simt"]
+
+
+def test_first_call_checks_the_setting_before_tuning(tmp_path):
+    from autotile.errors import InvalidValueError
+
+    fallback = select.Selection(None, "model", None, None, "cublas")
+    with pytest.raises(InvalidValueError, match="'low'"):
+        first_call.tune_here(ProblemKey("matmul", "float32", "row", (5, 6, 7)), H100,
+                             TuningCache(root=tmp_path, shipped_root=None), fallback, "low")

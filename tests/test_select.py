@@ -186,3 +186,131 @@ def test_nearest_config_gets_more_k_splits_where_the_grid_would_shrink(tmp_path,
     cache.put(_record(tiles, (4096, 4096, 4096), kernels.source_hash(spec.render(tiles, "float32", "row"))))
     tall_k = _select(cache, (1024, 1024, 4096), monkeypatch)
     assert tall_k.config["SPLIT_K"] == 16 and "raised 1->16" in tall_k.source
+
+
+# -- the precision setting ------------------------------------------------------------------------------
+
+def _current(config, shape, time_ms=1.0, implementation="generated", baseline_ms=1.0):
+    """A record of `config` on `shape`, current (its source hash is today's) and of the library's compiler."""
+    spec = kernels.get("matmul")
+    sha = kernels.source_hash(spec.render(config, "float32", "row"))
+    return Record(kernel="matmul", dtype="float32", layout="row", shape=shape, compat=kernels.compat_hash("matmul"),
+                  config=dict(config), time_ms=time_ms, spread=0.01, metric=1.0, metric_unit="GFLOP/s",
+                  baseline_ms=baseline_ms, device=H100.fingerprint, implementation=implementation,
+                  environment={"gpu": H100.name, "source_sha": sha, "compiler": "nvrtc-13.0"})
+
+
+def _under(cache, shape, monkeypatch, precision=None):
+    monkeypatch.setattr(select.build, "compiler_version", lambda: "nvrtc-13.0")
+    return select.select(ProblemKey("matmul", "float32", "row", shape), H100, cache, precision=precision)
+
+
+def _math(sel) -> str:
+    return "cuBLAS" if sel.config is None else sel.config["MATH"]
+
+
+def test_highest_never_serves_a_tf32x3_exact_or_nearest_record(tmp_path, monkeypatch):
+    space = kernels.get("matmul").space
+    cache = TuningCache(root=tmp_path, shipped_root=None)
+    cache.put(_current(space.named("tf32x3-128"), (4096, 4096, 4096), time_ms=1.0))
+    high = _under(cache, (4096, 4096, 4096), monkeypatch)
+    assert (high.source, _math(high)) == ("exact", "tf32x3") and "precision" not in high.explain()
+    # Under "highest" the exact record is skipped, and so is the same record as the nearest shape's.
+    only_ieee = _under(cache, (4096, 4096, 4096), monkeypatch, "highest")
+    assert only_ieee.source == "built-in default" and _math(only_ieee) == "simt"
+    assert only_ieee.config == space.default_config("row", Problem(H100))
+    assert only_ieee.explain().endswith("[precision highest]")
+    assert _math(_under(cache, (3000, 3000, 3000), monkeypatch, "highest")) == "simt"
+    # A SIMT record of another shape is then the nearest, and one of this shape the exact: each in its slot.
+    cache.put(_current(space.named("regtile-128"), (2048, 2048, 2048), time_ms=3.0))
+    near = _under(cache, (4096, 4096, 4096), monkeypatch, "highest")
+    assert near.source.startswith("nearest") and near.tuned_shape == (2048, 2048, 2048) and _math(near) == "simt"
+    cache.put(_current(space.named("regtile-256x128"), (4096, 4096, 4096), time_ms=2.0))
+    exact = _under(cache, (4096, 4096, 4096), monkeypatch, "highest")
+    assert exact.source == "exact" and exact.config == space.named("regtile-256x128")
+    # "high" and "medium" take the fastest record of the shape, the tf32x3 one.
+    for setting in ("high", "medium", None):
+        assert _under(cache, (4096, 4096, 4096), monkeypatch, setting).config == space.named("tf32x3-128")
+    import autotile
+
+    autotile.set_float32_matmul_precision("highest")  # the process-wide setting counts where None
+    assert _under(cache, (4096, 4096, 4096), monkeypatch).config == space.named("regtile-256x128")
+
+
+def test_a_cublas_record_is_allowed_under_highest_only_where_cublas_runs(tmp_path, monkeypatch):
+    space = kernels.get("matmul").space
+    cache = TuningCache(root=tmp_path, shipped_root=None)
+    # cuBLAS beat a tf32x3 config on this shape: the record runs cuBLAS there, its config elsewhere.
+    cache.put(_current(space.named("tf32x3-128"), (4096, 4096, 4096), time_ms=2.0, implementation="cublas"))
+    exact = _under(cache, (4096, 4096, 4096), monkeypatch, "highest")
+    assert exact.source == "exact" and exact.implementation == "cublas"
+    near = _under(cache, (3000, 3000, 3000), monkeypatch, "highest")  # would run the tf32x3 config
+    assert near.source == "built-in default" and _math(near) == "simt"
+    assert _math(_under(cache, (3000, 3000, 3000), monkeypatch, "high")) == "tf32x3"
+
+
+def test_highest_never_serves_tf32x3_from_the_shipped_cache_and_databases(monkeypatch):
+    """The shipped H100 records are tf32x3 (under names from before slots) and its database's model picks
+    tf32x3 on most shapes: under "high" they are served, under "highest" never."""
+    import numpy as np
+
+    from autotile.resources import shipped_cache_dir
+
+    shipped = TuningCache(root=shipped_cache_dir(), shipped_root=None)
+    monkeypatch.setattr(select.build, "compiler_version", lambda: "nvrtc-13.0")
+    tuned = sorted({r.shape for _, r in shipped.entries(H100.fingerprint) if r.kernel == "matmul"})
+    assert tuned and all(r.precision == "high" for _, r in shipped.entries(H100.fingerprint) if r.kernel == "matmul")
+    rng = np.random.default_rng(3)
+    others = [tuple(int(2 ** e) for e in rng.uniform(5, 13, 3)) for _ in range(30)]
+    seen_high = set()
+    for shape in tuned + others:
+        key = ProblemKey("matmul", "float32", "row", shape)
+        high = select.select(key, H100, shipped)
+        seen_high.add((high.source.split(" ")[0], _math(high)))
+        strict = select.select(key, H100, shipped, precision="highest")
+        assert _math(strict) in ("simt", "cuBLAS"), (shape, strict.explain())
+        if shape in tuned:
+            assert high.source == "exact" and _math(high) == "tf32x3"
+    assert ("model", "tf32x3") in seen_high  # the model would have served tf32x3 there
+
+
+def test_builtin_default_under_highest_is_simt_whatever_the_space_default(monkeypatch):
+    """A space whose default is a tf32x3 config still gives a SIMT config under "highest": the first
+    feasible named config that the setting allows."""
+    import types
+
+    import yaml
+
+    from autotile.resources import search_space_path
+    from autotile.space import Space
+
+    data = yaml.safe_load(search_space_path("matmul").read_text())
+    data["default"] = ["tf32x3-128"]
+    space = Space(data, "tf32x3 default")
+    monkeypatch.setattr(select.kernels, "get", lambda name: types.SimpleNamespace(space=space))
+    ctx = select.Context(ProblemKey("matmul", "float32", "row", (64, 64, 64)), H100,
+                         TuningCache(root="/nonexistent-autotile", shipped_root=None), lambda r: True, "highest")
+    strict = select.builtin_default(ctx)
+    assert strict.config is not None and strict.config["MATH"] == "simt" and strict.precision == "highest"
+    loose = select.builtin_default(select.Context(ctx.key, H100, ctx.cache, ctx.accept, "high"))
+    assert loose.config == space.named("tf32x3-128")
+
+
+def test_select_checks_the_setting(tmp_path):
+    from autotile.errors import InvalidValueError
+
+    with pytest.raises(InvalidValueError, match="precision 'fast' is not one of highest, high, medium"):
+        select.select(ProblemKey("matmul", "float32", "row", (8, 8, 8)), H100,
+                      TuningCache(root=tmp_path, shipped_root=None), precision="fast")
+
+
+def test_matvec_and_float64_selection_is_the_same_under_every_setting(tmp_path, monkeypatch):
+    monkeypatch.setattr(select.build, "compiler_version", lambda: "nvrtc-13.0")
+    from autotile.resources import shipped_cache_dir
+
+    cache = TuningCache(root=tmp_path, shipped_root=shipped_cache_dir())
+    for key in (ProblemKey("matvec", "float32", "col", (16384, 16384)),
+                ProblemKey("matvec", "float32", "row", (3000, 5000)),
+                ProblemKey("matmul", "float64", "row", (512, 512, 512))):
+        chosen = {s: select.select(key, H100, cache, precision=s) for s in ("highest", "high", "medium")}
+        assert len({(c.config, c.implementation, c.source) for c in chosen.values()}) == 1, key

@@ -59,6 +59,7 @@ def test_tune_without_a_gpu_raises_a_typed_error(monkeypatch):
     ({"seed": -3}, "-3"), ({"timeout": -5}, "-5"), ({"candidate_timeout": float("nan")}, "nan"),
     ({"trials": 0}, "0"), ({"storage": "garbage://x"}, "garbage"), ({"shape": "4096x4096²x4"}, "²"),
     ({"shape": (1.5, 2.9, 3)}, "1.5"), ({"shape": (True, 2, 3)}, "True"), ({"shape": (2**31, 2, 3)}, "2147483648"),
+    ({"precision": "bogus"}, "'bogus'"), ({"precision": "highest", "fix": {"MATH": "tf32x3"}}, "tf32x3"),
 ])
 def test_bad_options_fail_before_any_gpu_work(monkeypatch, kwargs, named):
     _no_gpu(monkeypatch)  # were the GPU asked for first, the error would be DeviceUnavailableError
@@ -174,3 +175,74 @@ def test_worker_error_is_typed():
     assert issubclass(WorkerError, AutotileError)
     runner = IsolatedRunner(Setup(ProblemKey("matmul", "float32", "row", (8, 8, 8))))
     runner.close()  # closing a runner that never started is harmless
+
+
+# -- the precision setting ------------------------------------------------------------------------------
+
+def _limits(table: dict):
+    from test_select import DeviceLimitsFromTable
+
+    return DeviceLimitsFromTable(table)
+
+
+def test_highest_searches_simt_only_and_the_record_needs_what_its_winner_needs(tmp_path, table):
+    from autotile.tuner import TuneOptions, Tuner
+
+    full = Tuner(ProblemKey("matmul", "float32", "row", SHAPE), TuneOptions(precision="highest"))
+    assert full.space.params["MATH"].choices == ("simt",)
+    assert not any(c["MATH"] == "tf32x3" for c in full.space.named_configs.values())
+    assert Tuner(ProblemKey("matmul", "float32", "row", SHAPE)).space.params["MATH"].choices == ("simt", "tf32x3")
+    cache = TuningCache(root=tmp_path, shipped_root=None)
+    result = _tune(table, cache=cache, precision="highest")
+    assert result.precision == "highest" and result.study_name.endswith("-highest")
+    stored = cache.get(table["environment"]["device"], ProblemKey("matmul", "float32", "row", SHAPE),
+                       kernels.compat_hash("matmul"), allowed_by="highest")
+    assert stored is not None and stored.precision == "highest"
+    assert stored.environment["precision_setting"] == "highest"
+
+
+def test_tune_takes_the_process_default(table):
+    import autotile
+
+    assert _tune(table).precision == "high"
+    autotile.set_float32_matmul_precision("highest")
+    assert _tune(table).precision == "highest"
+
+
+def test_default_study_names_differ_by_the_class_searched(table):
+    from autotile.tuner import TuneOptions, Tuner
+
+    key = ProblemKey("matmul", "float32", "row", SHAPE)
+    limits = _limits(table)
+    names = {p: Tuner(key, TuneOptions(precision=p)).default_study_name(limits) for p in ("highest", "high", "medium")}
+    assert names["high"] == names["medium"] == f"matmul-float32-row-1024x1024x1024-{limits.fingerprint}"
+    assert names["highest"] == names["high"] + "-highest"
+    # Where the setting narrows nothing (matvec, float64) every setting searches the same space.
+    for other in (ProblemKey("matvec", "float32", "row", (64, 64)), ProblemKey("matmul", "float64", "row", SHAPE)):
+        assert not Tuner(other, TuneOptions(precision="highest")).default_study_name(limits).endswith("-highest")
+
+
+def test_a_study_is_bound_to_its_precision(tmp_path, table):
+    storage = f"sqlite:///{tmp_path / 'studies.db'}"
+    _tune(table, storage=storage, study_name="mine", trials=4)
+    with pytest.raises(InvalidValueError) as info:
+        _tune(table, storage=storage, study_name="mine", trials=6, precision="highest")
+    text = str(info.value)
+    assert "at precision high, not" in text and "at precision highest" in text and "\n" not in text
+    assert _tune(table, storage=storage, study_name="mine", trials=6, precision="medium").trials == 2  # same space
+
+
+def test_a_study_bound_before_precisions_resumes_as_high(tmp_path, table):
+    import optuna
+
+    from autotile.tuner import PROBLEM_ATTR
+
+    storage = f"sqlite:///{tmp_path / 'old.db'}"
+    _tune(table, storage=storage, study_name="old", trials=4)
+    study = optuna.load_study(study_name="old", storage=storage)
+    bound = dict(study.user_attrs[PROBLEM_ATTR])
+    del bound["precision"]  # as an autotile before precision settings bound it
+    study.set_user_attr(PROBLEM_ATTR, bound)
+    assert _tune(table, storage=storage, study_name="old", trials=6).trials == 2
+    with pytest.raises(InvalidValueError, match="at precision highest"):
+        _tune(table, storage=storage, study_name="old", trials=8, precision="highest")
