@@ -125,6 +125,14 @@ def same_compiler(record: Record) -> bool:
             and record_options(record) == tuple(build.COMPILE_OPTIONS))
 
 
+def counts(record: Record) -> bool:
+    """Whether the chain serves the record before any fallback: current, and tuned with the library's
+    compiler and compile options. A tuning result is stored over a faster entry that does not count (the
+    cache's `put(is_current=counts)`): kept, that entry would be served only as a fallback, and the new
+    result, which the chain would serve first, would be lost."""
+    return same_compiler(record) and is_current(record)
+
+
 def tuned_with(record: Record) -> str:
     """How a fallback record was built, for `Selection.source`: its compiler, and "other compile options"
     where its options are not today's (the compiler may then be the library's own)."""
@@ -244,7 +252,7 @@ def select(key: ProblemKey, device: DeviceLimits, cache: TuningCache | None = No
     compile options) come only after the whole chain has found none of its own."""
     setting = precision_mod.resolve(precision)
     cache = cache if cache is not None else TuningCache()
-    strict = Context(key, device, cache, lambda r: same_compiler(r) and is_current(r), setting)
+    strict = Context(key, device, cache, counts, setting)
     for step in RECORD_STEPS:
         found = step(strict)
         if found is not None:
@@ -305,6 +313,6 @@ def explain(key: ProblemKey, device: DeviceLimits, cache: Any = None, precision:
     return select(key, device, cache, precision).explain()
 
 
-__all__ = ["MIN_K_PER_SPLIT", "RECORD_STEPS", "Selection", "allowed", "builtin_default", "device_default", "exact",
-           "explain", "is_current", "keep_grid_filled", "log_distance", "model", "nearest", "record_options",
+__all__ = ["MIN_K_PER_SPLIT", "RECORD_STEPS", "Selection", "allowed", "builtin_default", "counts", "device_default",
+           "exact", "explain", "is_current", "keep_grid_filled", "log_distance", "model", "nearest", "record_options",
            "runs_here", "same_compiler", "select", "tuned_with"]
