@@ -96,14 +96,15 @@ def _save(result: TuneResult, source: str, cache: Any) -> TuneResult:
     """Store the winner; a result that cannot be stored is returned all the same, saying why."""
     from . import ops
     from .cache import TuningCache
-    from .select import is_current
+    from .select import counts
 
     try:
         store = TuningCache() if cache == "default" else cache
         record = to_record(result, kernels.compat_hash(result.kernel), source)
-        # An existing entry is kept only if it is faster and still times the kernel its config renders
-        # today; a retired one (its source changed since) is replaced.
-        outcome = store.put(record, is_current=is_current)
+        # An existing entry is kept only if it is faster and counts: it still times the kernel its config
+        # renders today, built by this compiler with these options. A retired one (its source changed since)
+        # or another build's (served only as a fallback) is replaced.
+        outcome = store.put(record, is_current=counts)
     except CacheError as exc:
         return dataclasses.replace(result, save_error=str(exc))
     ops.forget()
@@ -119,7 +120,7 @@ def save_timed_config(key: ProblemKey, config: Any, time_ms: float, baseline_ms:
     import time
 
     from .cache import Record
-    from .select import is_current
+    from .select import counts
 
     spec = kernels.get(key.kernel)
     metric, unit = kernels.metric(key.kernel, key.shape, key.dtype, time_ms)
@@ -131,7 +132,7 @@ def save_timed_config(key: ProblemKey, config: Any, time_ms: float, baseline_ms:
                     compat=kernels.compat_hash(key.kernel), config=dict(config), time_ms=time_ms, spread=0.0,
                     metric=metric, metric_unit=unit, baseline_ms=baseline_ms, device=device.fingerprint,
                     environment=env, implementation="cublas" if cublas_won else "generated")
-    return cache.put(record, is_current=is_current)
+    return cache.put(record, is_current=counts)  # as `_save`: never kept behind an entry served only as a fallback
 
 
 class _progress_bar:

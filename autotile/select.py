@@ -19,8 +19,9 @@ the exact and device-default steps take the fastest allowed.
 A record counts only while it is current: its config still renders the kernel source that was timed
 (`source_sha`), so a template change retires exactly the records it alters. Records tuned with the
 library's compiler and options are preferred; where the whole chain of records finds none, records from
-another compiler are the fallback (the kernel is the same; only its speed may differ). `cache.py` only
-stores and lists records: every decision is made here.
+another compiler or other compile options are the fallback (the config is the same; its speed may differ,
+and so may its arithmetic where the options do: `LEGACY_COMPILE_OPTIONS` flushed denormals to zero).
+`cache.py` only stores and lists records: every decision is made here.
 """
 
 from __future__ import annotations
@@ -41,8 +42,9 @@ from .problem import ProblemKey
 from .space import Config, Problem
 
 MIN_K_PER_SPLIT = 128  # elements of K per split below which more splits only add atomics
-# Records made before they kept their compile options were compiled through CuPy's RawModule, whose
-# options are exactly today's COMPILE_OPTIONS (tests/test_build.py compares the cubins of the two paths).
+# Records made before they kept their compile options were compiled through CuPy's RawModule, whose options
+# were exactly these (tests/test_build.py compares the cubins of the two paths). Today's COMPILE_OPTIONS keep
+# denormals (no -ftz=true), so such records are other options' records: a fallback.
 LEGACY_COMPILE_OPTIONS = ("-std=c++17", "-ftz=true", "--device-as-default-execution-space")
 
 
@@ -111,12 +113,33 @@ def _source_sha(kernel: str, config: Config, dtype: str, layout: str) -> str:
     return kernels.source_hash(kernels.get(kernel).render(config, dtype, layout))
 
 
+def record_options(record: Record) -> tuple[str, ...]:
+    """The compile options the record's kernel was built with (`LEGACY_COMPILE_OPTIONS` where it names none)."""
+    return tuple(record.environment.get("compile_options") or LEGACY_COMPILE_OPTIONS)
+
+
 def same_compiler(record: Record) -> bool:
     """Whether the record was tuned with the library's compiler (major version) and compile options."""
     env = record.environment
-    options = tuple(env.get("compile_options") or LEGACY_COMPILE_OPTIONS)
     return (kernels.compiler_major(str(env.get("compiler", ""))) == kernels.compiler_major(build.compiler_version())
-            and options == tuple(build.COMPILE_OPTIONS))
+            and record_options(record) == tuple(build.COMPILE_OPTIONS))
+
+
+def counts(record: Record) -> bool:
+    """Whether the chain serves the record before any fallback: current, and tuned with the library's
+    compiler and compile options. A tuning result is stored over a faster entry that does not count (the
+    cache's `put(is_current=counts)`): kept, that entry would be served only as a fallback, and the new
+    result, which the chain would serve first, would be lost."""
+    return same_compiler(record) and is_current(record)
+
+
+def tuned_with(record: Record) -> str:
+    """How a fallback record was built, for `Selection.source`: its compiler, and "other compile options"
+    where its options are not today's (the compiler may then be the library's own)."""
+    compiler = str(record.environment.get("compiler") or "another compiler")
+    if record_options(record) != tuple(build.COMPILE_OPTIONS):
+        return f"{compiler} and other compile options"
+    return compiler
 
 
 def runs_here(record: Record, key: ProblemKey) -> tuple[str, Config | dict[str, Any] | None]:
@@ -229,7 +252,7 @@ def select(key: ProblemKey, device: DeviceLimits, cache: TuningCache | None = No
     compile options) come only after the whole chain has found none of its own."""
     setting = precision_mod.resolve(precision)
     cache = cache if cache is not None else TuningCache()
-    strict = Context(key, device, cache, lambda r: same_compiler(r) and is_current(r), setting)
+    strict = Context(key, device, cache, counts, setting)
     for step in RECORD_STEPS:
         found = step(strict)
         if found is not None:
@@ -238,8 +261,8 @@ def select(key: ProblemKey, device: DeviceLimits, cache: TuningCache | None = No
     for step in (exact, nearest, device_default):
         found = step(loose)
         if found is not None:
-            compiler = found.record.environment.get("compiler", "another compiler") if found.record else "?"
-            return dataclasses.replace(found, source=f"{found.source}, tuned with {compiler}")
+            how = tuned_with(found.record) if found.record else "?"
+            return dataclasses.replace(found, source=f"{found.source}, tuned with {how}")
     return builtin_default(strict)
 
 
@@ -290,6 +313,6 @@ def explain(key: ProblemKey, device: DeviceLimits, cache: Any = None, precision:
     return select(key, device, cache, precision).explain()
 
 
-__all__ = ["MIN_K_PER_SPLIT", "RECORD_STEPS", "Selection", "allowed", "builtin_default", "device_default", "exact",
-           "explain", "is_current", "keep_grid_filled", "log_distance", "model", "nearest", "runs_here",
-           "same_compiler", "select"]
+__all__ = ["MIN_K_PER_SPLIT", "RECORD_STEPS", "Selection", "allowed", "builtin_default", "counts", "device_default",
+           "exact", "explain", "is_current", "keep_grid_filled", "log_distance", "model", "nearest", "record_options",
+           "runs_here", "same_compiler", "select", "tuned_with"]

@@ -157,7 +157,8 @@ def test_sampled_configs_render(kernel, layout, dtype):
         src = spec.render(cfg, dtype, layout)
         d = space.derive(cfg, prob)
         kinds.add(cfg["smem"])
-        assert re.search(rf'extern "C" __global__ void __launch_bounds__\({d["threads"]}(, 1)?\)[^\n]*\nautotile_{kernel}\(', src)
+        bounds = rf'__launch_bounds__\({d["threads"]}(, 1)?\)'
+        assert re.search(rf'extern "C" __global__ void {bounds}[^\n]*\nautotile_{kernel}\(', src)
         assert f"// config: {space.source_key(cfg)}\n" in src
         assert src.count("{") == src.count("}")
         assert "Undefined" not in src and "None" not in src

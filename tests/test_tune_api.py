@@ -14,7 +14,7 @@ import pytest
 import yaml
 from replay_space import DATA
 
-from autotile import api, kernels
+from autotile import api, build, kernels
 from autotile.cache import Record, TuningCache
 from autotile.errors import AutotileError, DeviceUnavailableError, InvalidValueError
 from autotile.problem import ProblemKey
@@ -79,10 +79,15 @@ def test_a_result_that_cannot_be_saved_is_returned_with_the_reason(tmp_path, tab
     assert result.saved_path is None
 
 
-def _record(config, time_ms: float, source_sha: str, device: str) -> Record:
+def _record(config, time_ms: float, source_sha: str, device: str, options=build.COMPILE_OPTIONS,
+            compiler="nvrtc-13.0") -> Record:
+    """An entry tuned with `compiler` and `options` (None: from before records named them, -ftz=true)."""
+    env = {"source_sha": source_sha, "compiler": compiler}
+    if options is not None:
+        env["compile_options"] = list(options)
     return Record(kernel="matmul", dtype="float32", layout="row", shape=SHAPE, compat=kernels.compat_hash("matmul"),
                   config=dict(config), time_ms=time_ms, spread=0.01, metric=1.0, metric_unit="GFLOP/s",
-                  baseline_ms=1.0, device=device, environment={"source_sha": source_sha, "compiler": "nvrtc-13.0"})
+                  baseline_ms=1.0, device=device, environment=env)
 
 
 def test_a_retune_replaces_a_faster_entry_whose_kernel_changed(tmp_path, table):
@@ -96,7 +101,8 @@ def test_a_retune_replaces_a_faster_entry_whose_kernel_changed(tmp_path, table):
     assert stored is not None and stored.config == dict(result.best.config)
 
 
-def test_a_retune_keeps_a_faster_current_entry_and_says_so(tmp_path, table):
+def test_a_retune_keeps_a_faster_current_entry_and_says_so(tmp_path, table, monkeypatch):
+    monkeypatch.setattr(build, "compiler_version", lambda: "nvrtc-13.0")  # the entry's compiler
     device = table["environment"]["device"]
     cache = TuningCache(root=tmp_path, shipped_root=None)
     spec = kernels.get("matmul")
@@ -106,6 +112,31 @@ def test_a_retune_keeps_a_faster_current_entry_and_says_so(tmp_path, table):
     assert result.save_note and "kept" in result.save_note
     stored = cache.get(device, ProblemKey("matmul", "float32", "row", SHAPE), kernels.compat_hash("matmul"))
     assert stored is not None and stored.time_ms == 1e-6
+
+
+@pytest.mark.parametrize("compiler,options", [("nvrtc-13.0", None), ("nvrtc-12.8", build.COMPILE_OPTIONS)])
+def test_a_retune_replaces_a_faster_entry_of_another_build(tmp_path, table, monkeypatch, compiler, options):
+    """A faster entry of the same kernel source but built with other compile options (from before the
+    numerics change: -ftz=true) or another compiler is only the selection's fallback: kept, it would hide
+    the new result, which the selection serves first."""
+    from autotile import select
+    from autotile.device import PROFILES
+
+    monkeypatch.setattr(build, "compiler_version", lambda: "nvrtc-13.0")
+    device = table["environment"]["device"]
+    cache = TuningCache(root=tmp_path, shipped_root=None)
+    spec = kernels.get("matmul")
+    current = spec.space.named("regtile-128")
+    old = _record(current, 1e-6, kernels.source_hash(spec.render(current)), device, options, compiler)
+    cache.put(old)
+    assert select.is_current(old) and not select.counts(old)
+    result = _tune(table, cache=cache)
+    assert result.save_error is None and result.save_note is None and result.saved_path
+    key = ProblemKey("matmul", "float32", "row", SHAPE)
+    stored = cache.get(device, key, kernels.compat_hash("matmul"))
+    assert stored is not None and stored.config == dict(result.best.config) and select.counts(stored)
+    profile = next(p for p in PROFILES.values() if p.fingerprint == device)
+    assert select.select(key, profile, cache).source == "exact"
 
 
 def test_a_study_is_bound_to_its_problem(tmp_path, table):

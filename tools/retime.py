@@ -68,10 +68,10 @@ def main(argv: list[str] | None = None) -> int:
         theirs: list[float] = []
         spreads: list[float] = []
         for _ in range(args.rounds):
-            t = timing.time_launch(lambda: runner.run(inputs, out), flush)
+            t = timing.time_launch(lambda r=runner, i=inputs, o=out: r.run(i, o), flush)
             ours.append(t.median_ms)
             spreads.append(t.spread)
-            theirs.append(timing.time_launch(lambda: cublas.run(inputs, out), flush).median_ms)
+            theirs.append(timing.time_launch(lambda c=cublas, i=inputs, o=out: c.run(i, o), flush).median_ms)
         time_ms, baseline_ms = statistics.median(ours), statistics.median(theirs)
         metric, unit = kernels.metric(key.kernel, key.shape, key.dtype, time_ms)
         env = dict(old.environment)
@@ -86,8 +86,9 @@ def main(argv: list[str] | None = None) -> int:
                         metric_unit=unit, baseline_ms=baseline_ms, device=old.device, environment=env,
                         implementation="cublas" if baseline_ms < time_ms else "generated")
         (out_dir / path.name).write_text(json.dumps(record.to_json(), indent=2, sort_keys=True) + "\n")
-        print(f"  {'x'.join(map(str, key.shape)):>16} {key.kernel} {key.layout}: {old.time_ms:.4f} -> {time_ms:.4f} ms, "
-              f"cuBLAS {baseline_ms:.4f} ms ({baseline_ms / time_ms:.2f}x), runs {record.implementation}", flush=True)
+        print(f"  {'x'.join(map(str, key.shape)):>16} {key.kernel} {key.layout}: "
+              f"{old.time_ms:.4f} -> {time_ms:.4f} ms, cuBLAS {baseline_ms:.4f} ms ({baseline_ms / time_ms:.2f}x), "
+              f"runs {record.implementation}", flush=True)
     return 0
 
 
