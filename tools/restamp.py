@@ -27,13 +27,17 @@ from autotile import kernels
 for line in sys.stdin:
     r = json.loads(line)
     spec = kernels.get(r["kernel"])
-    src = spec.render(spec.space.config(r["config"]), r["dtype"], r["layout"])
+    try:
+        src = spec.render(spec.space.config(r["config"]), r["dtype"], r["layout"])
+    except Exception:  # a config this tree's space cannot hold (a parameter or value added since)
+        src = None
     print(json.dumps(src))
 """
 
 
-def render_all(tree: Path, records: list[dict]) -> list[str]:
-    """Each record's source as the autotile in `tree` renders it (a separate interpreter per tree)."""
+def render_all(tree: Path, records: list[dict]) -> list[str | None]:
+    """Each record's source as the autotile in `tree` renders it (a separate interpreter per tree); None
+    where that tree cannot render the record's config."""
     lines = "".join(json.dumps(r) + "\n" for r in records)
     env = dict(os.environ, PYTHONPATH=str(tree))
     out = subprocess.run([sys.executable, "-c", RENDER], input=lines, capture_output=True, text=True, env=env,
@@ -64,7 +68,7 @@ def main() -> int:
     changed = 0
     for path, record, old_src, new_src in zip(paths, records, old, new, strict=True):
         env = record["environment"]
-        if env.get("source_sha") != kernels.source_hash(old_src):
+        if old_src is None or env.get("source_sha") != kernels.source_hash(old_src):
             print(f"skip {path.name}: its source_sha is not {args.rev}'s render")
             continue
         arch = "sm_" + path.parent.name.rsplit("_sm_", 1)[-1]  # the device folder ends in the arch: ..._sm_90
