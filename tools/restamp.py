@@ -5,7 +5,9 @@ A record keeps `source_sha`, the hash of the source it timed; a template change 
 cache/, this renders its config with the templates of a git revision (REV) and with today's, compiles
 both with NVRTC for the record's architecture and the library's options, and only where the two cubins
 are byte-identical writes today's `source_sha` into the record (and `restamped_from`, the old hash).
-Records whose code differs are listed and left alone: they need a re-tune.
+The shape databases' candidates (cache/*/database/) are handled the same way. Records whose code differs
+are listed and left alone: they need a re-tune. NVRTC now and then compiles a source to a different
+cubin after other compiles in the same process; a second run re-stamps what such a flake left out.
 
     python tools/restamp.py REV [--dry-run]
 """
@@ -59,30 +61,43 @@ def main() -> int:
     sys.path.insert(0, str(ROOT))
     from autotile import kernels
 
-    paths = sorted((ROOT / "cache").glob("*/*.json"))
-    records = [json.loads(p.read_text()) for p in paths]
+    # Records (one config each) and the shape databases' candidates (many per file), as one list of
+    # (file, the dict holding `config` and the hash, where the hash lives in it).
+    paths = sorted((ROOT / "cache").glob("*/*.json")) + sorted((ROOT / "cache").glob("*/database/*.json"))
+    documents = {p: json.loads(p.read_text()) for p in paths}
+    items: list[tuple[Path, dict, dict, str]] = []  # (file, render request, holder of the hash, hash key)
+    for path, doc in documents.items():
+        if "candidates" in doc:
+            for cand in doc["candidates"]:
+                if cand.get("config") is not None:
+                    request = {"kernel": doc["kernel"], "dtype": doc["dtype"], "layout": doc["layout"],
+                               "config": cand["config"]}
+                    items.append((path, request, cand, "source_sha"))
+        else:
+            items.append((path, doc, doc["environment"], "source_sha"))
     with tempfile.TemporaryDirectory() as tmp:
         subprocess.run(f"git -C {ROOT} archive {args.rev} | tar -x -C {tmp}", shell=True, check=True)
-        old = render_all(Path(tmp), records)
-    new = render_all(ROOT, records)
+        old = render_all(Path(tmp), [request for _, request, _, _ in items])
+    new = render_all(ROOT, [request for _, request, _, _ in items])
     changed = 0
-    for path, record, old_src, new_src in zip(paths, records, old, new, strict=True):
-        env = record["environment"]
-        if old_src is None or env.get("source_sha") != kernels.source_hash(old_src):
-            print(f"skip {path.name}: its source_sha is not {args.rev}'s render")
+    touched: set[Path] = set()
+    for (path, _request, holder, field), old_src, new_src in zip(items, old, new, strict=True):
+        if old_src is None or new_src is None or holder.get(field) != kernels.source_hash(old_src):
             continue
-        arch = "sm_" + path.parent.name.rsplit("_sm_", 1)[-1]  # the device folder ends in the arch: ..._sm_90
+        if holder[field] == kernels.source_hash(new_src):
+            continue
+        arch = "sm_" + path.parents[1 if path.parent.name == "database" else 0].name.rsplit("_sm_", 1)[-1]
         if cubin(old_src, arch) != cubin(new_src, arch):
-            print(f"DIFFERS {path.name}: the compiled kernel changed; re-tune it")
+            print(f"DIFFERS {path.name} {holder.get('name', '')}: the compiled kernel changed; re-tune it")
             continue
-        if env["source_sha"] == kernels.source_hash(new_src):
-            continue
-        env["restamped_from"] = env["source_sha"]
-        env["source_sha"] = kernels.source_hash(new_src)
+        holder["restamped_from"] = holder[field]
+        holder[field] = kernels.source_hash(new_src)
         changed += 1
-        if not args.dry_run:
-            path.write_text(json.dumps(record, indent=2, sort_keys=True, allow_nan=False) + "\n")
-    print(f"{changed} of {len(paths)} records re-stamped (identical cubins){' (dry run)' if args.dry_run else ''}")
+        touched.add(path)
+    if not args.dry_run:
+        for path in touched:
+            path.write_text(json.dumps(documents[path], indent=2, sort_keys=True, allow_nan=False) + "\n")
+    print(f"{changed} of {len(items)} configs re-stamped (identical cubins){' (dry run)' if args.dry_run else ''}")
     return 0
 
 
