@@ -104,6 +104,60 @@ def test_matmul_tf32x3_is_as_accurate_as_sgemm():
     assert not report
 
 
+def test_matmul_dmma_sample_matches_reference():
+    """The FP64 tensor-core path on its own: every mma depth, scalar (8-byte) and 16-byte copies, split-K
+    both ways, odd shapes and a long K, within the float64 tolerance."""
+    space = kernels.get("matmul").space.restricted({"MATH": "dmma"})
+    problem = Problem(_limits(), "float64", "row")
+    configs = [c for c in space.named_configs.values() if space.is_feasible(c, problem)]
+    configs += space.sample(problem, 30, seed=5)
+    assert {c["MMA_K"] for c in configs} == {4, 8, 16} and {c["VEC"] for c in configs} == {1, 2}
+    assert any(c["SPLIT_K"] > 1 and c["SPLIT_REDUCE"] == "atomic" for c in configs)
+    shapes = MATMUL_SHAPES + [(256, 264, 520), (67, 129, 4099), (128, 96, 4096)]
+    assert not _check_configs("matmul", "float64", "row", configs, shapes)
+
+
+def test_matmul_dmma_keeps_dgemm_accuracy_and_special_values():
+    """DMMA is IEEE double arithmetic: on random inputs the error stays within 2x of cuBLAS DGEMM's, and
+    with NaN, +-Inf and values near DBL_MAX (products that overflow) placed in A and B, every output is NaN,
+    +Inf or -Inf exactly where DGEMM's is."""
+    import cupy
+
+    from autotile.timing import relative_error
+
+    spec = kernels.get("matmul")
+    space = spec.space.restricted({"MATH": "dmma"})
+    problem = Problem(_limits(), "float64", "row")
+    configs = [c for c in space.named_configs.values() if space.is_feasible(c, problem)]
+    rng = cupy.random.default_rng(23)
+    report = []
+    for shape in [(257, 131, 4099), (96, 80, 16384)]:
+        a, b = spec.make_inputs(shape, "float64", "row", rng, cupy)
+        ref = spec.reference((a, b))
+        dgemm = relative_error(cupy.matmul(a, b), ref)
+        for config in configs:
+            err = relative_error(_run(ProblemKey("matmul", "float64", "row", shape), config, (a, b)), ref)
+            if not err <= 2 * dgemm:
+                report.append(f"{config.key()} {shape}: error {err:.3g}, cuBLAS DGEMM {dgemm:.3g}")
+    shape = (131, 67, 257)
+    a, b = spec.make_inputs(shape, "float64", "row", rng, cupy)
+    for arr, count in ((a, 40), (b, 40)):
+        flat = arr.reshape(-1)
+        where = rng.choice(flat.size, size=count, replace=False)
+        flat[where[:10]] = cupy.nan
+        flat[where[10:20]] = cupy.inf
+        flat[where[20:30]] = -cupy.inf
+        flat[where[30:]] = 1.5e308
+    want = cupy.matmul(a, b)
+    for config in configs:
+        got = _run(ProblemKey("matmul", "float64", "row", shape), config, (a, b))
+        for name, test in (("NaN", cupy.isnan), ("+Inf", cupy.isposinf), ("-Inf", cupy.isneginf)):
+            differ = int((test(got) != test(want)).sum())
+            if differ:
+                report.append(f"{config.key()}: {name} differs from DGEMM in {differ} elements")
+    assert not report, "\n".join(report)
+
+
 @pytest.mark.parametrize("layout", ["row", "col"])
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_matvec_seeds_and_sample_match_reference(dtype, layout):
@@ -270,7 +324,7 @@ def test_readme_style_script_without_a_main_guard_tunes_and_calls(tmp_path):
 
 # -- split-K summed by the last block (SPLIT_REDUCE=last_block) ----------------------------------------
 
-LAST_BLOCK_NAMED = {("matmul", "row"): ("tf32x3-64-split8", "tf32x3-32x64-split8", "regtile-64-split8"),
+LAST_BLOCK_NAMED = {("matmul", "row"): ("tf32x3-64-split8", "tf32x3-32x64-split8", "regtile-64-split8", "dmma-64-split8"),
                     ("matvec", "row"): ("warp-per-row-split8", "warp-per-row-vec2-split8"),
                     ("matvec", "col"): ("col-vec4-split8", "col-vec2-split8")}
 # Awkward shapes: 1, primes, nothing a tile divides, K far longer than M and N (more splits than K tiles too).

@@ -1,0 +1,193 @@
+"""The FP64 tensor-core matmul (MATH=dmma), without a GPU: the fragment reads replayed for bank conflicts,
+the rendered mma for each MMA_K, the library's own compile (NVRTC) of its named configs and a sample for
+sm_80 and sm_90 against the space's register model, and the machine code (SASS) holding DMMA instructions
+and no FP64 FMA. The SASS needs ptxas (a CUDA toolkit) and nvdisasm (the dev extra's nvidia-cuda-nvdisasm
+wheel, or a toolkit); those tests skip, with the reason, where either is missing."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from autotile import build, kernels
+from autotile.device import PROFILES
+from autotile.errors import CompileError
+from autotile.space import Config, Problem
+
+SPEC = kernels.get("matmul")
+DMMA = SPEC.space.restricted({"MATH": "dmma"})
+PROFILE_NAMES = ("h100", "a100")
+RANDOM = 8
+SAMPLE_SEED = 20261122
+
+NVRTC_MISSING = build.nvrtc_unavailable_reason()
+needs_nvrtc = pytest.mark.skipif(NVRTC_MISSING is not None, reason=f"NVRTC cannot be loaded ({NVRTC_MISSING})")
+
+
+def _strides(src: str) -> tuple[int, int]:
+    a = re.search(r"constexpr int A_STRIDE = (\d+), A_TILE", src)
+    b = re.search(r"constexpr int B_STRIDE = (\d+), B_TILE", src)
+    assert a and b, src
+    return int(a.group(1)), int(b.group(1))
+
+
+def _code(src: str) -> str:
+    """The source without its // comments: what the compiler sees of it."""
+    return "\n".join(line.split("//", 1)[0] for line in src.splitlines())
+
+
+@pytest.mark.parametrize("bk", [8, 16, 32, 64])
+@pytest.mark.parametrize("bn", [16, 32, 64, 128, 256])
+def test_fragment_reads_are_free_of_bank_conflicts(bk, bn):
+    """The strides the template picks, replayed for one warp: every fragment read is 8 bytes (two 4-byte
+    banks), served in two half-warp phases; each phase must touch 32 different banks. A: rows group (and
+    group + 8), k = quad; B: row quad, column group."""
+    config = SPEC.space.with_overrides(DMMA.named("dmma-64"), {"BK": bk, "BN": bn, "WN": 16})
+    a_stride, b_stride = _strides(SPEC.render(config, "float64"))
+    lanes = [(lane // 4, lane % 4) for lane in range(32)]  # (group, quad)
+    for half in (lanes[:16], lanes[16:]):
+        for row_offset in (0, 8):
+            banks = [(2 * ((g + row_offset) * a_stride + q) + w) % 32 for g, q in half for w in (0, 1)]
+            assert len(set(banks)) == 32, (bk, a_stride, sorted(banks))
+        banks = [(2 * (q * b_stride + g) + w) % 32 for g, q in half for w in (0, 1)]
+        assert len(set(banks)) == 32, (bn, b_stride, sorted(banks))
+
+
+@pytest.mark.parametrize("mma_k", [4, 8, 16])
+def test_renders_the_f64_mma_of_its_depth_and_the_sm80_pairs(mma_k):
+    config = SPEC.space.with_overrides(DMMA.named("dmma-128"), {"MMA_K": mma_k})
+    code = _code(SPEC.render(config, "float64"))
+    assert f"mma.sync.aligned.m16n8k{mma_k}.row.col.f64.f64.f64.f64" in code  # sm_90: one instruction
+    assert "mma.sync.aligned.m8n8k4.row.col.f64.f64.f64.f64" in code  # sm_80: m8n8k4 pairs
+    assert "constexpr int KM = %d" % mma_k in code and "using T = double;" in code
+    assert "cp.async.cg.shared.global" in code  # VEC=2: 16-byte copies of the shared pipeline
+    assert "fabsf" not in code and "SCALE" not in code  # nothing of tf32x3's split
+
+
+def test_space_keeps_dmma_to_float64_on_sm80_and_newer():
+    config = DMMA.named("dmma-128")
+    assert SPEC.space.is_feasible(config, Problem(PROFILES["h100"], "float64"))
+    assert SPEC.space.is_feasible(config, Problem(PROFILES["a100"], "float64"))
+    assert not SPEC.space.is_feasible(config, Problem(PROFILES["h100"], "float32"))
+    tf32 = SPEC.space.named("tf32x3-128")
+    assert not SPEC.space.is_feasible(tf32, Problem(PROFILES["h100"], "float64"))
+    # MMA_K must divide the K step
+    deep = SPEC.space.with_overrides(config, {"MMA_K": 16, "BK": 8})
+    assert any("dmma steps divide the K step" in v for v in SPEC.space.violations(deep, Problem(PROFILES["h100"], "float64")))
+
+
+def _cases() -> list[tuple[str, str, Config]]:
+    out = []
+    for profile in PROFILE_NAMES:
+        problem = Problem(PROFILES[profile], "float64")
+        out += [(profile, name, cfg) for name, cfg in DMMA.named_configs.items()]
+        out += [(profile, f"random{i}", cfg) for i, cfg in
+                enumerate(DMMA.sample(problem, RANDOM, seed=SAMPLE_SEED + PROFILE_NAMES.index(profile)))]
+    return out
+
+
+CASES = _cases()
+
+
+@pytest.fixture(scope="module")
+def compiled() -> dict[tuple[str, str], build.CompileResult | BaseException]:
+    def one(case):
+        profile, _, cfg = case
+        return build.compile(SPEC.render(cfg, "float64"), PROFILES[profile].arch)
+
+    out: dict[tuple[str, str], build.CompileResult | BaseException] = {}
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        futures = {pool.submit(one, case): case for case in CASES}
+        for future in concurrent.futures.as_completed(futures):
+            profile, label, _ = futures[future]
+            try:
+                out[(profile, label)] = future.result()
+            except (CompileError, AssertionError) as exc:
+                out[(profile, label)] = exc
+    return out
+
+
+# How far ptxas' register count may exceed the dmma model (NVRTC 12.9 on this sample: up to 91 above it;
+# ptxas schedules the fragment reads of later steps early, as registers allow, up to the 255 cap).
+DMMA_REGISTER_MARGIN = 100
+# The fastest dmma configs run at the 255-register cap and some spill a little (NVRTC 13.0 on an H100:
+# up to 44 bytes among the best 15 at 4096^3); more than this would be a template change that spills in
+# earnest.
+DMMA_SPILL_BYTES = 640
+
+
+@pytest.mark.slow
+@needs_nvrtc
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-{c[1]}")
+def test_compiles_within_the_register_model(compiled, case):
+    profile, label, cfg = case
+    result = compiled[(profile, label)]
+    if isinstance(result, BaseException):
+        raise result
+    (usage,) = result.usages
+    derived = SPEC.space.derive(cfg, Problem(PROFILES[profile], "float64"))
+    model = derived["regs_per_thread"]
+    assert usage.static_smem == (derived["smem_bytes"] if cfg["smem"] == "static" else 0)
+    assert usage.registers <= model + DMMA_REGISTER_MARGIN, f"{cfg.key()}: ptxas {usage.registers}, model {model}"
+    assert usage.spill_stores <= DMMA_SPILL_BYTES, f"{cfg.key()}: {usage.spill_stores} bytes spilled"
+
+
+def _tool(name: str) -> str | None:
+    """`name` from the PATH, a CUDA toolkit, or an NVIDIA wheel (nvidia/*/bin)."""
+    found = shutil.which(name)
+    if found:
+        return found
+    candidates = [Path("/usr/local/cuda/bin") / name]
+    try:
+        import nvidia  # the namespace package of NVIDIA's CUDA wheels
+
+        candidates += [p / name for root in nvidia.__path__ for p in Path(root).glob("*/bin")]
+    except ImportError:
+        pass
+    return next((str(c) for c in candidates if c.is_file()), None)
+
+
+PTXAS, NVDISASM = _tool("ptxas"), _tool("nvdisasm")
+
+
+def _sass(source: str, arch: str) -> str:
+    """SASS of `source`: NVRTC to PTX with the library's options, ptxas for `arch`, nvdisasm."""
+    ptx = build.compile(source, arch.replace("sm_", "compute_")).binary
+    return _assemble(ptx if isinstance(ptx, bytes) else ptx.encode(), arch)
+
+
+def _assemble(ptx: bytes, arch: str) -> str:
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        Path(tmp, "k.ptx").write_bytes(ptx)
+        subprocess.run([str(PTXAS), f"-arch={arch}", "k.ptx", "-o", "k.cubin"], cwd=tmp, check=True,
+                       capture_output=True)
+        return subprocess.run([str(NVDISASM), "-c", "k.cubin"], cwd=tmp, check=True, capture_output=True,
+                              text=True).stdout
+
+
+@pytest.mark.slow
+@needs_nvrtc
+@pytest.mark.skipif(PTXAS is None or NVDISASM is None,
+                    reason="ptxas (a CUDA toolkit) or nvdisasm (pip install nvidia-cuda-nvdisasm) is missing")
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+@pytest.mark.parametrize("mma_k", [4, 8, 16])
+def test_sass_multiplies_on_the_fp64_tensor_cores(arch, mma_k):
+    """The products are DMMA instructions (the FP64 tensor cores), with no FP64 FMA (DFMA) anywhere: sm_90
+    runs one DMMA of the configured depth per mma, sm_80 DMMA.884s."""
+    config = SPEC.space.with_overrides(DMMA.named("dmma-64"), {"MMA_K": mma_k})
+    sass = _sass(SPEC.render(config, "float64"), arch)
+    dmma = re.findall(r"\bDMMA\.(\S+)", sass)
+    assert dmma, sass[-2000:]
+    assert "DFMA" not in sass
+    shapes = set(dmma)
+    if arch == "sm_90":
+        assert shapes == {f"16x8x{mma_k}"}, shapes
+    else:
+        assert shapes == {"884"}, shapes
