@@ -141,9 +141,10 @@ def test_matmul_dmma_keeps_dgemm_accuracy_and_special_values():
                 report.append(f"{config.key()} {shape}: error {err:.3g}, cuBLAS DGEMM {dgemm:.3g}")
     shape = (131, 67, 257)
     a, b = spec.make_inputs(shape, "float64", "row", rng, cupy)
+    places = np.random.default_rng(29)
     for arr, count in ((a, 40), (b, 40)):
         flat = arr.reshape(-1)
-        where = rng.choice(flat.size, size=count, replace=False)
+        where = cupy.asarray(places.choice(flat.size, size=count, replace=False))
         flat[where[:10]] = cupy.nan
         flat[where[10:20]] = cupy.inf
         flat[where[20:30]] = -cupy.inf
