@@ -118,9 +118,10 @@ def test_matmul_dmma_sample_matches_reference():
 
 
 def test_matmul_dmma_keeps_dgemm_accuracy_and_special_values():
-    """DMMA is IEEE double arithmetic: on random inputs the error stays within 2x of cuBLAS DGEMM's, and
-    with NaN, +-Inf and values near DBL_MAX (products that overflow) placed in A and B, every output is NaN,
-    +Inf or -Inf exactly where DGEMM's is."""
+    """DMMA is IEEE double arithmetic: on long K the error against the float64 reference (which is DGEMM
+    itself) stays within the tuner's float64 tolerance, and with NaN and +-Inf placed in A and B every
+    output is NaN, +Inf or -Inf exactly where DGEMM's is (an order-independent pattern: values near
+    DBL_MAX are left out, since whether a partial sum overflows depends on the order of the sum)."""
     import cupy
 
     from autotile.timing import relative_error
@@ -133,22 +134,20 @@ def test_matmul_dmma_keeps_dgemm_accuracy_and_special_values():
     report = []
     for shape in [(257, 131, 4099), (96, 80, 16384)]:
         a, b = spec.make_inputs(shape, "float64", "row", rng, cupy)
-        ref = spec.reference((a, b))
-        dgemm = relative_error(cupy.matmul(a, b), ref)
+        ref, tol = spec.reference((a, b)), kernels.tolerance("float64", shape[-1])
         for config in configs:
             err = relative_error(_run(ProblemKey("matmul", "float64", "row", shape), config, (a, b)), ref)
-            if not err <= 2 * dgemm:
-                report.append(f"{config.key()} {shape}: error {err:.3g}, cuBLAS DGEMM {dgemm:.3g}")
+            if not err <= tol:
+                report.append(f"{config.key()} {shape}: error {err:.3g} > {tol:.3g}")
     shape = (131, 67, 257)
     a, b = spec.make_inputs(shape, "float64", "row", rng, cupy)
     places = np.random.default_rng(29)
-    for arr, count in ((a, 40), (b, 40)):
+    for arr in (a, b):
         flat = arr.reshape(-1)
-        where = cupy.asarray(places.choice(flat.size, size=count, replace=False))
+        where = cupy.asarray(places.choice(flat.size, size=30, replace=False))
         flat[where[:10]] = cupy.nan
         flat[where[10:20]] = cupy.inf
-        flat[where[20:30]] = -cupy.inf
-        flat[where[30:]] = 1.5e308
+        flat[where[20:]] = -cupy.inf
     want = cupy.matmul(a, b)
     for config in configs:
         got = _run(ProblemKey("matmul", "float64", "row", shape), config, (a, b))
