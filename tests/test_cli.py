@@ -279,7 +279,7 @@ TUNE_ERRORS = {
     "precision unknown": (["--precision", "bogus"], ["--precision 'bogus' is not one of highest, high, medium"]),
     "precision upper case": (["--precision", "HIGH"], ["--precision 'HIGH'"]),
     "precision with a fix it empties": (["--precision", "highest", "--fix", "MATH=tf32x3"],
-                                        ["'highest' allows MATH simt only", "tf32x3"]),
+                                        ["'highest' allows MATH simt, dmma only", "tf32x3"]),
 }
 
 

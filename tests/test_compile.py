@@ -72,6 +72,8 @@ def _sampling_space(kernel: str) -> Space:
     data = yaml.safe_load(search_space_path(kernel).read_text())
     for name in ADDED_SINCE_THE_SAMPLE:
         data["params"].pop(name, None)
+    if kernel == "matmul":  # MMA_K has one value there, so that it takes no random draws
+        data["params"]["MMA_K"]["choices"] = [data["params"]["MMA_K"]["default"]]
     for name, added in CHOICES_ADDED_SINCE_THE_SAMPLE.items():
         if name in data["params"]:
             data["params"][name]["choices"] = [c for c in data["params"][name]["choices"] if c not in added]

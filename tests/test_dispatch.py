@@ -233,7 +233,8 @@ def test_portfolio_is_feasible_unique_and_has_splits_and_short_rows():
     rows = [n for n, _ in survey.portfolio("matvec", "float32", "row", H100)]
     assert "rows-8-lanes" in rows
     f64 = survey.portfolio("matmul", "float64", "row", H100)
-    assert all(c["MATH"] == "simt" for _, c in f64)  # tf32x3 is float32 only
+    assert all(c["MATH"] != "tf32x3" for _, c in f64)  # tf32x3 is float32 only
+    assert any(c["MATH"] == "dmma" for _, c in f64)  # the FP64 tensor cores compete
 
 
 # -- tuning at first call -------------------------------------------------------------------------------
@@ -311,7 +312,7 @@ def test_shipped_databases_are_valid_and_current():
     root = resources.shipped_cache_dir()
     assert root is not None
     paths = sorted(root.glob("*/database/*.json"))
-    assert len(paths) == 6  # H100 and H200; matmul row, matvec row and col
+    assert len(paths) == 12  # H100 and H200; float32 and float64; matmul row, matvec row and col
     retired = []
     for path in paths:
         db = database.ShapeDatabase.from_json(json.loads(path.read_text()))

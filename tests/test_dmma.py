@@ -78,7 +78,8 @@ def test_space_keeps_dmma_to_float64_on_sm80_and_newer():
     assert not SPEC.space.is_feasible(tf32, Problem(PROFILES["h100"], "float64"))
     # MMA_K must divide the K step
     deep = SPEC.space.with_overrides(config, {"MMA_K": 16, "BK": 8})
-    assert any("dmma steps divide the K step" in v for v in SPEC.space.violations(deep, Problem(PROFILES["h100"], "float64")))
+    violations = SPEC.space.violations(deep, Problem(PROFILES["h100"], "float64"))
+    assert any("dmma steps divide the K step" in v for v in violations)
 
 
 def _cases() -> list[tuple[str, str, Config]]:

@@ -324,7 +324,8 @@ def test_readme_style_script_without_a_main_guard_tunes_and_calls(tmp_path):
 
 # -- split-K summed by the last block (SPLIT_REDUCE=last_block) ----------------------------------------
 
-LAST_BLOCK_NAMED = {("matmul", "row"): ("tf32x3-64-split8", "tf32x3-32x64-split8", "regtile-64-split8", "dmma-64-split8"),
+LAST_BLOCK_NAMED = {("matmul", "row"): ("tf32x3-64-split8", "tf32x3-32x64-split8", "regtile-64-split8",
+                                        "dmma-64-split8"),
                     ("matvec", "row"): ("warp-per-row-split8", "warp-per-row-vec2-split8"),
                     ("matvec", "col"): ("col-vec4-split8", "col-vec2-split8")}
 # Awkward shapes: 1, primes, nothing a tile divides, K far longer than M and N (more splits than K tiles too).

@@ -339,8 +339,10 @@ def test_highest_never_serves_tf32x3_from_the_shipped_cache_and_databases(tmp_pa
     shipped = TuningCache(root=shipped_cache_dir(), shipped_root=None)
     current = _shipped_made_current(tmp_path / "current", H100)
     monkeypatch.setattr(select.build, "compiler_version", lambda: "nvrtc-13.0")
-    tuned = sorted({r.shape for _, r in shipped.entries(H100.fingerprint) if r.kernel == "matmul"})
-    assert tuned and all(r.precision == "high" for _, r in shipped.entries(H100.fingerprint) if r.kernel == "matmul")
+    tuned = sorted({r.shape for _, r in shipped.entries(H100.fingerprint)
+                    if r.kernel == "matmul" and r.dtype == "float32"})
+    assert tuned and all(r.precision == "high" for _, r in shipped.entries(H100.fingerprint)
+                         if r.kernel == "matmul" and r.dtype == "float32")
     assert all(select.is_current(r) and select.same_compiler(r) for _, r in current.entries(H100.fingerprint))
     rng = np.random.default_rng(3)
     others = [tuple(int(2 ** e) for e in rng.uniform(5, 13, 3)) for _ in range(30)]

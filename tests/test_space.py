@@ -572,7 +572,7 @@ def test_conditional_parameters_are_not_drawn_where_inactive(matmul):
             assert (cfg["TM"], cfg["TN"], cfg["PAD"], cfg["A_TRANSPOSED"]) == (1, 1, 0, False)
         seen.add(cfg["MATH"])
         study.tell(trial, 1.0)
-    assert seen == {"simt", "tf32x3"}
+    assert seen == {"simt", "tf32x3", "dmma"}
     # Where the sampler could not pick it, a config may not set it either.
     wrong = matmul.with_overrides(matmul.named("tf32x3-128"), {"TM": 8})
     assert any(line.startswith("breaks 'TM only where") for line in matmul.violations(wrong, problem()))

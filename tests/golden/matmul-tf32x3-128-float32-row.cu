@@ -128,8 +128,8 @@ autotile_matmul(const T* __restrict__ A, const T* __restrict__ B, T* __restrict_
     constexpr int A_COLS = BK / VEC, B_COLS = BN / VEC;
     const int a_row = tid / A_COLS, a_col = (tid % A_COLS) * VEC;
     const int b_row = tid / B_COLS, b_col = (tid % B_COLS) * VEC;
-    const float* a_first = A + (size_t)(row0 + a_row) * K + k_begin + a_col;  // tile 0, copy 0
-    const float* b_first = B + (size_t)(k_begin + b_row) * N + col0 + b_col;
+    const T* a_first = A + (size_t)(row0 + a_row) * K + k_begin + a_col;  // tile 0, copy 0
+    const T* b_first = B + (size_t)(k_begin + b_row) * N + col0 + b_col;
     const bool a_rows_inside = row0 + BM <= M, b_cols_inside = col0 + BN <= N;
 
     // Starts the copies of tile t (K from k_begin + t * BK) into stage s: 2 vector(s) of A and
@@ -139,11 +139,11 @@ autotile_matmul(const T* __restrict__ A, const T* __restrict__ B, T* __restrict_
     auto load_tiles = [&](int t, int s) {
         const int k0 = k_begin + t * BK;
         const bool k_inside = k0 + BK <= k_end;
-        float* as = As + s * A_TILE;
-        float* bs = Bs + s * B_TILE;
+        T* as = As + s * A_TILE;
+        T* bs = Bs + s * B_TILE;
         if (a_vector_ok && a_rows_inside && k_inside) {
-            const float* src = a_first + t * BK;
-            float* dst = as + a_row * A_STRIDE + a_col;
+            const T* src = a_first + t * BK;
+            T* dst = as + a_row * A_STRIDE + a_col;
 #pragma unroll
             for (int l = 0; l < 2; ++l) {
                 const int dr = (l * 256) / A_COLS, dc = ((l * 256) % A_COLS) * VEC;
@@ -152,8 +152,8 @@ autotile_matmul(const T* __restrict__ A, const T* __restrict__ B, T* __restrict_
         } else if (a_rows_inside && k_inside) {
             // Rows that do not start VEC-aligned (K % VEC != 0): 8 copies of one element,
             // neighbouring threads on neighbouring elements so that a warp's copies are contiguous.
-            const float* src = A + (size_t)(row0 + tid / BK) * K + k0 + tid % BK;
-            float* dst = as + (tid / BK) * A_STRIDE + tid % BK;
+            const T* src = A + (size_t)(row0 + tid / BK) * K + k0 + tid % BK;
+            T* dst = as + (tid / BK) * A_STRIDE + tid % BK;
 #pragma unroll
             for (int l = 0; l < 8; ++l) {
                 const int dr = (l * 256) / BK, dc = (l * 256) % BK;
@@ -176,16 +176,16 @@ autotile_matmul(const T* __restrict__ A, const T* __restrict__ B, T* __restrict_
             }
         }
         if (b_vector_ok && b_cols_inside && k_inside) {
-            const float* src = b_first + (size_t)t * BK * N;
-            float* dst = bs + b_row * B_STRIDE + b_col;
+            const T* src = b_first + (size_t)t * BK * N;
+            T* dst = bs + b_row * B_STRIDE + b_col;
 #pragma unroll
             for (int l = 0; l < 2; ++l) {
                 const int dr = (l * 256) / B_COLS, dc = ((l * 256) % B_COLS) * VEC;
                 copy_async<VEC * 4>(dst + dr * B_STRIDE + dc, src + (size_t)dr * N + dc, VEC * 4);
             }
         } else if (b_cols_inside && k_inside) {
-            const float* src = B + (size_t)(k0 + tid / BN) * N + col0 + tid % BN;
-            float* dst = bs + (tid / BN) * B_STRIDE + tid % BN;
+            const T* src = B + (size_t)(k0 + tid / BN) * N + col0 + tid % BN;
+            T* dst = bs + (tid / BN) * B_STRIDE + tid % BN;
 #pragma unroll
             for (int l = 0; l < 8; ++l) {
                 const int dr = (l * 256) / BN, dc = (l * 256) % BN;
@@ -208,6 +208,7 @@ autotile_matmul(const T* __restrict__ A, const T* __restrict__ B, T* __restrict_
             }
         }
     };
+
 
     float acc[MI][NI][4];
     auto clear_acc = [&]() {
@@ -372,7 +373,7 @@ autotile_matmul(const T* __restrict__ A, const T* __restrict__ B, T* __restrict_
                 const int row = row0 + warp_row + i * 16 + h * 8 + group;
                 const int col = col0 + warp_col + j * 8 + 2 * quad;
                 if (row >= M) continue;
-                float* out = C + (size_t)row * N + col;
+                T* out = C + (size_t)row * N + col;
                 if (c_vector_ok && col + 2 <= N) {
                     *reinterpret_cast<float2*>(out) = make_float2(acc[i][j][2 * h], acc[i][j][2 * h + 1]);
                 } else {
