@@ -11,6 +11,8 @@ row of its own, its ratio to the cuBLAS time of the same run.
 
 from __future__ import annotations
 
+import re
+
 import json
 import os
 import sys
@@ -90,6 +92,7 @@ def random_markdown(runs: Sequence[dict[str, Any]]) -> str:
 
 def summary_markdown(results: dict[str, Any]) -> str:
     env, ceilings = results["environment"], results["ceilings"]
+    dtype = env.get("dtype", "float32")  # runs before float64 tables existed were float32
     lines = [f"### {env['gpu']} — {env['date']}, CuPy {env['cupy']}, CUDA runtime {env['cuda_runtime']}, "
              f"driver {env['driver']}, {env['compiler']}",
              "",
@@ -103,7 +106,7 @@ def summary_markdown(results: dict[str, Any]) -> str:
     ordinary = [r for r in results["rows"] if "nearest" not in r["name"] and "tuned for this shape" not in r["name"]]
     groups = _groups(ordinary)
 
-    lines += ["| matmul float32 M x N x K | cuBLAS TFLOP/s | best seed TFLOP/s (x cuBLAS) | autotile TFLOP/s | "
+    lines += [f"| matmul {dtype} M x N x K | cuBLAS TFLOP/s | best seed TFLOP/s (x cuBLAS) | autotile TFLOP/s | "
               "autotile x cuBLAS | autotile math | precision | error cuBLAS / autotile |",
               "| --- | ---: | ---: | ---: | ---: | --- | --- | ---: |"]
     for (kernel, _, _), group in groups.items():
@@ -115,12 +118,13 @@ def summary_markdown(results: dict[str, Any]) -> str:
         best = (f"{max(r['metric'] for r in seeds) / 1e3:.1f} ({max(r['vs_cublas'] for r in seeds):.2f})"
                 if seeds else "-")
         for mine in autotile:  # one per precision setting, each against the cuBLAS of this run
-            math = "tf32x3" if "MATH=tf32x3" in mine["config"] else ("cuBLAS" if mine["config"] == "cuBLAS" else "simt")
+            found = re.search(r"\bMATH=(\w+)", mine["config"])
+            math = "cuBLAS" if mine["config"] == "cuBLAS" else (found.group(1) if found else "simt")
             lines.append(f"| {_shape(mine)} | {cublas['metric'] / 1e3:.1f} | {best} | {mine['metric'] / 1e3:.1f} | "
                          f"**{mine['vs_cublas']:.2f}** | {math} | {mine.get('precision') or '-'} | "
                          f"{_error(cublas)} / {_error(mine)} |")
 
-    lines += ["", "| matvec float32 M x K | layout | cuBLAS GB/s | seed 004 GB/s | autotile GB/s | autotile x cuBLAS | "
+    lines += ["", f"| matvec {dtype} M x K | layout | cuBLAS GB/s | seed 004 GB/s | autotile GB/s | autotile x cuBLAS | "
               "autotile x read |",
               "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
     for (kernel, layout, _), group in groups.items():
