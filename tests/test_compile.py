@@ -72,8 +72,14 @@ def _sampling_space(kernel: str) -> Space:
     data = yaml.safe_load(search_space_path(kernel).read_text())
     for name in ADDED_SINCE_THE_SAMPLE:
         data["params"].pop(name, None)
-    if kernel == "matmul":  # MMA_K has one value there, so that it takes no random draws
-        data["params"]["MMA_K"]["choices"] = [data["params"]["MMA_K"]["default"]]
+    if kernel == "matmul":
+        # Without dmma, MMA_K is a constant (its default) and UNROLL's condition reads as it did before: the
+        # enumeration then binds and prunes in the order the sample was drawn in, and draws the same configs.
+        mma_k = str(data["params"].pop("MMA_K")["default"])
+        data["derived"] = {k: v.replace("MMA_K", mma_k) for k, v in data["derived"].items()}
+        for constraint in data["constraints"]:
+            constraint["expr"] = constraint["expr"].replace("MMA_K", mma_k)
+        data["params"]["UNROLL"]["active"] = "MATH == 'simt'"
     for name, added in CHOICES_ADDED_SINCE_THE_SAMPLE.items():
         if name in data["params"]:
             data["params"][name]["choices"] = [c for c in data["params"][name]["choices"] if c not in added]
