@@ -54,7 +54,7 @@ import platformdirs
 from . import precision as precision_mod
 from . import resources
 from .errors import AutotileError, CacheError
-from .problem import ProblemKey
+from .problem import LAYOUT_ALIASES, ProblemKey, layout_spellings
 
 SCHEMA = 1
 COMPAT_CHARS = 12  # how much of the compatibility hash goes into a file name
@@ -294,6 +294,8 @@ class Record:
             raise CacheError(f"record schema {self.schema!r} is not supported (this autotile reads {SCHEMA})")
         for name in ("kernel", "dtype", "layout", "compat", "metric_unit", "device"):
             _check_str(name, getattr(self, name))
+        # A layout under an older name (matmul's "row") is read under its current one ("nn").
+        object.__setattr__(self, "layout", LAYOUT_ALIASES.get(self.kernel, {}).get(self.layout, self.layout))
         if self.implementation not in IMPLEMENTATIONS:
             raise CacheError(f"record field 'implementation' is {self.implementation!r}; "
                              f"expected one of {', '.join(IMPLEMENTATIONS)}")
@@ -475,7 +477,8 @@ class TuningCache:
     def path_for(self, device: str, kernel: str, dtype: str, layout: str, shape: Sequence[int],
                  compat: str, slot: str = UNNAMED_SLOT) -> Path:
         """Where the entry for this key and precision class (`slot`: "highest" or "high") lives in the user
-        root. Raises `CacheError` on an empty part or an unknown slot."""
+        root, under the layout's current name. Raises `CacheError` on an empty part or an unknown slot."""
+        layout = LAYOUT_ALIASES.get(kernel, {}).get(layout, layout)
         return self._path(self.root, device, kernel, dtype, layout, _shape_part(shape), compat, slot)
 
     @staticmethod
@@ -537,9 +540,10 @@ class TuningCache:
             return None, f"is not a valid record ({exc})"
         # A file must hold the entry its name describes; anything else (copied or renamed by hand,
         # another tool's file) would otherwise be served for the wrong problem.
-        names = {_file_name(record.kernel, record.dtype, record.layout, part, record.compat, slot)
+        names = {_file_name(record.kernel, record.dtype, layout, part, record.compat, slot)
                  for part in ("x".join(map(str, record.shape)), DEFAULT_SHAPE)
-                 for slot in {record.precision, UNNAMED_SLOT}}  # the unnamed slot: a name from before slots
+                 for slot in {record.precision, UNNAMED_SLOT}  # the unnamed slot: a name from before slots
+                 for layout in layout_spellings(record.kernel, record.layout)}  # and older layout names
         if path.name not in names or path.parent.name != _device_dir(record.device):
             return None, (f"holds the entry for {record.kernel} {record.dtype} {record.layout} "
                           f"{'x'.join(map(str, record.shape))} on {record.device}, not what its name says")
@@ -563,12 +567,14 @@ class TuningCache:
         entry), by slot. A slot's own file wins over a record of that class under the unnamed name (a file
         written before slots existed), which is read once for both."""
         found: dict[str, tuple[Path, Record]] = {}
-        for slot in (UNNAMED_SLOT, *(s for s in SLOTS if s != UNNAMED_SLOT)):
-            path = self._path(root, device, key.kernel, key.dtype, key.layout, shape_part, compat, slot)
-            record = self._load(path)
-            if (record is not None and (shape is None or record.shape == shape)
-                    and self._matches(record, device, *_key_parts(key), compat)):
-                found[record.precision] = (path, record)  # the unnamed file may hold an older "high" record
+        # A file under the layout's current name wins over one under an older name (matmul's "row").
+        for layout in reversed(layout_spellings(key.kernel, key.layout)):
+            for slot in (UNNAMED_SLOT, *(s for s in SLOTS if s != UNNAMED_SLOT)):
+                path = self._path(root, device, key.kernel, key.dtype, layout, shape_part, compat, slot)
+                record = self._load(path)
+                if (record is not None and (shape is None or record.shape == shape)
+                        and self._matches(record, device, *_key_parts(key), compat)):
+                    found[record.precision] = (path, record)  # the unnamed file may hold an older "high" record
         return found
 
     def slots(self, device: str, key: ProblemKey, compat: str) -> dict[str, Record]:
@@ -590,18 +596,20 @@ class TuningCache:
         """Every valid entry of this device for the problem's kernel, dtype and layout, whatever its shape
         and slot (the device's default entries excepted), with the rank of its root: 0 the user's, 1 the
         shipped."""
-        names_default = {_file_name(key.kernel, key.dtype, key.layout, DEFAULT_SHAPE, compat, slot)
-                         for slot in SLOTS}
-        # Sanitised parts hold no "-" and no glob characters, so the shape (and slot) is the starred part.
-        pattern = _file_name(key.kernel, key.dtype, key.layout, "*", compat)
+        spellings = layout_spellings(key.kernel, key.layout)
+        names_default = {_file_name(key.kernel, key.dtype, layout, DEFAULT_SHAPE, compat, slot)
+                         for slot in SLOTS for layout in spellings}
         found = []
         for rank, root in enumerate(self._roots()):
-            for path in sorted((root / _device_dir(device)).glob(pattern)):
-                if path.name in names_default:
-                    continue
-                record = self._load(path)
-                if record is not None and self._matches(record, device, *_key_parts(key), compat):
-                    found.append((rank, path, record))
+            for layout in spellings:
+                # Sanitised parts hold no "-" and no glob characters, so the shape (and slot) is the starred part.
+                pattern = _file_name(key.kernel, key.dtype, layout, "*", compat)
+                for path in sorted((root / _device_dir(device)).glob(pattern)):
+                    if path.name in names_default:
+                        continue
+                    record = self._load(path)
+                    if record is not None and self._matches(record, device, *_key_parts(key), compat):
+                        found.append((rank, path, record))
         return found
 
     def default_slots(self, device: str, key: ProblemKey, compat: str) -> dict[str, Record]:

@@ -10,6 +10,7 @@ from typing import Sequence
 from . import device as device_mod
 from . import kernels
 from .errors import AutotileError, InvalidValueError
+from .problem import LAYOUT_ALIASES, LAYOUTS
 from .space import Problem
 
 
@@ -18,8 +19,10 @@ def _add_problem_options(p: argparse.ArgumentParser, with_device: bool = True,
     """--dtype, --layout and (unless `with_device` is False) --device. `layout_default` ends the --layout
     help: what the command does without it, which differs between commands."""
     p.add_argument("--dtype", default="float32", choices=["float32", "float64"], help="element type")
-    p.add_argument("--layout", choices=["row", "col"], default=None,
-                   help=f"storage of A (matvec only; matmul is row-major). Default: {layout_default}")
+    p.add_argument("--layout", choices=list(LAYOUTS), default=None,
+                   help="storage of the operands. matmul, bmm: nn, nt, tn, tt (A then B; t: stored transposed, "
+                        "as PyTorch's W.T; 'row' is nn's former name). matvec: row or col (A). "
+                        f"Default: {layout_default}")
     if with_device:
         p.add_argument("--device", default=None, metavar="PROFILE",
                        help=f"offline device profile ({', '.join(device_mod.PROFILES)}); default: the live GPU, "
@@ -38,6 +41,7 @@ def _parse_sets(items: Sequence[str]) -> dict[str, str]:
 
 def _layout(spec: kernels.KernelSpec, requested: str | None, config_name: str | None) -> str:
     layout = requested or spec.space.named_layouts.get(config_name or "", None) or spec.space.layouts[0]
+    layout = LAYOUT_ALIASES.get(spec.name, {}).get(layout, layout)
     if layout not in spec.space.layouts:
         raise InvalidValueError(f"{spec.name} supports layout(s) {list(spec.space.layouts)}, not {layout!r}")
     return layout
@@ -59,6 +63,8 @@ def cmd_space(args: argparse.Namespace) -> int:
     spec = kernels.get(args.kernel)
     space = spec.space
     dev = device_mod.resolve(args.device)
+    if args.layout:
+        args.layout = LAYOUT_ALIASES.get(spec.name, {}).get(args.layout, args.layout)
     if args.layout and args.layout not in space.layouts:
         raise InvalidValueError(f"{spec.name} supports layout(s) {list(space.layouts)}, not {args.layout!r}")
     layouts = [args.layout] if args.layout else list(space.layouts)
@@ -147,7 +153,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("kernel", help=f"one of {', '.join(kernels.KERNELS)}")
     p.add_argument("--config", help="a named config of the space (default: the built-in default)")
     p.add_argument("--set", action="append", metavar="PARAM=VALUE", help="override one parameter (repeatable)")
-    _add_problem_options(p, layout_default="the --config's layout, else row")
+    _add_problem_options(p, layout_default="the --config's layout, else the first (nn, row)")
     p.set_defaults(func=cmd_render)
 
     p = sub.add_parser("space", help="print a search space and how many configs the device allows")

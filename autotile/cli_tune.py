@@ -9,14 +9,15 @@ from typing import Any, Callable
 
 from . import kernels, precision, validate
 from .errors import InvalidValueError
+from .problem import LAYOUT_ALIASES
 from .tuner import SAMPLERS
 
 
 def add_commands(sub: Any, add_problem_options: Callable[..., None]) -> None:
     p = sub.add_parser("tune", help="search a kernel's space on this GPU and cache the fastest config")
     p.add_argument("kernel", help=f"one of {', '.join(kernels.KERNELS)}")
-    p.add_argument("--shape", required=True, help="MxNxK for matmul, MxK for matvec")
-    add_problem_options(p, with_device=False, layout_default="row")
+    p.add_argument("--shape", required=True, help="MxNxK for matmul, BATCHxMxNxK for bmm, MxK for matvec")
+    add_problem_options(p, with_device=False, layout_default="nn (matmul, bmm), row (matvec)")
     p.add_argument("--trials", type=int, default=100, help="candidates to compile and run (default 100)")
     p.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
                    help="stop drawing candidates after this long (default: no limit)")
@@ -64,7 +65,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
     spec = kernels.get(args.kernel)
     shape = spec.parse_shape(args.shape)
-    layout = args.layout or "row"
+    layout = args.layout or spec.space.layouts[0]
+    layout = LAYOUT_ALIASES.get(spec.name, {}).get(layout, layout)
     if layout not in spec.space.layouts:
         raise InvalidValueError(f"{spec.name} supports layout(s) {list(spec.space.layouts)}, not {layout!r}")
     # Every option is checked here, before the GPU: a bad value found by optuna or the worker would cost the

@@ -23,6 +23,7 @@ from typing import Any
 
 from .cache import TuningCache, _device_dir, _safe
 from .errors import CacheError
+from .problem import LAYOUT_ALIASES, layout_spellings
 
 DATABASE_SCHEMA = 1
 FOLDER = "database"
@@ -105,7 +106,9 @@ class ShapeDatabase:
             candidates = tuple(Candidate(name=str(c["name"]), implementation=str(c["implementation"]),
                                          config=c.get("config"), source_sha=c.get("source_sha"))
                                for c in d["candidates"])
-            return cls(kernel=str(d["kernel"]), dtype=str(d["dtype"]), layout=str(d["layout"]),
+            kernel, layout = str(d["kernel"]), str(d["layout"])
+            layout = LAYOUT_ALIASES.get(kernel, {}).get(layout, layout)  # an older name (matmul's "row")
+            return cls(kernel=kernel, dtype=str(d["dtype"]), layout=layout,
                        device=str(d["device"]), candidates=candidates,
                        shapes=tuple(tuple(s) for s in d["shapes"]),
                        times_ms=tuple(tuple(r) for r in d["times_ms"]),
@@ -116,14 +119,20 @@ class ShapeDatabase:
 
 def path_in(root: Path, device: str, kernel: str, dtype: str, layout: str) -> Path:
     """Where the database of (device, kernel, dtype, layout) lives under a cache root."""
-    name = "-".join((_safe(kernel, "kernel"), _safe(dtype, "dtype"), _safe(layout, "layout"))) + ".json"
+    return _path_in(root, device, kernel, dtype, LAYOUT_ALIASES.get(kernel, {}).get(layout, layout))
+
+
+def _path_in(root: Path, device: str, kernel: str, dtype: str, spelling: str) -> Path:
+    name = "-".join((_safe(kernel, "kernel"), _safe(dtype, "dtype"), _safe(spelling, "layout"))) + ".json"
     return root / _device_dir(device) / FOLDER / name
 
 
 def load(cache: TuningCache, device: str, kernel: str, dtype: str, layout: str) -> ShapeDatabase | None:
     """The user's database for this problem family if there is a valid one, else the shipped one, else None."""
-    for root in cache._roots():
-        path = path_in(root, device, kernel, dtype, layout)
+    layout = LAYOUT_ALIASES.get(kernel, {}).get(layout, layout)
+    spellings = layout_spellings(kernel, layout)  # a user's database may have an older layout name
+    for root, spelling in ((root, spelling) for root in cache._roots() for spelling in spellings):
+        path = _path_in(root, device, kernel, dtype, spelling)
         try:
             st = os.stat(path)
         except OSError:

@@ -12,7 +12,7 @@ Needs CuPy and a GPU when preparing and running; importing this module needs nei
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 import numpy as np
 
@@ -43,57 +43,98 @@ def _stream_ptr(stream: Any) -> int:
     return int((stream if stream is not None else cupy.cuda.get_current_stream()).ptr)
 
 
+_external_streams: dict[int, Any] = {}
+
+
+def cupy_stream(ptr: int) -> Any:
+    """A CuPy stream object for the CUDA stream `ptr` (another framework's, such as torch's), made once."""
+    stream = _external_streams.get(ptr)
+    if stream is None:
+        import cupy
+
+        stream = _external_streams.setdefault(ptr, cupy.cuda.ExternalStream(ptr))
+    return stream
+
+
+# (elements, dtype, stream pointer) -> (an object that owns the memory, its device pointer)
+Allocator = Callable[[int, str, int], tuple[Any, int]]
+
+
+def cupy_allocator(elems: int, dtype: str, stream_ptr: int) -> tuple[Any, int]:
+    """Memory from CuPy's pool, told it belongs to the stream `stream_ptr`."""
+    import cupy
+
+    with cupy_stream(stream_ptr):
+        array = cupy.empty(elems, dtype=dtype)
+    return array, int(array.data.ptr)
+
+
 class KernelRunner:
     """A compiled kernel and its launch geometry for one shape.
+
+    `launch` takes device pointers, so that CuPy arrays and other frameworks' tensors go through the same
+    code without a conversion; `run` is the same for CuPy arrays. A batched kernel (bmm) also takes the
+    batch strides of A and B, in elements (0: one matrix for the whole batch).
 
     A SPLIT_REDUCE=last_block kernel also takes a workspace for its partial results and a ticket counter
     per output tile (sizes in `launch`): allocated on a stream's first run and kept for that stream,
     tickets zeroed once then (the kernel resets each one it uses). One pair per stream, because two
     streams running this runner at the same time must not count into, or sum, each other's partials;
-    launches on one stream are ordered, so they can share. The first run on a stream allocates: make it
-    before capturing that stream into a CUDA graph.
+    launches on one stream are ordered, so they can share. The first run on a stream allocates (through
+    the caller's allocator: inside a torch CUDA-graph capture, torch's graph pool), every later one does
+    not.
     """
 
-    def __init__(self, kernel: Any, launch: kernels.Launch, shape: tuple[int, ...]):
+    def __init__(self, kernel: Any, launch: kernels.Launch, sizes: tuple[Any, ...], batched: bool = False):
         from . import build
 
         self.kernel = kernel
-        self.launch = launch
-        self.sizes = tuple(np.int32(d) for d in shape)
-        self._buffers: dict[int, tuple[Any, Any]] = {}  # stream pointer -> (workspace, tickets)
+        self.geometry = launch
+        self.sizes = sizes  # the kernel's size arguments (`KernelSpec.size_args`)
+        self.batched = batched
+        self._buffers: dict[int, tuple[Any, Any, Any]] = {}  # stream pointer -> (owners, workspace, tickets)
         build.allow_dynamic_smem(kernel, launch.dynamic_smem_bytes)
 
-    def run(self, arrays: tuple[Any, ...], out: Any, stream: Any = None) -> None:
-        launch = self.launch
-        args = (*arrays, out, *self.sizes)
+    def launch(self, pointers: tuple[int, ...], out_ptr: int, out_nbytes: int, dtype: str, stream_ptr: int,
+               batch_strides: tuple[int, ...] = (), allocate: Allocator = cupy_allocator) -> None:
+        """Compute the output at `out_ptr` (`out_nbytes` bytes of `dtype`) from the inputs at `pointers`, on
+        the CUDA stream `stream_ptr`. Allocates only on a last_block kernel's first run on a stream."""
+        launch = self.geometry
+        args: tuple[Any, ...] = (*(np.uint64(p) for p in pointers), np.uint64(out_ptr), *self.sizes,
+                                 *(np.int64(s) for s in batch_strides))
         if launch.zero_output:
             # Split-K blocks add their partial sums into the output: it starts at zero, on the same stream
             # as the launch so that the two stay ordered for any caller (and inside a graph capture).
             import cupy
 
-            cupy.cuda.runtime.memsetAsync(out.data.ptr, 0, out.nbytes, _stream_ptr(stream))
+            cupy.cuda.runtime.memsetAsync(out_ptr, 0, out_nbytes, stream_ptr)
         elif launch.tickets:
-            ptr = _stream_ptr(stream)
-            buffers = self._buffers.get(ptr)
+            buffers = self._buffers.get(stream_ptr)
             if buffers is None:
-                buffers = self._allocate(out.dtype, stream, ptr)
-            args = (*args, *buffers)
-        self.kernel(launch.grid, launch.block, args, shared_mem=launch.dynamic_smem_bytes, stream=stream)
+                buffers = self._allocate(dtype, stream_ptr, allocate)
+            args = (*args, buffers[1], buffers[2])
+        self.kernel(launch.grid, launch.block, args, shared_mem=launch.dynamic_smem_bytes,
+                    stream=cupy_stream(stream_ptr))
 
-    def _allocate(self, dtype: Any, stream: Any, ptr: int) -> tuple[Any, Any]:
+    def run(self, arrays: tuple[Any, ...], out: Any, stream: Any = None) -> None:
+        """`launch` for CuPy arrays, on `stream` (CuPy's current stream when None)."""
+        from .kernels import batch_strides
+
+        strides = tuple(int(s) for s in batch_strides(arrays)) if self.batched else ()
+        self.launch(tuple(int(a.data.ptr) for a in arrays), int(out.data.ptr), int(out.nbytes), str(out.dtype),
+                    _stream_ptr(stream), strides)
+
+    def _allocate(self, dtype: str, stream_ptr: int, allocate: Allocator) -> tuple[Any, Any, Any]:
         """The workspace (uninitialized: every split stores its slice before any block reads it) and the
-        tickets (zeroed on `stream`, so the zeroing is ordered before this stream's first launch), with
-        CuPy's pool told the memory belongs to `stream`."""
-        import contextlib
-
+        tickets (zeroed on the stream, so the zeroing is ordered before this stream's first launch)."""
         import cupy
 
-        with stream if stream is not None else contextlib.nullcontext():
-            workspace = cupy.empty(self.launch.workspace_elems, dtype=dtype)
-            tickets = cupy.empty(self.launch.tickets, dtype=cupy.uint32)
-        cupy.cuda.runtime.memsetAsync(tickets.data.ptr, 0, tickets.nbytes, ptr)
+        workspace, workspace_ptr = allocate(self.geometry.workspace_elems, dtype, stream_ptr)
+        tickets, tickets_ptr = allocate(self.geometry.tickets, "uint32", stream_ptr)
+        cupy.cuda.runtime.memsetAsync(tickets_ptr, 0, 4 * self.geometry.tickets, stream_ptr)
         # Two threads may allocate for one stream at once: both zeroed their own, one pair is kept.
-        return self._buffers.setdefault(ptr, (workspace, tickets))
+        return self._buffers.setdefault(stream_ptr, ((workspace, tickets), np.uint64(workspace_ptr),
+                                                     np.uint64(tickets_ptr)))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,7 +154,8 @@ class Generated:
         spec = kernels.get(key.kernel)
         source = self.source if self.source is not None else spec.render(self.config, key.dtype, key.layout)
         kernel = build.compile_kernel(source, "autotile_" + spec.name)
-        return KernelRunner(kernel, spec.launch(self.config, key.shape, key.dtype, key.layout), key.shape)
+        return KernelRunner(kernel, spec.launch(self.config, key.shape, key.dtype, key.layout),
+                            spec.size_args(key.shape), spec.batched)
 
 
 class CublasRunner:
@@ -142,4 +184,5 @@ class Cublas:
         return CublasRunner()
 
 
-__all__ = ["Cublas", "CublasRunner", "Generated", "Implementation", "KernelRunner", "Runner"]
+__all__ = ["Allocator", "Cublas", "CublasRunner", "Generated", "Implementation", "KernelRunner", "Runner",
+           "cupy_allocator", "cupy_stream"]

@@ -11,7 +11,7 @@ import numpy as np
 
 from .errors import UnknownNameError
 from .expr import ceil_div
-from .problem import KERNEL_DIMS, parse_shape
+from .problem import KERNEL_DIMS, canonical_layout, parse_shape
 from .render import render
 from .space import DEVICE_DERIVED, DTYPE_SIZES, Config, Space, load_space
 
@@ -43,12 +43,20 @@ class KernelSpec:
     check_shapes: tuple[tuple[int, ...], ...]  # extra verification shapes: primes, 1, nothing a tile divides
     # (config, shape) -> (workspace elements, tickets) of a SPLIT_REDUCE=last_block launch
     split_buffers: Callable[[Config, tuple[int, ...]], tuple[int, int]]
+    space_name: str = ""  # the search space (and template) it shares, if not its own: bmm is matmul's
+    batched: bool = False  # the kernel takes a batch of problems along grid z (render's `batched`)
+
+    def size_args(self, shape: tuple[int, ...]) -> tuple[Any, ...]:
+        """The sizes as the kernel takes them, 32-bit ints: M, N, K (a batch's count is in the grid)."""
+        return tuple(np.int32(d) for d in (shape[1:] if self.batched else shape))
 
     def kernel_args(self, inputs: tuple[Any, ...], out: Any, shape: tuple[int, ...],
                     buffers: tuple[Any, ...] = ()) -> tuple[Any, ...]:
-        """The launch arguments: input and output arrays, the sizes as 32-bit ints, then (last_block
-        only) the workspace and the tickets."""
-        return (*inputs, out, *(np.int32(d) for d in shape), *buffers)
+        """The launch arguments: input and output arrays, the sizes as 32-bit ints, (batched) the batch
+        strides of A and B in elements (0: one matrix for the whole batch), then (last_block only) the
+        workspace and the tickets."""
+        strides = batch_strides(inputs) if self.batched else ()
+        return (*inputs, out, *self.size_args(shape), *strides, *buffers)
 
     @staticmethod
     def reference(inputs: tuple[Any, ...]) -> Any:
@@ -58,20 +66,26 @@ class KernelSpec:
 
     @property
     def space(self) -> Space:
-        return _space(self.name)
+        return _space(self.space_name or self.name)
 
-    def geometry(self, config: Config, dtype: str = "float32", layout: str = "row") -> dict[str, Any]:
+    def geometry(self, config: Config, dtype: str = "float32", layout: str | None = None) -> dict[str, Any]:
         """The space's derived values for a config (threads, block_x, block_y, smem_bytes, tile strides,
         ...): the one source of the numbers that both the template and the launcher use."""
-        return dict(_geometry(self.name, config, dtype, layout))
+        return dict(_geometry(self.space_name or self.name, config, dtype, self.layout(layout)))
 
-    def render(self, config: Config, dtype: str = "float32", layout: str = "row") -> str:
+    def layout(self, layout: str | None) -> str:
+        """The layout under its current name (None: the kernel's default, nn or row)."""
+        return canonical_layout(self.name, layout) if layout is not None else self.space.layouts[0]
+
+    def render(self, config: Config, dtype: str = "float32", layout: str | None = None) -> str:
+        layout = self.layout(layout)
         return render(self.space.template, self.name, config, dtype, layout, self.space.source_key(config),
-                      _geometry(self.name, config, dtype, layout))
+                      _geometry(self.space_name or self.name, config, dtype, layout), batched=self.batched)
 
-    def launch(self, config: Config, shape: tuple[int, ...], dtype: str = "float32", layout: str = "row") -> Launch:
+    def launch(self, config: Config, shape: tuple[int, ...], dtype: str = "float32", layout: str | None = None
+               ) -> Launch:
         """Grid, block and dynamic shared memory of one launch of `config` on `shape`."""
-        g = _geometry(self.name, config, dtype, layout)
+        g = _geometry(self.space_name or self.name, config, dtype, self.layout(layout))
         dynamic = int(g["smem_bytes"]) if config["smem"] == "dynamic" else 0
         grid, block = self.grid(config, shape), (int(g["block_x"]), int(g["block_y"]), 1)
         if config["SPLIT_K"] > 1 and config.get("SPLIT_REDUCE", "atomic") == "last_block":
@@ -126,9 +140,36 @@ def _matmul_split_buffers(config: Config, shape: tuple[int, ...]) -> tuple[int, 
     return config["SPLIT_K"] * M * N, ceil_div(M, config["BM"]) * ceil_div(N, config["BN"])
 
 
+def stored_transposed(x: Any, xp: Any) -> Any:
+    """`x` (a matrix or a batch of matrices) with each matrix stored transposed: the same values, the last
+    two dimensions column-major (what `W.T` of a row-major W gives)."""
+    return xp.ascontiguousarray(x.swapaxes(-1, -2)).swapaxes(-1, -2)
+
+
 def _matmul_inputs(shape, dtype, layout, rng, xp=np):
-    M, N, K = shape
-    return _random((M, K), dtype, rng), _random((K, N), dtype, rng)
+    *batch, M, N, K = shape
+    a, b = _random((*batch, M, K), dtype, rng), _random((*batch, K, N), dtype, rng)
+    layout = canonical_layout("bmm" if batch else "matmul", layout)
+    return (stored_transposed(a, xp) if layout[0] == "t" else a,
+            stored_transposed(b, xp) if layout[1] == "t" else b)
+
+
+def batch_strides(inputs: tuple[Any, ...]) -> tuple[Any, ...]:
+    """Elements between one matrix of each operand and the next, as 64-bit ints: 0 for a 2-D operand
+    (one matrix for the whole batch)."""
+    return tuple(np.int64(x.strides[0] // x.itemsize if x.ndim == 3 else 0) for x in inputs)
+
+
+# -- bmm: matmul over a batch, along grid z -------------------------------------------------------------
+
+def _bmm_grid(config: Config, shape: tuple[int, ...]) -> tuple[int, int, int]:
+    x, y, z = _matmul_grid(config, shape[1:])
+    return x, y, z * shape[0]
+
+
+def _bmm_split_buffers(config: Config, shape: tuple[int, ...]) -> tuple[int, int]:
+    workspace, tickets = _matmul_split_buffers(config, shape[1:])
+    return shape[0] * workspace, shape[0] * tickets
 
 
 # -- matvec ------------------------------------------------------------------------------------------
@@ -159,6 +200,14 @@ KERNELS: dict[str, KernelSpec] = {
         output_shape=lambda s: (s[0], s[1]),
         check_shapes=((131, 67, 257), (1, 97, 33), (61, 1, 7)),
         split_buffers=_matmul_split_buffers),
+    "bmm": KernelSpec(
+        name="bmm", dims=KERNEL_DIMS["bmm"], grid=_bmm_grid,
+        flops=lambda s: 2.0 * s[0] * s[1] * s[2] * s[3],
+        min_bytes=lambda s, size: float(s[0] * (s[1] * s[3] + s[3] * s[2] + s[1] * s[2])) * size,
+        make_inputs=_matmul_inputs,
+        output_shape=lambda s: (s[0], s[1], s[2]),
+        check_shapes=((3, 131, 67, 257), (2, 1, 97, 33), (5, 61, 1, 7)),
+        split_buffers=_bmm_split_buffers, space_name="matmul", batched=True),
     "matvec": KernelSpec(
         name="matvec", dims=KERNEL_DIMS["matvec"], grid=_matvec_grid,
         flops=lambda s: 2.0 * s[0] * s[1],
@@ -242,9 +291,9 @@ def source_hash(source: str) -> str:
 
 
 def metric(kernel: str, shape: tuple[int, ...], dtype: str, time_ms: float) -> tuple[float, str]:
-    """GFLOP/s for matmul (compute-bound), GB/s of the minimum traffic for matvec (memory-bound)."""
+    """GFLOP/s for matmul and bmm (compute-bound), GB/s of the minimum traffic for matvec (memory-bound)."""
     spec = get(kernel)
-    if kernel == "matmul":
+    if kernel in ("matmul", "bmm"):
         return spec.flops(shape) / (time_ms * 1e-3) / 1e9, "GFLOP/s"
     return spec.min_bytes(shape, DTYPE_SIZES[dtype]) / (time_ms * 1e-3) / 1e9, "GB/s"
 

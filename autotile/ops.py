@@ -1,47 +1,69 @@
-"""The tuned-kernel library: `matmul(A, B)` and `matvec(A, x)` on CuPy arrays.
+"""The tuned-kernel library: `matmul(A, B)` and `matvec(A, x)` on CuPy arrays and PyTorch CUDA tensors.
 
 What a call runs (a generated config, or cuBLAS) is chosen by the selection chain (`autotile.select`:
 exact tuned shape, the shape database's model, nearest tuned shape, the device's default, the built-in
-default) and prepared through the one implementation interface
-(`autotile.impl`). Everything a call needs after the first (the selection, the compiled kernel, its launch
-geometry) is memoized per device and problem, so the host work per call is a dictionary lookup and one
-launch.
+default) and prepared through the one implementation interface (`autotile.impl`). Everything a call needs
+after the first (the selection, the compiled kernel, its launch geometry) is memoized per device and
+problem, so the host work per call is reading the operands, a dictionary lookup and one launch.
+
+Same type in and out: torch tensors give a torch tensor, CuPy arrays a CuPy array (`autotile.operands`
+reads both without conversion; other CUDA arrays go through CuPy). A call runs on the current stream of its
+inputs' framework (torch's for tensors, CuPy's for arrays) or on `stream=`. With `out=` given, a call
+neither allocates nor synchronises (a SPLIT_REDUCE=last_block kernel allocates its workspace on its first
+call on a stream: warm up before a CUDA-graph capture, as for any library), so it can be captured in a CUDA
+graph; split-K's zeroing runs on the same stream. Under torch.compile, use `autotile.torch`'s custom
+operators.
+
+Operands are read where they lie when each matrix is packed row-major or column-major (`autotile.plan`:
+`x @ W.T` is layout nt, no copy); batches (3-D and more) run as one batched launch, a 2-D operand broadcast.
+Other strided views are copied to row-major first (one extra pass over the data); `out` must be
+C-contiguous, as the kernel writes it directly.
 
 Float32 matmul runs under a precision setting, in PyTorch's words (`autotile.precision`): a call's
 ``precision=`` ("highest", "high" or "medium"), else the process-wide setting
 (`autotile.set_float32_matmul_precision`, ``$AUTOTILE_FLOAT32_MATMUL_PRECISION``, else "high"). Under
 "highest" only IEEE FP32 arithmetic runs (SIMT kernels, cuBLAS SGEMM); "high" and "medium" also allow the
 FP32-level tf32x3 tensor-core kernels. For float64 and matvec every kernel is IEEE: the setting is checked
-and changes nothing.
-
-Inputs: CuPy arrays, or any object CuPy takes without copying (``__cuda_array_interface__``, DLPack
-such as PyTorch CUDA tensors). Non-contiguous inputs are copied to a contiguous array first (one extra
-pass over the data); `out` must be contiguous, as the kernel writes it directly.
+and changes nothing. cuBLAS runs without TF32 whatever PyTorch's `allow_tf32` says.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
+import sys
 import threading
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from . import precision as precision_mod
-from .errors import ArgumentError, DeviceUnavailableError
-from .impl import Runner
-from .problem import MAX_DIM, ProblemKey
+from .errors import ArgumentError
+from .impl import CublasRunner, Runner
+from .operands import Framework, Operand, as_framework, framework_of, stream_pointer
+from .plan import matrix_order, plan_matmul
+from .problem import MAX_DIM, ProblemKey, canonical_layout
 
 if TYPE_CHECKING:  # the selection chain reads the cache (filelock, platformdirs): imported on first call
     from .select import Selection
 
 _SUPPORTED = ("float32", "float64")
+MAX_GRID_Z = 65535  # CUDA's limit on gridDim.z, where a batch's matrices (times their K splits) go
 
 
 @dataclasses.dataclass(frozen=True)
 class _Prepared:
     runner: Runner
     selection: Selection
+    cublas: bool
+
+    def call(self, framework: Framework, inputs: tuple[Operand, ...], out: Operand, stream_ptr: int,
+             batch_strides: tuple[int, ...] = ()) -> None:
+        """Compute `out` from `inputs` on the stream `stream_ptr`."""
+        if self.cublas:
+            _cublas(framework, inputs, out, stream_ptr)
+            return
+        runner: Any = self.runner
+        runner.launch(tuple(op.ptr for op in inputs), out.ptr, _nbytes(out), out.dtype, stream_ptr, batch_strides,
+                      framework.allocate)
 
 
 _lock = threading.Lock()
@@ -49,64 +71,30 @@ _prepared: dict[tuple[Any, ...], _Prepared] = {}
 _device_limits: dict[int, Any] = {}
 
 
-_cupy_module: Any = None
+def _nbytes(op: Operand) -> int:
+    return math.prod(op.shape) * (8 if op.dtype == "float64" else 4)
 
 
-def _cupy() -> Any:
-    global _cupy_module
-    if _cupy_module is None:
-        try:
-            import cupy
-        except ImportError as exc:
-            raise DeviceUnavailableError(
-                f"autotile.matmul/matvec need CuPy ({exc}); install autotile[cuda12] or autotile[cuda13]") from None
-        _cupy_module = cupy
-    return _cupy_module
-
-
-def _as_device_array(cupy: Any, value: Any, name: str) -> Any:
-    if isinstance(value, cupy.ndarray):
-        return value
-    if hasattr(value, "__cuda_array_interface__"):
-        return cupy.asarray(value)  # shares the memory
-    if hasattr(value, "__dlpack__") and hasattr(value, "__dlpack_device__"):
-        device_type = value.__dlpack_device__()[0]
-        if device_type in (2, 13):  # kDLCUDA, kDLCUDAManaged
-            return cupy.from_dlpack(value)
-    kind = type(value).__module__.split(".")[0] + "." + type(value).__name__
-    raise ArgumentError(f"{name} is a {kind} on the host; pass a CuPy array (cupy.asarray({name}) copies it "
-                        "to the GPU) or a CUDA tensor")
-
-
-_DTYPE_NAMES = {np.dtype(name): name for name in _SUPPORTED}
-
-
-def _check_dtype(name: str, arr: Any) -> str:
-    dtype = _DTYPE_NAMES.get(arr.dtype)
-    if dtype is None:
-        raise ArgumentError(f"{name} has dtype {arr.dtype}; autotile supports {', '.join(_SUPPORTED)}")
-    return dtype
-
-
-def _device(cupy: Any) -> Any:
-    dev_id = cupy.cuda.Device().id
-    limits = _device_limits.get(dev_id)
+def _device(device_id: int) -> Any:
+    limits = _device_limits.get(device_id)
     if limits is None:
         from .device import live_device
 
-        limits = _device_limits[dev_id] = live_device(dev_id)
+        limits = _device_limits[device_id] = live_device(device_id)
     return limits
 
 
-def _prepare(kernel: str, dtype: str, layout: str, shape: tuple[int, ...], setting: str | None = None) -> _Prepared:
+def _prepare(kernel: str, dtype: str, layout: str, shape: tuple[int, ...], setting: str | None = None,
+             device_id: int | None = None) -> _Prepared:
     """What runs `kernel` on this problem under the precision `setting` (resolved by the caller; None: the
-    process-wide one), prepared once."""
-    # The per-call path: one cheap runtime query and a dictionary lookup on plain values (a ProblemKey,
-    # which validates, is made only on the first call of a problem).
+    process-wide one) on `device_id` (None: CuPy's current device), prepared once."""
+    # The per-call path: a dictionary lookup on plain values (a ProblemKey, which validates, is made only on
+    # the first call of a problem).
     if setting is None:
         setting = precision_mod.get_float32_matmul_precision()
-    cupy = _cupy()
-    memo_key = (cupy.cuda.runtime.getDevice(), kernel, dtype, layout, shape, setting)
+    if device_id is None:
+        device_id = _cupy().cuda.runtime.getDevice()
+    memo_key = (device_id, kernel, dtype, layout, shape, setting)
     prepared = _prepared.get(memo_key)
     if prepared is not None:
         return prepared
@@ -117,90 +105,190 @@ def _prepare(kernel: str, dtype: str, layout: str, shape: tuple[int, ...], setti
     from .select import select
 
     key = ProblemKey(kernel, dtype, layout, shape)
-    device = _device(cupy)
+    device = _device(device_id)
     selection = select(key, device, precision=setting)
     if first_call.enabled() and not (selection.source == "exact"):
         from .cache import TuningCache
 
         selection = first_call.tune_here(key, device, TuningCache(), selection, setting)
-    prepared = _Prepared(selection.implementation_object().prepare(key), selection)
+    runner = selection.implementation_object().prepare(key)  # cuBLAS takes the operands as the caller gave them
+    launch = getattr(runner, "geometry", None)
+    if launch is not None and launch.grid[2] > MAX_GRID_Z:
+        raise ArgumentError(f"a batch of {shape[0]} matrices times {launch.grid[2] // shape[0]} K split(s) exceeds "
+                            f"CUDA's {MAX_GRID_Z} blocks along grid z; split the batch")
+    prepared = _Prepared(runner, selection, isinstance(runner, CublasRunner))
     with _lock:
         _prepared[memo_key] = prepared
     return prepared
 
 
-def _check_out(cupy: Any, out: Any, shape: tuple[int, ...], dtype: str) -> Any:
-    if out is None:
-        return cupy.empty(shape, dtype=dtype)
-    out = _as_device_array(cupy, out, "out")
-    if tuple(out.shape) != shape or str(out.dtype) != dtype:
-        raise ArgumentError(f"out has shape {tuple(out.shape)} and dtype {out.dtype}; expected {shape} {dtype}")
-    if not out.flags.c_contiguous:
-        raise ArgumentError("out must be C-contiguous: the kernel writes it in place")
-    return out
+def _cupy() -> Any:
+    from .operands import _cupy as import_cupy
+
+    return import_cupy()
 
 
-def matmul(A: Any, B: Any, out: Any = None, precision: str | None = None) -> Any:
-    """C = A @ B for 2-D float32 or float64 CuPy arrays A (M x K) and B (K x N); returns C (M x N).
+def _cublas(framework: Framework, inputs: tuple[Operand, ...], out: Operand, stream_ptr: int) -> None:
+    """cuBLAS on the operands as the caller gave them (batches and transposes are cuBLAS's own arguments),
+    without TF32: torch's matmul where PyTorch's TF32 switch is off (its default), CuPy's otherwise."""
+    if framework.name == "torch":
+        torch = framework.torch  # type: ignore[attr-defined]
+        if not torch.backends.cuda.matmul.allow_tf32:
+            if stream_ptr == framework.current_stream(out.device):
+                torch.matmul(*(op.obj for op in inputs), out=out.obj)
+            else:
+                with torch.cuda.stream(torch.cuda.ExternalStream(stream_ptr)):
+                    torch.matmul(*(op.obj for op in inputs), out=out.obj)
+            return
+    from .impl import cupy_stream
 
-    `precision`: "highest" (IEEE FP32 only), "high" (also the FP32-level tf32x3 tensor-core kernels) or
-    "medium" (as "high"); None takes the process-wide setting. float64 is IEEE under every setting."""
-    setting = precision_mod.resolve(precision)  # checked first: a bad value is an error whatever the arrays
     cupy = _cupy()
-    A, B = _as_device_array(cupy, A, "A"), _as_device_array(cupy, B, "B")
-    if A.ndim != 2 or B.ndim != 2:
-        raise ArgumentError(f"matmul takes 2-D arrays; got A with {A.ndim} and B with {B.ndim} dimensions")
-    (M, K), (K2, N) = A.shape, B.shape
-    if K != K2:
-        raise ArgumentError(f"matmul shapes do not match: A is {M}x{K}, B is {K2}x{N} ({K} != {K2})")
-    dtype = _check_dtype("A", A)
-    if _check_dtype("B", B) != dtype:
-        raise ArgumentError(f"A is {dtype} and B is {B.dtype}; both must have the same dtype")
-    if min(M, N, K) == 0:
-        return cupy.zeros((M, N), dtype=dtype) if out is None else out.fill(0) or out
-    if not A.flags.c_contiguous:
-        A = cupy.ascontiguousarray(A)
-    if not B.flags.c_contiguous:
-        B = cupy.ascontiguousarray(B)
-    out = _check_out(cupy, out, (M, N), dtype)
-    _prepare("matmul", dtype, "row", (M, N, K), setting).runner.run((A, B), out)
-    return out
+    with cupy_stream(stream_ptr):
+        cupy.matmul(*(framework.cupy_view(op) for op in inputs), out=framework.cupy_view(out))
 
 
-def matvec(A: Any, x: Any, out: Any = None, precision: str | None = None) -> Any:
-    """y = A @ x for a 2-D A (M x K, C- or Fortran-ordered) and a 1-D x (K); returns y (M).
+def _check_dtypes(names: str, *ops: Operand) -> str:
+    for name, op in zip(names, ops, strict=True):
+        if op.dtype not in _SUPPORTED:
+            raise ArgumentError(f"{name} has dtype {op.dtype}; autotile supports {', '.join(_SUPPORTED)}")
+    if len({op.dtype for op in ops}) > 1:
+        raise ArgumentError(" and ".join(f"{name} is {op.dtype}" for name, op in zip(names, ops, strict=True))
+                            + "; all must have the same dtype")
+    if len({op.device for op in ops}) > 1:
+        raise ArgumentError(" and ".join(f"{name} is on GPU {op.device}" for name, op in zip(names, ops, strict=True))
+                            + "; all must be on the same GPU")
+    return ops[0].dtype
+
+
+def _output(framework: Framework, out: Any, shape: tuple[int, ...], dtype: str, device: int) -> Operand:
+    """The caller's `out`, checked, or a new array of the inputs' framework."""
+    if out is None:
+        return framework.operand(framework.empty(shape, dtype, device), "out")
+    op = as_framework(framework, out, "out")
+    if op.shape != shape or op.dtype != dtype:
+        raise ArgumentError(f"out has shape {op.shape} and dtype {op.dtype}; expected {shape} {dtype}")
+    if op.device != device:
+        raise ArgumentError(f"out is on GPU {op.device} and the inputs on GPU {device}")
+    expected = tuple(math.prod(shape[i + 1:]) for i in range(len(shape)))
+    if any(n > 1 and s != e for n, s, e in zip(shape, op.strides, expected, strict=True)):
+        raise ArgumentError("out must be C-contiguous: the kernel writes it in place")
+    return op
+
+
+def _zeros(framework: Framework, out: Any, shape: tuple[int, ...], dtype: str, device: int) -> Any:
+    if out is None:
+        return framework.zeros(shape, dtype, device)
+    op = _output(framework, out, shape, dtype, device)
+    framework.fill_zero(op.obj)
+    return op.obj
+
+
+def _stream(framework: Framework, stream: Any, device: int) -> int:
+    return framework.current_stream(device) if stream is None else stream_pointer(stream)
+
+
+class _on_device:
+    """CuPy's current device set to `device` for the launch, where it is not already (the common case
+    costs one runtime query)."""
+
+    def __init__(self, device: int) -> None:
+        self.device = device
+        self.context: Any = None
+
+    def __enter__(self) -> None:
+        cupy = _cupy()
+        if cupy.cuda.runtime.getDevice() != self.device:
+            self.context = cupy.cuda.Device(self.device)
+            self.context.__enter__()
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.context is not None:
+            self.context.__exit__(*exc)
+
+
+def matmul(A: Any, B: Any, out: Any = None, precision: str | None = None, stream: Any = None) -> Any:
+    """C = A @ B for float32 or float64 CuPy arrays or torch CUDA tensors; returns C in their framework.
+
+    A is (..., M, K), B is (..., K, N), C is (..., M, N): 2-D matrices, or batches (the batch dimensions of
+    both equal, or one operand a single matrix, broadcast). Each matrix may be row- or column-major (`W.T`):
+    read in place. `out`: the result's C-contiguous array (no allocation). `precision`: "highest" (IEEE FP32
+    only), "high" (also the FP32-level tf32x3 tensor-core kernels) or "medium" (as "high"); None takes the
+    process-wide setting; float64 is IEEE under every setting. `stream`: a torch or CuPy stream, or a
+    pointer; None is the inputs' framework's current stream. Tensors that need a gradient go through the
+    differentiable operator (`autotile.torch`)."""
+    if _needs_grad(A, B):
+        if out is not None or stream is not None:
+            raise ArgumentError("matmul with out= or stream= does not support autograd (an input requires grad); "
+                                "call it under torch.no_grad()")
+        from . import torch as autotile_torch
+
+        return autotile_torch.matmul(A, B, precision)
+    return matmul_no_autograd(A, B, out, precision, stream)
+
+
+def _needs_grad(*arrays: Any) -> bool:
+    torch = sys.modules.get("torch")
+    return (torch is not None and any(isinstance(x, torch.Tensor) and x.requires_grad for x in arrays)
+            and torch.is_grad_enabled())
+
+
+def matmul_no_autograd(A: Any, B: Any, out: Any = None, precision: str | None = None, stream: Any = None) -> Any:
+    """`matmul` without the autograd check: what the PyTorch operator runs."""
+    setting = precision_mod.resolve(precision)  # checked first: a bad value is an error whatever the arrays
+    framework = framework_of(A, B)
+    a, b = as_framework(framework, A, "A"), as_framework(framework, B, "B")
+    dtype = _check_dtypes("AB", a, b)
+    plan = plan_matmul(a.shape, a.strides, b.shape, b.strides)
+    if plan.copy_a or plan.copy_b:
+        if plan.copy_a:
+            a = framework.operand(framework.row_major(a.obj), "A")
+        if plan.copy_b:
+            b = framework.operand(framework.row_major(b.obj), "B")
+        plan = plan_matmul(a.shape, a.strides, b.shape, b.strides)
+    if not plan.kernel:
+        return _zeros(framework, out, plan.out_shape, dtype, a.device)
+    c = _output(framework, out, plan.out_shape, dtype, a.device)
+    stream_ptr = _stream(framework, stream, a.device)
+    with _on_device(a.device):
+        prepared = _prepare(plan.kernel, dtype, plan.layout, plan.shape, setting, a.device)
+        prepared.call(framework, (a, b), c, stream_ptr, plan.batch_strides if plan.kernel == "bmm" else ())
+    return c.obj
+
+
+def matvec(A: Any, x: Any, out: Any = None, precision: str | None = None, stream: Any = None) -> Any:
+    """y = A @ x for a 2-D A (M x K, row- or column-major) and a 1-D x (K), CuPy arrays or torch CUDA
+    tensors; returns y (M) in their framework. `out` and `stream` as `matmul`'s.
 
     `precision` is checked as `matmul`'s is, and changes nothing: every matvec kernel is IEEE."""
     setting = precision_mod.resolve(precision)
-    cupy = _cupy()
-    A, x = _as_device_array(cupy, A, "A"), _as_device_array(cupy, x, "x")
-    if A.ndim != 2 or x.ndim != 1:
-        raise ArgumentError(f"matvec takes a 2-D A and a 1-D x; got {A.ndim}-D and {x.ndim}-D")
-    M, K = A.shape
-    if x.shape[0] != K:
-        raise ArgumentError(f"matvec shapes do not match: A is {M}x{K}, x has {x.shape[0]} elements")
-    dtype = _check_dtype("A", A)
-    if _check_dtype("x", x) != dtype:
-        raise ArgumentError(f"A is {dtype} and x is {x.dtype}; both must have the same dtype")
+    framework = framework_of(A, x)
+    a, v = as_framework(framework, A, "A"), as_framework(framework, x, "x")
+    if len(a.shape) != 2 or len(v.shape) != 1:
+        raise ArgumentError(f"matvec takes a 2-D A and a 1-D x; got {len(a.shape)}-D and {len(v.shape)}-D")
+    M, K = a.shape
+    if v.shape[0] != K:
+        raise ArgumentError(f"matvec shapes do not match: A is {M}x{K}, x has {v.shape[0]} elements")
+    dtype = _check_dtypes("Ax", a, v)
     if min(M, K) == 0:
-        return cupy.zeros((M,), dtype=dtype) if out is None else out.fill(0) or out
-    if A.flags.c_contiguous:
-        layout = "row"
-    elif A.flags.f_contiguous:
-        layout = "col"
-    else:
-        A, layout = cupy.ascontiguousarray(A), "row"
-    if not x.flags.c_contiguous:
-        x = cupy.ascontiguousarray(x)
-    out = _check_out(cupy, out, (M,), dtype)
-    _prepare("matvec", dtype, layout, (M, K), setting).runner.run((A, x), out)
-    return out
+        return _zeros(framework, out, (M,), dtype, a.device)
+    order = matrix_order(M, K, *a.strides)
+    if order is None:
+        a, order = framework.operand(framework.row_major(a.obj), "A"), "n"
+    if K > 1 and v.strides[0] != 1:
+        v = framework.operand(framework.row_major(v.obj), "x")
+    y = _output(framework, out, (M,), dtype, a.device)
+    stream_ptr = _stream(framework, stream, a.device)
+    with _on_device(a.device):
+        _prepare("matvec", dtype, "row" if order == "n" else "col", (M, K), setting, a.device).call(
+            framework, (a, v), y, stream_ptr)
+    return y.obj
 
 
 def selection_for(kernel: str, dtype: str, layout: str, shape: tuple[int, ...],
                   precision: str | None = None) -> Selection:
     """Which config the library runs for a problem on the current GPU under the precision setting (None:
     the process-wide one), preparing it as a call would."""
+    layout = canonical_layout(kernel, layout)
     return _prepare(kernel, dtype, layout, tuple(shape), precision_mod.resolve(precision)).selection
 
 

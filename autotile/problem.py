@@ -14,10 +14,19 @@ from collections.abc import Sequence
 
 from .errors import InvalidValueError, UnknownNameError
 
-# Each kernel's dimensions, in the order a shape lists them.
-KERNEL_DIMS: dict[str, tuple[str, ...]] = {"matmul": ("M", "N", "K"), "matvec": ("M", "K")}
+# Each kernel's dimensions, in the order a shape lists them. bmm is matmul over a batch of matrices.
+KERNEL_DIMS: dict[str, tuple[str, ...]] = {"matmul": ("M", "N", "K"), "bmm": ("batch", "M", "N", "K"),
+                                           "matvec": ("M", "K")}
 DTYPES = ("float32", "float64")
-LAYOUTS = ("row", "col")
+# How each kernel's operands may be stored. matvec: A row- or column-major. matmul and bmm, in BLAS's
+# words: the first letter for A, the second for B; "n" as written (A is M x K row-major, B is K x N
+# row-major), "t" stored transposed (A as a K x M row-major array, B as N x K: PyTorch's `x @ W.T` is nt).
+MATMUL_LAYOUTS = ("nn", "nt", "tn", "tt")
+KERNEL_LAYOUTS: dict[str, tuple[str, ...]] = {"matmul": MATMUL_LAYOUTS, "bmm": MATMUL_LAYOUTS,
+                                              "matvec": ("row", "col")}
+LAYOUTS = ("row", "col", *MATMUL_LAYOUTS)
+# Older names still accepted: matmul's only layout was "row" (both operands row-major) before nt, tn, tt.
+LAYOUT_ALIASES: dict[str, dict[str, str]] = {"matmul": {"row": "nn"}, "bmm": {"row": "nn"}}
 MAX_DIM = 2**31 - 1  # the kernels index with 32-bit ints
 
 _SEPARATORS = re.compile(r"[x×X,]")
@@ -29,6 +38,26 @@ def _dims(kernel: str) -> tuple[str, ...]:
         return KERNEL_DIMS[kernel]
     except KeyError:
         raise UnknownNameError(f"unknown kernel {kernel!r}; kernels: {', '.join(KERNEL_DIMS)}") from None
+
+
+def kernel_layouts(kernel: str) -> tuple[str, ...]:
+    """The layouts `kernel` supports, the default first."""
+    _dims(kernel)
+    return KERNEL_LAYOUTS[kernel]
+
+
+def canonical_layout(kernel: str, layout: str) -> str:
+    """`layout` under its current name for `kernel` ("row" is matmul's old name for "nn"), checked."""
+    layout = LAYOUT_ALIASES.get(kernel, {}).get(layout, layout)
+    allowed = kernel_layouts(kernel)
+    if layout not in allowed:
+        raise InvalidValueError(f"{kernel} layout {layout!r} is not supported; choose one of {list(allowed)}")
+    return layout
+
+
+def layout_spellings(kernel: str, layout: str) -> tuple[str, ...]:
+    """Every name `layout` has had for `kernel`, current first (where older files may be found under)."""
+    return (layout, *(old for old, new in LAYOUT_ALIASES.get(kernel, {}).items() if new == layout))
 
 
 def _check_dim(kernel: str, shape: object, value: int) -> int:
@@ -74,7 +103,8 @@ def parse_shape(kernel: str, shape: str | Sequence[int]) -> tuple[int, ...]:
 
 @dataclasses.dataclass(frozen=True)
 class ProblemKey:
-    """One problem: a kernel, its element type, the storage order of A, and the shape (MxNxK or MxK)."""
+    """One problem: a kernel, its element type, the storage order of its operands (`KERNEL_LAYOUTS`), and
+    the shape (MxNxK, batchxMxNxK or MxK)."""
 
     kernel: str
     dtype: str
@@ -85,15 +115,15 @@ class ProblemKey:
         _dims(self.kernel)
         if self.dtype not in DTYPES:
             raise InvalidValueError(f"dtype {self.dtype!r} is not supported; choose one of {list(DTYPES)}")
-        if self.layout not in LAYOUTS:
-            raise InvalidValueError(f"layout {self.layout!r} is not supported; choose one of {list(LAYOUTS)}")
+        object.__setattr__(self, "layout", canonical_layout(self.kernel, self.layout))
         object.__setattr__(self, "shape", parse_shape(self.kernel, self.shape))
 
     @classmethod
-    def of(cls, kernel: str, shape: str | Sequence[int], dtype: str = "float32", layout: str = "row"
+    def of(cls, kernel: str, shape: str | Sequence[int], dtype: str = "float32", layout: str | None = None
            ) -> ProblemKey:
-        """A key from user input: the shape may be text ('4096x4096x4096') or a sequence."""
-        return cls(kernel, dtype, layout, parse_shape(kernel, shape))
+        """A key from user input: the shape may be text ('4096x4096x4096') or a sequence; layout None is
+        the kernel's first (nn, row)."""
+        return cls(kernel, dtype, layout or kernel_layouts(kernel)[0], parse_shape(kernel, shape))
 
     @property
     def shape_text(self) -> str:

@@ -248,22 +248,82 @@ def _from_record(record: Record, source: str, ctx: Context) -> Selection | None:
 def select(key: ProblemKey, device: DeviceLimits, cache: TuningCache | None = None,
            precision: str | None = None) -> Selection:
     """What the library runs for `key` on `device` under the float32 matmul `precision` setting (None: the
-    process-wide one): the first step of the chain that answers. Records of another compiler (or other
-    compile options) come only after the whole chain has found none of its own."""
+    process-wide one): the first step of the chain that answers. A problem without records of its own
+    borrows those of the problems `borrowed_keys` names (after its own exact and model steps, before its
+    own nearest shapes). Records of another compiler (or other compile options) come only after the whole
+    chain has found none of its own."""
     setting = precision_mod.resolve(precision)
     cache = cache if cache is not None else TuningCache()
     strict = Context(key, device, cache, counts, setting)
-    for step in RECORD_STEPS:
-        found = step(strict)
-        if found is not None:
-            return found
+    lenders = [dataclasses.replace(strict, key=k) for k in borrowed_keys(key)]
+    for steps in ((exact, model), (nearest, device_default)):
+        for ctx in (strict, *lenders):
+            for step in steps:
+                found = step(ctx)
+                if found is not None and ctx is not strict:
+                    found = borrowed(found, ctx.key, key, device)
+                if found is not None:
+                    return found
     loose = dataclasses.replace(strict, accept=is_current)
-    for step in (exact, nearest, device_default):
-        found = step(loose)
-        if found is not None:
-            how = tuned_with(found.record) if found.record else "?"
-            return dataclasses.replace(found, source=f"{found.source}, tuned with {how}")
+    for ctx in (loose, *(dataclasses.replace(c, accept=is_current) for c in lenders)):
+        for step in (exact, nearest, device_default):
+            found = step(ctx)
+            if found is not None and ctx.key != key:
+                found = borrowed(found, ctx.key, key, device)
+            if found is not None:
+                how = tuned_with(found.record) if found.record else "?"
+                return dataclasses.replace(found, source=f"{found.source}, tuned with {how}")
     return builtin_default(strict)
+
+
+# -- borrowing another problem's choice -----------------------------------------------------------------
+
+def borrowed_keys(key: ProblemKey) -> list[ProblemKey]:
+    """The problems whose choice serves `key` where it has no record of its own, nearest first: a transposed
+    layout borrows nn's (the same tiles and arithmetic; only the copies into shared memory differ), a batch
+    borrows one matrix's (the same kernel, one more grid dimension)."""
+    found: list[ProblemKey] = []
+    if key.kernel == "bmm":
+        single = ProblemKey("matmul", key.dtype, key.layout, key.shape[1:])
+        found.append(single)
+        if key.layout != "nn":
+            found.append(dataclasses.replace(single, layout="nn"))
+    elif key.kernel == "matmul" and key.layout != "nn":
+        found.append(dataclasses.replace(key, layout="nn"))
+    return found
+
+
+def borrowed(found: Selection, lender: ProblemKey, key: ProblemKey, device: DeviceLimits) -> Selection | None:
+    """`found`, chosen for `lender`, as the choice for `key`; None where its config cannot run `key` (a
+    config the other layout's limits refuse). cuBLAS stays cuBLAS (it takes every layout and batches). For a
+    batch, the K splits are lowered where the batch fills the GPU by itself: the fewest splits that launch
+    as many blocks as the config did on one matrix."""
+    source = f"{found.source} of {lender.kernel} {lender.layout} {lender.shape_text}"
+    if found.config is None:
+        return dataclasses.replace(found, source=source)
+    config = found.config
+    if key.kernel == "bmm" and lender.kernel == "matmul":
+        config = fewer_splits_for_batch(config, lender.shape, key.shape[0])
+    space = kernels.get(key.kernel).space
+    if not space.is_feasible(config, Problem(device, key.dtype, key.layout)):
+        return None
+    return dataclasses.replace(found, config=config, source=source)
+
+
+def fewer_splits_for_batch(config: Config, shape: tuple[int, ...], batch: int) -> Config:
+    """A one-matrix config for a batch of `batch` such matrices: SPLIT_K lowered to the smallest choice whose
+    launch over the batch has at least the blocks the config launched on one matrix (`shape`, MxNxK)."""
+    if config.get("SPLIT_K", 1) <= 1:
+        return config
+    spec = kernels.get("matmul")
+    target = math.prod(spec.grid(config, shape))
+    for split in sorted(spec.space.params["SPLIT_K"].choices):
+        if split >= config["SPLIT_K"]:
+            break
+        candidate = spec.space.with_overrides(config, {"SPLIT_K": split})
+        if batch * math.prod(spec.grid(candidate, shape)) >= target:
+            return candidate
+    return config
 
 
 # -- helpers --------------------------------------------------------------------------------------------
@@ -313,6 +373,7 @@ def explain(key: ProblemKey, device: DeviceLimits, cache: Any = None, precision:
     return select(key, device, cache, precision).explain()
 
 
-__all__ = ["MIN_K_PER_SPLIT", "RECORD_STEPS", "Selection", "allowed", "builtin_default", "counts", "device_default",
+__all__ = ["MIN_K_PER_SPLIT", "RECORD_STEPS", "Selection", "allowed", "borrowed", "borrowed_keys", "builtin_default",
+           "counts", "device_default", "fewer_splits_for_batch",
            "exact", "explain", "is_current", "keep_grid_filled", "log_distance", "model", "nearest", "record_options",
            "runs_here", "same_compiler", "select", "tuned_with"]

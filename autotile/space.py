@@ -23,9 +23,9 @@ from . import resources
 from .device import DEFAULT_OFFLINE_PROFILE, PROFILES, DeviceLimits
 from .errors import InfeasibleConfigError, InvalidValueError, SpaceDefinitionError, UnknownNameError
 from .expr import FUNCTIONS, Bound, Expr, check_size, value_bound
+from .problem import LAYOUT_ALIASES, LAYOUTS
 
 DTYPE_SIZES = {"float32": 4, "float64": 8}
-LAYOUTS = ("row", "col")
 
 # Occupancy: how many blocks of this config fit on one SM, by each resource. Registers are allocated per
 # warp in units of 256, that is 8 per thread.
@@ -490,6 +490,7 @@ class Space:
     def default_config(self, layout: str = "row", problem: "Problem | None" = None) -> Config:
         """The built-in fallback config: the first of the layout's defaults that is feasible for `problem`
         (float32 on the default offline profile when None)."""
+        layout = LAYOUT_ALIASES.get(self.kernel, {}).get(layout, layout)
         names = self.defaults.get(layout)
         if not names:
             raise UnknownNameError(f"{self.kernel} has no default config for layout {layout!r}")

@@ -261,7 +261,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kernels", default="matmul,matvec", help="comma-separated, from matmul, matvec")
     parser.add_argument("--dtype", default="float32", choices=["float32", "float64"],
                         help="element type (default float32)")
-    parser.add_argument("--layouts", default="row,col", help="matvec layouts (matmul has row only)")
+    parser.add_argument("--layouts", default="row,col", help="matvec layouts (matmul: nn only; its other layouts borrow nn's database)")
     parser.add_argument("--root", default=None, help="cache root to write to (default: the user cache)")
     parser.add_argument("--budget", type=float, default=None, metavar="SECONDS",
                         help="stop each kernel's survey after this long (it resumes on the next run)")
@@ -299,7 +299,7 @@ def run(args: argparse.Namespace) -> int:
         # A survey resumes only its own root's database: the shipped one is for reading, not continuing.
         own = TuningCache(root=cache.root, shipped_root=None)
         for kernel in chosen:
-            for layout in (layouts if kernel == "matvec" else ["row"]):
+            for layout in (layouts if kernel == "matvec" else ["nn"]):
                 previous = database.load(cache if args.check else own, device.fingerprint, kernel, args.dtype,
                                          layout)
                 if args.check:

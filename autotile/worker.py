@@ -128,7 +128,7 @@ class _WorkerState:
         """The run of this kernel on this shape's inputs, through the library's own launcher."""
         from .impl import KernelRunner
 
-        runner = KernelRunner(kernel, launch, shape)
+        runner = KernelRunner(kernel, launch, self.spec.size_args(shape), self.spec.batched)
         args, out = self.inputs[shape], self.outputs[shape]
         return lambda: runner.run(args, out)
 

@@ -155,7 +155,7 @@ def test_record_normalises_numpy_like_integers() -> None:
 
 def test_path_layout(cache: TuningCache) -> None:
     path = cache.path_for(DEV, "matmul", "float32", "row", (4096, 4096, 4096), COMPAT)
-    assert path == cache.root / DEV / f"matmul-float32-row-4096x4096x4096-{COMPAT[:12]}.json"
+    assert path == cache.root / DEV / f"matmul-float32-nn-4096x4096x4096-{COMPAT[:12]}.json"
 
 
 def test_path_parts_are_sanitised(cache: TuningCache) -> None:
@@ -464,7 +464,7 @@ def test_get_exact_and_none(cache: TuningCache) -> None:
     cache.put(make())
     assert cache.get(*pkey(make())) == make()
     for other in (problem("matvec", "float32", "row", (4096, 4096)), problem("matmul", "float64", "row", (4096,) * 3),
-                  problem("matmul", "float32", "col", (4096,) * 3)):
+                  problem("matmul", "float32", "nt", (4096,) * 3)):
         assert cache.get(DEV, other, COMPAT) is None
     assert cache.get(OTHER_DEV, problem("matmul", "float32", "row", (4096,) * 3), COMPAT) is None
 
@@ -485,7 +485,7 @@ def test_device_default(tmp_path: Path, shipped: Path) -> None:
     cache = TuningCache(tmp_path / "user", shipped_root=shipped)
     default = make(shape=(4096, 4096, 4096), dtype="float64", time_ms=7.0)
     path = ship(shipped, default, shape_part="default")
-    assert path.name == f"matmul-float64-row-default-{COMPAT[:12]}.json"
+    assert path.name == f"matmul-float64-nn-default-{COMPAT[:12]}.json"
     query = problem("matmul", "float64", "row", (100, 200, 300))
     assert cache.device_default(DEV, query, COMPAT) == default
     assert cache.device_default(DEV, problem("matmul", "float32", "row", (100, 200, 300)), COMPAT) is None
@@ -739,7 +739,7 @@ def test_clear_removes_the_entry_lock_files_of_older_versions(cache: TuningCache
     old = cache.path_for(*key(make()))
     old_lock = old.with_name(old.name + ".lock")  # what earlier autotile versions left per entry
     old_lock.touch()
-    orphan = old.with_name("matmul-float32-row-64x64x64-" + COMPAT[:12] + ".json.lock")
+    orphan = old.with_name("matmul-float32-nn-64x64x64-" + COMPAT[:12] + ".json.lock")
     orphan.touch()
     held = cache.path_for(*key(make(shape=(8, 8, 8))))
     held_lock = held.with_name(held.name + ".lock")
@@ -828,9 +828,9 @@ def test_record_precision_is_validated(change: dict[str, Any], needle: str) -> N
 
 def test_slot_file_names(cache: TuningCache) -> None:
     base = key(make())
-    assert cache.path_for(*base).name == f"matmul-float32-row-4096x4096x4096-{COMPAT[:12]}.json"
+    assert cache.path_for(*base).name == f"matmul-float32-nn-4096x4096x4096-{COMPAT[:12]}.json"
     assert cache.path_for(*base, "highest") == cache.path_for(*base)
-    assert cache.path_for(*base, "high").name == f"matmul-float32-row-4096x4096x4096-high-{COMPAT[:12]}.json"
+    assert cache.path_for(*base, "high").name == f"matmul-float32-nn-4096x4096x4096-high-{COMPAT[:12]}.json"
     with pytest.raises(CacheError, match="'medium'"):
         cache.path_for(*base, "medium")
     assert cache.put(high()).path == cache.path_for(*base, "high")
@@ -861,7 +861,7 @@ def test_an_old_named_tf32x3_file_is_found_under_high(tmp_path: Path, shipped: P
     """The shipped records were written before slots: tf32x3 configs under the name without a slot."""
     cache = TuningCache(tmp_path / "user", shipped_root=shipped)
     path = old_file(shipped, high(time_ms=1.0))
-    assert path.name == f"matmul-float32-row-4096x4096x4096-{COMPAT[:12]}.json"  # no slot in the name
+    assert path.name == f"matmul-float32-nn-4096x4096x4096-{COMPAT[:12]}.json"  # no slot in the name
     assert cache.slots(*pkey(make())) == {"high": high(time_ms=1.0)}
     assert cache.get(*pkey(make()), allowed_by="high") == high(time_ms=1.0)
     assert cache.get(*pkey(make()), allowed_by="highest") is None

@@ -106,8 +106,8 @@ def test_space_on_p100(capsys):
         assert f"\n  {name} " in out
     for c in space.constraints:
         assert f"] {c.name}: {c.expr.text}" in out
-    count = space.count(Problem(PROFILES["p100"], "float32", "row"))
-    assert "Tesla P100 (sm_60, offline profile), float32, layout row:" in out
+    count = space.count(Problem(PROFILES["p100"], "float32", "nn"))
+    assert "Tesla P100 (sm_60, offline profile), float32, layout nn:" in out
     assert f"{count.total:,} points, {count.feasible:,} feasible" in out
     for name, n in count.excluded_by.items():
         if n:
@@ -172,7 +172,7 @@ ERRORS = {
     "unknown device": (["render", "matmul", "--device", "z80"], ["unknown device profile 'z80'", "h100"]),
     "unsupported layout": (["render", "matmul", "--layout", "col"], ["layout"]),
     "space unknown kernel": (["space", "gemv"], ["unknown kernel 'gemv'"]),
-    "space unsupported layout": (["space", "matmul", "--layout", "col"], ["supports layout(s) ['row']", "'col'"]),
+    "space unsupported layout": (["space", "matmul", "--layout", "col"], ["supports layout(s) ['nn', 'nt', 'tn', 'tt']", "'col'"]),
     "bad shape": (["tune", "matmul", "--shape", "12x12"], ["shape '12x12'", "MxNxK"]),
     "zero shape": (["tune", "matvec", "--shape", "0x16"], ["at least 1"]),
     "tune unknown kernel": (["tune", "conv2d", "--shape", "8x8"], ["unknown kernel 'conv2d'"]),
@@ -428,7 +428,8 @@ def test_every_argument_of_every_command_has_help():
 
 
 def test_layout_help_fits_each_command(capsys):
-    for command, expected in [("render", "the --config's layout, else row"), ("tune", "Default: row"),
+    for command, expected in [("render", "the --config's layout, else the first (nn, row)"),
+                              ("tune", "Default: nn (matmul, bmm), row (matvec)"),
                               ("space", "every layout the kernel supports")]:
         with pytest.raises(SystemExit) as exit_:
             cli.main([command, "--help"])
@@ -452,9 +453,9 @@ def test_version(capsys):
 
 def test_cache_unknown_kernel_is_an_error(capsys, isolated_cache):
     rc, out, err = run(capsys, "cache", "show", "nonsense")
-    assert_one_line_error(rc, out, err, "unknown kernel 'nonsense'", "matmul, matvec")
+    assert_one_line_error(rc, out, err, "unknown kernel 'nonsense'", "matmul, bmm, matvec")
     rc, out, err = run(capsys, "cache", "clear", "--kernel", "bogus")
-    assert_one_line_error(rc, out, err, "unknown kernel 'bogus'", "matmul, matvec")
+    assert_one_line_error(rc, out, err, "unknown kernel 'bogus'", "matmul, bmm, matvec")
 
 
 def test_cache_unknown_device_says_there_are_no_entries_for_it(capsys, isolated_cache):

@@ -50,7 +50,7 @@ def test_database_round_trip_and_load(tmp_path):
     db = _synthetic_db()
     cache = TuningCache(root=tmp_path, shipped_root=None)
     path = database.save(cache, db)
-    assert path == tmp_path / H100.fingerprint / "database" / "matmul-float32-row.json"
+    assert path == tmp_path / H100.fingerprint / "database" / "matmul-float32-nn.json"
     loaded = database.load(cache, H100.fingerprint, "matmul", "float32", "row")
     assert loaded is not None and loaded.shapes == db.shapes and loaded.times_ms == db.times_ms
     assert loaded.candidates == db.candidates
@@ -294,7 +294,7 @@ def test_survey_check_reports_the_shipped_databases(capsys, monkeypatch, tmp_pat
     monkeypatch.setenv("AUTOTILE_CACHE_DIR", str(tmp_path))  # an empty user cache: the shipped files count
     assert main(["survey", "--check", "--device", "h100"]) == 0
     out = capsys.readouterr().out
-    assert "matmul float32 row on NVIDIA H100" in out and "leave-one-out" in out
+    assert "matmul float32 nn on NVIDIA H100" in out and "leave-one-out" in out
     assert out.count("leave-one-out") == 3  # matmul row, matvec row and col
 
 

@@ -179,7 +179,7 @@ def fake_library(monkeypatch):
     asked: list[tuple[str, str | None]] = []
     runtime = types.SimpleNamespace(getDevice=lambda: 0)
     monkeypatch.setattr(ops, "_cupy", lambda: types.SimpleNamespace(cuda=types.SimpleNamespace(runtime=runtime)))
-    monkeypatch.setattr(ops, "_device", lambda cupy: H100)
+    monkeypatch.setattr(ops, "_device", lambda device_id: H100)
     monkeypatch.setattr(autotile.first_call, "_enabled", False)
 
     def select(key, device, cache=None, precision=None):
@@ -195,16 +195,16 @@ def fake_library(monkeypatch):
 
 def test_the_memo_is_keyed_by_the_setting(fake_library):
     shape = (64, 64, 64)
-    first = ops._prepare("matmul", "float32", "row", shape, "highest")
-    assert ops._prepare("matmul", "float32", "row", shape, "highest") is first  # memoized
-    other = ops._prepare("matmul", "float32", "row", shape, "high")
+    first = ops._prepare("matmul", "float32", "nn", shape, "highest")
+    assert ops._prepare("matmul", "float32", "nn", shape, "highest") is first  # memoized
+    other = ops._prepare("matmul", "float32", "nn", shape, "high")
     assert other is not first
     assert fake_library == [("matmul", "highest"), ("matmul", "high")]
     # None is the process-wide setting, read when the call is made, not when the module was imported.
     autotile.set_float32_matmul_precision("highest")
-    assert ops._prepare("matmul", "float32", "row", shape) is first
+    assert ops._prepare("matmul", "float32", "nn", shape) is first
     autotile.set_float32_matmul_precision("high")
-    assert ops._prepare("matmul", "float32", "row", shape) is other
+    assert ops._prepare("matmul", "float32", "nn", shape) is other
     assert len(fake_library) == 2
     assert ops.selection_for("matmul", "float32", "row", shape, precision="highest") is first.selection
     with pytest.raises(InvalidValueError, match="'low'"):

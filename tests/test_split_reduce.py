@@ -206,17 +206,25 @@ class _FakeStream:
 
 @pytest.fixture
 def fake_cupy(monkeypatch):
-    """Just enough of CuPy for KernelRunner.run: allocation, memsetAsync and the current stream, logged."""
+    """Just enough of CuPy for KernelRunner.launch: memsetAsync and streams by pointer, logged."""
+    import autotile.impl as impl
+
     log: list = []
     cupy = types.ModuleType("cupy")
-    cupy.uint32 = np.uint32
-    cupy.empty = lambda n, dtype: _FakeArray(n, dtype, log)
     runtime = types.SimpleNamespace(memsetAsync=lambda ptr, value, n, stream: log.append(("memset", ptr, value, n,
                                                                                           stream)))
-    current = _FakeStream(0, log)
-    cupy.cuda = types.SimpleNamespace(runtime=runtime, get_current_stream=lambda: current)
+    cupy.cuda = types.SimpleNamespace(runtime=runtime, ExternalStream=lambda ptr: _FakeStream(ptr, log))
     monkeypatch.setitem(sys.modules, "cupy", cupy)
+    monkeypatch.setattr(impl, "_external_streams", {})
     return log
+
+
+def _allocator(log: list):
+    """An allocator that logs what it is asked for and hands out distinct pointers."""
+    def allocate(elems: int, dtype: str, stream_ptr: int):
+        log.append(("alloc", elems, dtype, stream_ptr))
+        return object(), 5000 + 100 * len(log)
+    return allocate
 
 
 def test_runner_passes_one_workspace_per_stream_and_zeroes_tickets_once(fake_cupy):
@@ -226,26 +234,21 @@ def test_runner_passes_one_workspace_per_stream_and_zeroes_tickets_once(fake_cup
     launch = spec.launch(spec.space.named("warp-per-row-split8"), shape)
     calls = []
     runner = KernelRunner(lambda grid, block, args, shared_mem, stream: calls.append((grid, block, args, stream)),
-                          launch, shape)
-    out = _FakeArray(1031, "float32", [])
-    a, x = object(), object()
-    runner.run((a, x), out)  # the current stream (pointer 0)
-    runner.run((a, x), out)
-    other = _FakeStream(77, log)
-    runner.run((a, x), out, other)
-    runner.run((a, x), out, other)
+                          launch, spec.size_args(shape))
+    allocate = _allocator(log)
+    for stream in (0, 0, 77, 77):
+        runner.launch((11, 22), 33, 1031 * 4, "float32", stream, (), allocate)
     allocs = [e for e in log if e[0] == "alloc"]
-    assert allocs == [("alloc", 8 * 1031, "float32"), ("alloc", 258, "uint32")] * 2  # one pair per stream
+    assert allocs == [("alloc", 8 * 1031, "float32", 0), ("alloc", 258, "uint32", 0),
+                      ("alloc", 8 * 1031, "float32", 77), ("alloc", 258, "uint32", 77)]  # one pair per stream
     memsets = [e for e in log if e[0] == "memset"]
     assert [(m[2], m[3], m[4]) for m in memsets] == [(0, 258 * 4, 0), (0, 258 * 4, 77)]  # tickets only, once
-    assert ("enter", 77) in log  # allocated as the launch stream's memory
     assert len(calls) == 4
     first, second, third, fourth = (c[2] for c in calls)
-    assert first[:3] == (a, x, out) and [int(v) for v in first[3:5]] == [1031, 2053]
-    assert first[5] is second[5] and first[6] is second[6]  # the same pair on one stream
-    assert third[5] is not first[5] and third[6] is not first[6] and third[5] is fourth[5]
-    assert first[5].size == 8 * 1031 and first[6].size == 258
-    assert calls[2][3] is other
+    assert [int(v) for v in first[:3]] == [11, 22, 33] and [int(v) for v in first[3:5]] == [1031, 2053]
+    assert first[5] == second[5] and first[6] == second[6]  # the same pair on one stream
+    assert third[5] != first[5] and third[6] != first[6] and third[5] == fourth[5]
+    assert calls[2][3].ptr == 77 and calls[0][3].ptr == 0  # launched on the stream it was given
 
 
 def test_runner_of_an_atomic_split_zeroes_the_output_and_passes_no_buffers(fake_cupy):
@@ -254,11 +257,26 @@ def test_runner_of_an_atomic_split_zeroes_the_output_and_passes_no_buffers(fake_
     shape = (1031, 2053)
     launch = spec.launch(spec.space.named("warp-per-row"), shape)
     calls = []
-    runner = KernelRunner(lambda grid, block, args, shared_mem, stream: calls.append(args), launch, shape)
-    out = _FakeArray(1031, "float32", [])
-    runner.run((1, 2), out)
-    assert [e[0] for e in log] == ["memset"] and log[0][1:4] == (out.data.ptr, 0, out.nbytes)
+    runner = KernelRunner(lambda grid, block, args, shared_mem, stream: calls.append(args), launch,
+                          spec.size_args(shape))
+    runner.launch((1, 2), 4096, 1031 * 4, "float32", 5, ())
+    assert [e[0] for e in log] == ["memset"] and log[0][1:] == (4096, 0, 1031 * 4, 5)  # on the launch stream
     assert len(calls[0]) == 5
+
+
+def test_a_batched_runner_passes_the_batch_strides_after_the_sizes(fake_cupy):
+    spec = kernels.get("bmm")
+    shape = (6, 131, 67, 257)
+    config = spec.space.named("tf32x3-64")
+    launch = spec.launch(config, shape)
+    assert launch.grid[2] == 6 and launch.grid[:2] == kernels.get("matmul").launch(config, shape[1:]).grid[:2]
+    calls = []
+    runner = KernelRunner(lambda grid, block, args, shared_mem, stream: calls.append(args), launch,
+                          spec.size_args(shape), spec.batched)
+    runner.launch((1, 2), 3, 6 * 131 * 67 * 4, "float32", 0, (131 * 257, 0))
+    args = calls[0]
+    assert [int(v) for v in args[3:6]] == [131, 67, 257] and [int(v) for v in args[6:]] == [131 * 257, 0]
+    assert [type(v) for v in args[3:]] == [np.int32] * 3 + [np.int64] * 2
 
 
 # -- selection ---------------------------------------------------------------------------------------

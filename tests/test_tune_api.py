@@ -144,7 +144,7 @@ def test_a_study_is_bound_to_its_problem(tmp_path, table):
     first = _tune(table, storage=storage, study_name="mine", trials=4)
     again = _tune(table, storage=storage, study_name="mine", trials=6)  # the same problem resumes
     assert first.trials == 4 and again.trials == 2
-    with pytest.raises(InvalidValueError, match="study 'mine' tunes matmul float32 row 1024x1024x1024"):
+    with pytest.raises(InvalidValueError, match="study 'mine' tunes matmul float32 nn 1024x1024x1024"):
         api.tune("matmul", (512, 1024, 1024), evaluator=ReplayEvaluator(table), fix=NARROW, trials=6,
                  storage=storage, study_name="mine", cache=None)
     with pytest.raises(InvalidValueError, match="float64"):
@@ -156,7 +156,7 @@ def test_every_failure_reaches_the_caller_as_an_autotile_error(table):
     failing = json.loads(json.dumps(table))
     for entry in failing["results"].values():
         entry.update(status="compile", message="error: nothing compiles today")
-    with pytest.raises(AutotileError, match="no candidate of matmul float32 row 1024x1024x1024 ran correctly"):
+    with pytest.raises(AutotileError, match="no candidate of matmul float32 nn 1024x1024x1024 ran correctly"):
         api.tune("matmul", SHAPE, evaluator=ReplayEvaluator(failing), fix=NARROW, trials=4, cache=None)
 
 
@@ -247,7 +247,7 @@ def test_default_study_names_differ_by_the_class_searched(table):
     key = ProblemKey("matmul", "float32", "row", SHAPE)
     limits = _limits(table)
     names = {p: Tuner(key, TuneOptions(precision=p)).default_study_name(limits) for p in ("highest", "high", "medium")}
-    assert names["high"] == names["medium"] == f"matmul-float32-row-1024x1024x1024-{limits.fingerprint}"
+    assert names["high"] == names["medium"] == f"matmul-float32-nn-1024x1024x1024-{limits.fingerprint}"
     assert names["highest"] == names["high"] + "-highest"
     # Where the setting narrows nothing (matvec, float64) every setting searches the same space.
     for other in (ProblemKey("matvec", "float32", "row", (64, 64)), ProblemKey("matmul", "float64", "row", SHAPE)):

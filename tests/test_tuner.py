@@ -290,7 +290,7 @@ def test_grid_over_the_whole_space_finds_the_recorded_best(grid_all, table, feas
     assert result.vs_baseline == pytest.approx(0.8709, abs=1e-3)
     assert result.metric == pytest.approx(2 * 1024 ** 3 / (recorded[best_key] * 1e-3) / 1e9)
     assert result.metric_unit == "GFLOP/s"
-    assert result.study_name.startswith("matmul-float32-row-1024x1024x1024-NVIDIA-H200_sm_90")
+    assert result.study_name.startswith("matmul-float32-nn-1024x1024x1024-NVIDIA-H200_sm_90")
 
 
 # -- samplers ----------------------------------------------------------------------------------------------
