@@ -261,8 +261,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kernels", default="matmul,matvec", help="comma-separated, from matmul, matvec")
     parser.add_argument("--dtype", default="float32", choices=["float32", "float64"],
                         help="element type (default float32)")
-    parser.add_argument("--layouts", default="row,col", help="matvec layouts (matmul: nn only; its other layouts borrow nn's "
-                        "database)")
+    parser.add_argument("--layouts", default="row,col",
+                        help="matvec layouts (matmul: nn only; its other layouts borrow nn's database)")
     parser.add_argument("--root", default=None, help="cache root to write to (default: the user cache)")
     parser.add_argument("--budget", type=float, default=None, metavar="SECONDS",
                         help="stop each kernel's survey after this long (it resumes on the next run)")
