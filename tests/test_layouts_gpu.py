@@ -1,0 +1,225 @@
+"""On a real GPU (`pytest -m gpu`): the four operand layouts and batches against a float64 reference, in
+every MATH family; the library with torch tensors (same type out, the caller's stream, CUDA graphs,
+torch.compile, autograd). Skipped without a GPU; the torch tests also without torch."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from autotile import kernels
+from autotile.impl import Generated
+from autotile.problem import MATMUL_LAYOUTS, ProblemKey
+from autotile.space import Problem
+
+pytestmark = pytest.mark.gpu
+
+SHAPES = [(1, 97, 33), (61, 1, 7), (131, 67, 257), (257, 263, 1), (509, 521, 523)]
+BATCHED = [(3, 131, 67, 257), (2, 1, 97, 33), (5, 61, 1, 7)]
+NAMED = {"float32": ["safe-default", "regtile-128", "tf32x3-128", "tf32x3-64-split8", "tf32x3-16x64",
+                     "regtile-64-split8", "seed-naive", "seed-tiled32-pad"],
+         "float64": ["safe-default", "dmma-128", "dmma-64-split8", "dmma-128-k16"]}
+
+
+def _torch():
+    return pytest.importorskip("torch")
+
+
+def _errors(kernel: str, dtype: str, layout: str, shapes, broadcast_b: bool = False) -> list[str]:
+    """Named configs (every MATH family, split-K both ways) on every shape, outputs poisoned with NaN."""
+    import cupy
+
+    from autotile.device import live_device
+    from autotile.timing import relative_error
+
+    spec, device = kernels.get(kernel), live_device()
+    failures = []
+    for name in NAMED[dtype]:
+        config = spec.space.named(name)
+        if not spec.space.is_feasible(config, Problem(device, dtype, layout)):
+            continue
+        for shape in shapes:
+            rng = cupy.random.default_rng(sum(shape))
+            a, b = spec.make_inputs(shape, dtype, layout, rng, cupy)
+            if broadcast_b:
+                b = b[0]
+            ref = kernels.to_float64(a) @ kernels.to_float64(b)
+            out = cupy.full(spec.output_shape(shape), cupy.nan, dtype=dtype)
+            Generated(config).prepare(ProblemKey(kernel, dtype, layout, shape)).run((a, b), out)
+            err, tol = relative_error(out, ref), kernels.tolerance(dtype, shape[-1])
+            if not err <= tol:
+                failures.append(f"{name} {layout} {shape}: error {err:.2e} > {tol:.2e}")
+    return failures
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("layout", MATMUL_LAYOUTS)
+def test_every_layout_matches_the_reference(layout, dtype):
+    assert _errors("matmul", dtype, layout, SHAPES) == []
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("layout", ["nn", "nt", "tt"])
+def test_batches_match_the_reference_with_and_without_a_broadcast_b(layout, dtype):
+    assert _errors("bmm", dtype, layout, BATCHED) == []
+    assert _errors("bmm", dtype, layout, BATCHED, broadcast_b=True) == []
+
+
+def test_the_library_takes_transposed_and_batched_cupy_arrays_without_copies():
+    import cupy
+
+    import autotile
+
+    rng = cupy.random.default_rng(3)
+    x = rng.random((300, 257), dtype=cupy.float32) - 0.5
+    w = rng.random((129, 257), dtype=cupy.float32) - 0.5
+    y = autotile.matmul(x, w.T)
+    assert isinstance(y, cupy.ndarray) and y.shape == (300, 129)
+    ref = x.astype(cupy.float64) @ w.T.astype(cupy.float64)
+    assert float(cupy.linalg.norm(y - ref) / cupy.linalg.norm(ref)) < kernels.tolerance("float32", 257)
+    a = rng.random((6, 65, 33), dtype=cupy.float32) - 0.5
+    b = rng.random((6, 33, 17), dtype=cupy.float32) - 0.5
+    c = autotile.matmul(a, b)
+    ref = a.astype(cupy.float64) @ b.astype(cupy.float64)
+    assert c.shape == (6, 65, 17)
+    assert float(cupy.linalg.norm(c - ref) / cupy.linalg.norm(ref)) < kernels.tolerance("float32", 33)
+
+
+# -- torch ----------------------------------------------------------------------------------------------
+
+def _rel(out, ref) -> float:
+    torch = _torch()
+    return float(torch.linalg.norm(out.double() - ref) / torch.linalg.norm(ref))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_torch_in_torch_out_every_layout_and_batch(dtype):
+    torch = _torch()
+    import autotile
+
+    tdtype = getattr(torch, dtype)
+    g = torch.Generator(device="cuda").manual_seed(0)
+    M, N, K = 257, 131, 509
+    x = torch.rand(M, K, device="cuda", dtype=tdtype, generator=g) - 0.5
+    w = torch.rand(N, K, device="cuda", dtype=tdtype, generator=g) - 0.5
+    tol = kernels.tolerance(dtype, K)
+    for a, b in [(x, w.T), (x.T.contiguous().T, w.T), (x, w.T.contiguous()), (x.T.contiguous().T, w.T.contiguous())]:
+        y = autotile.matmul(a, b)
+        assert isinstance(y, torch.Tensor) and y.dtype == tdtype and y.shape == (M, N)
+        assert _rel(y, a.double() @ b.double()) < tol
+    batch = torch.rand(4, M, K, device="cuda", dtype=tdtype, generator=g) - 0.5
+    y = autotile.matmul(batch, w.T)  # a linear layer on a batch: one tall matmul
+    assert y.shape == (4, M, N) and _rel(y, batch.double() @ w.T.double()) < tol
+    bw = torch.rand(4, K, N, device="cuda", dtype=tdtype, generator=g) - 0.5
+    y = autotile.matmul(batch, bw)
+    assert y.shape == (4, M, N) and _rel(y, batch.double() @ bw.double()) < tol
+    v = torch.rand(K, device="cuda", dtype=tdtype, generator=g) - 0.5
+    y = autotile.matvec(x, v)
+    assert isinstance(y, torch.Tensor) and _rel(y, x.double() @ v.double()) < tol
+
+
+def test_torch_runs_on_the_callers_stream_without_a_synchronisation():
+    torch = _torch()
+    import autotile
+
+    M = N = K = 2048
+    x = torch.empty(M, K, device="cuda")
+    w = torch.empty(N, K, device="cuda")
+    out = torch.empty(M, N, device="cuda")
+    side = torch.cuda.Stream()
+    autotile.matmul(x, w.T, out=out)  # prepared (selection, compile) before the timed part
+    torch.cuda.synchronize()
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(50_000_000)  # keeps the side stream busy, then the inputs are written on it
+        x.copy_(torch.rand(M, K, device="cuda") - 0.5)
+        w.copy_(torch.rand(N, K, device="cuda") - 0.5)
+        out.fill_(float("nan"))
+        autotile.matmul(x, w.T, out=out)  # the current stream is the side stream: ordered after the writes
+    torch.cuda.synchronize()
+    assert _rel(out, x.double() @ w.T.double()) < kernels.tolerance("float32", K)
+    # and an explicit stream= wins over the current one
+    out.fill_(float("nan"))
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(50_000_000)
+        x.mul_(2)
+    autotile.matmul(x, w.T, out=out, stream=side)
+    torch.cuda.synchronize()
+    assert _rel(out, x.double() @ w.T.double()) < kernels.tolerance("float32", K)
+
+
+@pytest.mark.parametrize("shape", [(512, 512, 512), (64, 64, 8192), (131, 67, 257)])
+def test_torch_cuda_graph_capture_and_replay_on_new_values(shape):
+    torch = _torch()
+    import autotile
+
+    M, N, K = shape
+    x = torch.rand(M, K, device="cuda") - 0.5
+    w = torch.rand(N, K, device="cuda") - 0.5
+    out = torch.empty(M, N, device="cuda")
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):  # warm-up, as for any library: selection, compile, split-K buffers
+        autotile.matmul(x, w.T, out=out)
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        autotile.matmul(x, w.T, out=out)
+    for _ in range(2):
+        x.copy_(torch.rand(M, K, device="cuda") - 0.5)
+        w.copy_(torch.rand(N, K, device="cuda") - 0.5)
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert _rel(out, x.double() @ w.T.double()) < kernels.tolerance("float32", K)
+
+
+def test_cupy_graph_capture_and_replay():
+    import cupy
+
+    import autotile
+
+    x = cupy.random.random((300, 200), dtype=cupy.float32) - 0.5
+    w = cupy.random.random((100, 200), dtype=cupy.float32) - 0.5
+    out = cupy.empty((300, 100), dtype=cupy.float32)
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream:
+        autotile.matmul(x, w.T, out=out)
+        stream.begin_capture()
+        autotile.matmul(x, w.T, out=out)
+        graph = stream.end_capture()
+    x[...] = cupy.random.random((300, 200), dtype=cupy.float32) - 0.5
+    out.fill(cupy.nan)
+    graph.launch(stream)
+    stream.synchronize()
+    ref = x.astype(cupy.float64) @ w.T.astype(cupy.float64)
+    assert float(cupy.linalg.norm(out - ref) / cupy.linalg.norm(ref)) < kernels.tolerance("float32", 200)
+
+
+def test_torch_compile_traces_the_custom_operators_without_a_graph_break():
+    torch = _torch()
+    import autotile.torch  # noqa: F401  (registers torch.ops.autotile)
+
+    def layer(x, w, b):
+        return torch.relu(torch.ops.autotile.matmul(x, w.T) + b)
+
+    x = torch.rand(256, 512, device="cuda") - 0.5
+    w = torch.rand(128, 512, device="cuda") - 0.5
+    b = torch.rand(128, device="cuda")
+    explained = torch._dynamo.explain(layer)(x, w, b)
+    assert explained.graph_break_count == 0 and explained.graph_count == 1
+    compiled = torch.compile(layer)
+    y = compiled(x, w, b)
+    assert _rel(y, torch.relu(x.double() @ w.T.double() + b.double())) < kernels.tolerance("float32", 512)
+
+
+def test_autograd_through_the_operator_matches_torch():
+    torch = _torch()
+    import autotile
+
+    x = (torch.rand(65, 33, device="cuda", dtype=torch.float64) - 0.5).requires_grad_()
+    w = (torch.rand(17, 33, device="cuda", dtype=torch.float64) - 0.5).requires_grad_()
+    autotile.matmul(x, w.T).square().sum().backward()
+    gx, gw = x.grad.clone(), w.grad.clone()
+    x.grad = w.grad = None
+    (x @ w.T).square().sum().backward()
+    assert torch.allclose(gx, x.grad) and torch.allclose(gw, w.grad)

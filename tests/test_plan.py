@@ -1,0 +1,125 @@
+"""How a call's operands map to a problem (`autotile.plan`): layouts from strides, batches, folding, copies."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from autotile import select
+from autotile.errors import ArgumentError
+from autotile.plan import batch_stride, matrix_order, plan_matmul
+from autotile.problem import ProblemKey
+
+
+def _strides(x: np.ndarray) -> tuple[int, ...]:
+    return tuple(s // x.itemsize for s in x.strides)
+
+
+def _plan(a: np.ndarray, b: np.ndarray):
+    return plan_matmul(a.shape, _strides(a), b.shape, _strides(b))
+
+
+def _rowmajor(*shape: int) -> np.ndarray:
+    return np.zeros(shape, dtype=np.float32)
+
+
+@pytest.mark.parametrize("a_t,b_t", [(False, False), (False, True), (True, False), (True, True)])
+def test_the_four_layouts_are_read_where_they_lie(a_t, b_t):
+    M, N, K = 131, 67, 257
+    a = _rowmajor(K, M).T if a_t else _rowmajor(M, K)
+    b = _rowmajor(N, K).T if b_t else _rowmajor(K, N)
+    plan = _plan(a, b)
+    assert (plan.kernel, plan.shape, plan.out_shape) == ("matmul", (M, N, K), (M, N))
+    assert plan.layout == ("t" if a_t else "n") + ("t" if b_t else "n")
+    assert not plan.copy_a and not plan.copy_b
+
+
+def test_x_at_w_transposed_is_nt():
+    x, w = _rowmajor(4096, 1024), _rowmajor(512, 1024)
+    assert _plan(x, w.T).layout == "nt"
+
+
+def test_a_size_one_dimension_has_no_stride_to_respect():
+    assert matrix_order(1, 7, 999, 1) == "n"  # one row: its stride is never used
+    assert matrix_order(7, 1, 1, 999) == "n"  # one column, rows adjacent
+    assert matrix_order(1, 1, 5, 9) == "n"
+    assert matrix_order(7, 1, 999, 1) is None  # one column, rows 999 apart: not packed
+
+
+def test_general_strided_views_are_copied():
+    a = _rowmajor(64, 128)[:, ::2]  # every other column: neither packed layout
+    plan = _plan(a, _rowmajor(64, 32))
+    assert plan.copy_a and not plan.copy_b
+    sliced = _rowmajor(64, 128)[:, :64]  # a row stride longer than the row
+    assert _plan(sliced, _rowmajor(64, 32)).copy_a
+    flipped = _rowmajor(4, 64, 64)[::-1]  # a negative batch stride
+    assert _plan(flipped, _rowmajor(4, 64, 8)).copy_a
+
+
+def test_a_batch_runs_as_one_bmm_with_its_strides():
+    a, b = _rowmajor(8, 33, 17), _rowmajor(8, 17, 5)
+    plan = _plan(a, b)
+    assert (plan.kernel, plan.layout, plan.shape, plan.out_shape) == ("bmm", "nn", (8, 33, 5, 17), (8, 33, 5))
+    assert plan.batch_strides == (33 * 17, 17 * 5)
+    transposed = _plan(_rowmajor(8, 17, 33).transpose(0, 2, 1), _rowmajor(8, 5, 17).transpose(0, 2, 1))
+    assert transposed.layout == "tt" and transposed.batch_strides == (33 * 17, 17 * 5)
+
+
+def test_a_2d_operand_is_broadcast_over_the_batch():
+    a, b = _rowmajor(33, 17), _rowmajor(8, 17, 5)
+    plan = _plan(a, b)
+    assert plan.kernel == "bmm" and plan.batch_strides == (0, 17 * 5) and plan.out_shape == (8, 33, 5)
+    one = _plan(_rowmajor(1, 33, 17), b)  # a batch of one is broadcast too
+    assert one.batch_strides == (0, 17 * 5)
+
+
+def test_a_row_major_batch_times_a_matrix_folds_into_one_tall_matmul():
+    x, w = _rowmajor(4, 128, 64), _rowmajor(32, 64)
+    plan = _plan(x, w.T)
+    assert (plan.kernel, plan.layout, plan.shape, plan.out_shape) == ("matmul", "nt", (4 * 128, 32, 64), (4, 128, 32))
+    # a transposed batch does not fold: its matrices are not one tall row-major matrix
+    assert _plan(_rowmajor(4, 64, 128).transpose(0, 2, 1), w.T).kernel == "bmm"
+
+
+def test_leading_batch_dimensions_merge_into_one_stride():
+    a = _rowmajor(2, 3, 16, 8)
+    assert batch_stride(a.shape, _strides(a)) == 16 * 8
+    assert batch_stride(a[:, :2].shape, _strides(a[:, :2])) is None  # (2, 2) of a (2, 3) batch: no one stride
+    plan = _plan(a, _rowmajor(2, 3, 8, 4))
+    assert plan.kernel == "bmm" and plan.shape == (6, 16, 4, 8) and plan.out_shape == (2, 3, 16, 4)
+
+
+def test_empty_products_compute_nothing():
+    plan = _plan(_rowmajor(4, 0), _rowmajor(0, 5))
+    assert plan.kernel == "" and plan.out_shape == (4, 5) and not plan.copy_a
+    assert _plan(_rowmajor(0, 3, 4), _rowmajor(0, 4, 5)).out_shape == (0, 3, 5)
+
+
+@pytest.mark.parametrize("a_shape,b_shape,needle", [
+    ((3, 4), (5, 6), "(4 != 5)"),
+    ((2, 3, 4), (3, 4, 5), "batch dimensions do not match"),
+    ((4,), (4, 5), "2 or more dimensions"),
+])
+def test_bad_shapes_are_one_clear_line(a_shape, b_shape, needle):
+    with pytest.raises(ArgumentError) as info:
+        _plan(_rowmajor(*a_shape), _rowmajor(*b_shape))
+    assert needle in str(info.value) and "\n" not in str(info.value)
+
+
+def test_transposed_layouts_and_batches_borrow_the_nn_and_one_matrix_choice():
+    assert select.borrowed_keys(ProblemKey("matmul", "float32", "nt", (64, 64, 64))) == [
+        ProblemKey("matmul", "float32", "nn", (64, 64, 64))]
+    assert select.borrowed_keys(ProblemKey("bmm", "float32", "tn", (8, 64, 32, 16))) == [
+        ProblemKey("matmul", "float32", "tn", (64, 32, 16)), ProblemKey("matmul", "float32", "nn", (64, 32, 16))]
+    assert select.borrowed_keys(ProblemKey("matmul", "float32", "row", (64, 64, 64))) == []  # "row" is nn
+
+
+def test_a_batch_lowers_the_k_splits_it_no_longer_needs():
+    from autotile import kernels
+
+    space = kernels.get("matmul").space
+    config = space.named("tf32x3-64-split8")
+    shape = (128, 128, 8192)  # 4 tiles x 8 splits = 32 blocks on one matrix
+    assert select.fewer_splits_for_batch(config, shape, 1)["SPLIT_K"] == 8
+    assert select.fewer_splits_for_batch(config, shape, 2)["SPLIT_K"] == 4
+    assert select.fewer_splits_for_batch(config, shape, 64)["SPLIT_K"] == 1
