@@ -4,7 +4,6 @@ torch.compile, autograd). Skipped without a GPU; the torch tests also without to
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 from autotile import kernels
