@@ -33,15 +33,18 @@ def kernel_function_name(kernel: str) -> str:
 
 
 def render(template: str, kernel: str, config: Mapping[str, Any], dtype: str = "float32",
-           layout: str = "row", config_key: str | None = None, geometry: Mapping[str, Any] | None = None) -> str:
+           layout: str = "row", config_key: str | None = None, geometry: Mapping[str, Any] | None = None,
+           batched: bool = False) -> str:
     """The CUDA source of `kernel` for one config. Same inputs, same text. `config_key` is the config's
     line in the source's header comment (every name=value when None); `geometry` holds the space's derived
     values (threads, block shape, tile strides, ...), which the template uses as they are, so that the
-    kernel and its launcher read the same numbers."""
+    kernel and its launcher read the same numbers. `batched` (matmul): the kernel computes a batch of
+    products, one per blockIdx.z / SPLIT_K, and takes the operands' batch strides after the sizes; False
+    renders the text of before the flag existed."""
     key = config_key if config_key is not None else ",".join(f"{k}={v}" for k, v in config.items())
     context = dict(geometry or {})
     context.update(config)
     context.update(kernel_name=kernel_function_name(kernel), dtype=dtype, ctype=CTYPES[dtype],
-                   dtype_size=DTYPE_SIZES[dtype], layout=layout, config_key=key,
+                   dtype_size=DTYPE_SIZES[dtype], layout=layout, batched=batched, config_key=key,
                    vec_type=lambda n: f"{CTYPES[dtype]}{n}")
     return environment().get_template(template).render(**context)
