@@ -50,9 +50,13 @@ def cupy_stream(ptr: int) -> Any:
     """A CuPy stream object for the CUDA stream `ptr` (another framework's, such as torch's), made once."""
     stream = _external_streams.get(ptr)
     if stream is None:
+        import warnings
+
         import cupy
 
-        stream = _external_streams.setdefault(ptr, cupy.cuda.ExternalStream(ptr))
+        with warnings.catch_warnings():  # CuPy 14 prefers Stream.from_external, which needs an object, not a pointer
+            warnings.simplefilter("ignore", DeprecationWarning)
+            stream = _external_streams.setdefault(ptr, cupy.cuda.ExternalStream(ptr))
     return stream
 
 

@@ -41,6 +41,10 @@ class Framework:
         """The framework's current CUDA stream on `device`, as a pointer."""
         raise NotImplementedError
 
+    def pointer(self, x: Any) -> int:
+        """The device address of an array of this framework."""
+        raise NotImplementedError
+
     def empty(self, shape: tuple[int, ...], dtype: str, device: int) -> Any:
         raise NotImplementedError
 
@@ -80,6 +84,9 @@ class CupyFramework(Framework):
 
     def current_stream(self, device: int) -> int:
         return self.cupy.cuda.get_current_stream(device).ptr
+
+    def pointer(self, x: Any) -> int:
+        return int(x.data.ptr)
 
     def empty(self, shape: tuple[int, ...], dtype: str, device: int) -> Any:
         with self.cupy.cuda.Device(device):
@@ -129,6 +136,9 @@ class TorchFramework(Framework):
         if self._raw_stream is not None:
             return int(self._raw_stream(device))
         return int(self.torch.cuda.current_stream(device).cuda_stream)
+
+    def pointer(self, x: Any) -> int:
+        return int(x.data_ptr())
 
     def empty(self, shape: tuple[int, ...], dtype: str, device: int) -> Any:
         return self.torch.empty(shape, dtype=self.torch_dtypes[dtype], device=f"cuda:{device}")

@@ -39,7 +39,7 @@ from . import precision as precision_mod
 from .errors import ArgumentError
 from .impl import CublasRunner, Runner
 from .operands import Framework, Operand, as_framework, framework_of, stream_pointer
-from .plan import matrix_order, plan_matmul
+from .plan import MatmulPlan, matrix_order, plan_matmul
 from .problem import MAX_DIM, ProblemKey, canonical_layout
 
 if TYPE_CHECKING:  # the selection chain reads the cache (filelock, platformdirs): imported on first call
@@ -49,25 +49,58 @@ _SUPPORTED = ("float32", "float64")
 MAX_GRID_Z = 65535  # CUDA's limit on gridDim.z, where a batch's matrices (times their K splits) go
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass
 class _Prepared:
     runner: Runner
     selection: Selection
     cublas: bool
+    key: ProblemKey | None = None
+    capture_runner: Any = None  # where cuBLAS won: the generated kernel a CuPy graph capture runs instead
 
     def call(self, framework: Framework, inputs: tuple[Operand, ...], out: Operand, stream_ptr: int,
              batch_strides: tuple[int, ...] = ()) -> None:
         """Compute `out` from `inputs` on the stream `stream_ptr`."""
-        if self.cublas:
-            _cublas(framework, inputs, out, stream_ptr)
-            return
         runner: Any = self.runner
+        if self.cublas:
+            if not _cupy_cublas_captured(framework, stream_ptr):
+                _cublas(framework, inputs, out, stream_ptr)
+                return
+            runner = self._capture_runner()
         runner.launch(tuple(op.ptr for op in inputs), out.ptr, _nbytes(out), out.dtype, stream_ptr, batch_strides,
                       framework.allocate)
+
+    def _capture_runner(self) -> Any:
+        """CuPy refuses cuBLAS calls during a stream capture: there the best generated config runs (the one
+        the record timed against cuBLAS, else the built-in default)."""
+        if self.capture_runner is None:
+            from .impl import Generated
+            from .select import builtin_default, record_config
+
+            assert self.key is not None
+            config = record_config(self.selection.record) if self.selection.record is not None else None
+            if config is None:
+                from .cache import TuningCache
+                from .select import Context, counts
+
+                config = builtin_default(Context(self.key, _device(_cupy().cuda.runtime.getDevice()), TuningCache(),
+                                                 counts, self.selection.precision)).config
+            assert config is not None  # the built-in default is a generated config
+            self.capture_runner = Generated(config).prepare(self.key)
+        return self.capture_runner
+
+
+def _cupy_cublas_captured(framework: Framework, stream_ptr: int) -> bool:
+    """Whether cuBLAS would go through CuPy on a stream being captured into a CUDA graph (which CuPy refuses)."""
+    if framework.name == "torch" and not framework.torch.backends.cuda.matmul.allow_tf32:  # type: ignore[attr-defined]
+        return False  # torch's matmul runs it: capturable
+    return bool(_cupy().cuda.runtime.streamIsCapturing(stream_ptr))
 
 
 _lock = threading.Lock()
 _prepared: dict[tuple[Any, ...], _Prepared] = {}
+# Calls by signature (framework; each operand's shape, strides, dtype and device; out's; the setting) that
+# needed no copy: what they run and how, so that a repeated call only reads pointers and launches.
+_calls: dict[tuple[Any, ...], tuple[_Prepared, MatmulPlan]] = {}
 _device_limits: dict[int, Any] = {}
 
 
@@ -116,7 +149,7 @@ def _prepare(kernel: str, dtype: str, layout: str, shape: tuple[int, ...], setti
     if launch is not None and launch.grid[2] > MAX_GRID_Z:
         raise ArgumentError(f"a batch of {shape[0]} matrices times {launch.grid[2] // shape[0]} K split(s) exceeds "
                             f"CUDA's {MAX_GRID_Z} blocks along grid z; split the batch")
-    prepared = _Prepared(runner, selection, isinstance(runner, CublasRunner))
+    prepared = _Prepared(runner, selection, isinstance(runner, CublasRunner), key)
     with _lock:
         _prepared[memo_key] = prepared
     return prepared
@@ -191,14 +224,17 @@ class _on_device:
     """CuPy's current device set to `device` for the launch, where it is not already (the common case
     costs one runtime query)."""
 
+    runtime: Any = None
+
     def __init__(self, device: int) -> None:
         self.device = device
         self.context: Any = None
 
     def __enter__(self) -> None:
-        cupy = _cupy()
-        if cupy.cuda.runtime.getDevice() != self.device:
-            self.context = cupy.cuda.Device(self.device)
+        if _on_device.runtime is None:
+            _on_device.runtime = _cupy().cuda.runtime
+        if _on_device.runtime.getDevice() != self.device:
+            self.context = _cupy().cuda.Device(self.device)
             self.context.__enter__()
 
     def __exit__(self, *exc: Any) -> None:
@@ -237,9 +273,21 @@ def matmul_no_autograd(A: Any, B: Any, out: Any = None, precision: str | None = 
     setting = precision_mod.resolve(precision)  # checked first: a bad value is an error whatever the arrays
     framework = framework_of(A, B)
     a, b = as_framework(framework, A, "A"), as_framework(framework, B, "B")
+    given = None if out is None else as_framework(framework, out, "out")
+    signature = (framework.name, a.shape, a.strides, a.dtype, a.device, b.shape, b.strides, b.dtype, b.device,
+                 None if given is None else (given.shape, given.strides, given.dtype, given.device), setting)
+    known = _calls.get(signature)
+    if known is not None:  # checked, planned and prepared by an earlier call of this signature
+        prepared, plan = known
+        c = given if given is not None else _new_output(framework, plan.out_shape, a.dtype, a.device)
+        stream_ptr = framework.current_stream(a.device) if stream is None else stream_pointer(stream)
+        with _on_device(a.device):
+            prepared.call(framework, (a, b), c, stream_ptr, plan.batch_strides)
+        return c.obj
     dtype = _check_dtypes("AB", a, b)
     plan = plan_matmul(a.shape, a.strides, b.shape, b.strides)
-    if plan.copy_a or plan.copy_b:
+    copied = plan.copy_a or plan.copy_b
+    if copied:
         if plan.copy_a:
             a = framework.operand(framework.row_major(a.obj), "A")
         if plan.copy_b:
@@ -251,8 +299,17 @@ def matmul_no_autograd(A: Any, B: Any, out: Any = None, precision: str | None = 
     stream_ptr = _stream(framework, stream, a.device)
     with _on_device(a.device):
         prepared = _prepare(plan.kernel, dtype, plan.layout, plan.shape, setting, a.device)
-        prepared.call(framework, (a, b), c, stream_ptr, plan.batch_strides if plan.kernel == "bmm" else ())
+        prepared.call(framework, (a, b), c, stream_ptr, plan.batch_strides)
+    if not copied:
+        with _lock:
+            _calls[signature] = (prepared, plan)
     return c.obj
+
+
+def _new_output(framework: Framework, shape: tuple[int, ...], dtype: str, device: int) -> Operand:
+    array = framework.empty(shape, dtype, device)
+    strides = tuple(math.prod(shape[i + 1:]) for i in range(len(shape)))
+    return Operand(array, framework.pointer(array), shape, strides, dtype, device)
 
 
 def matvec(A: Any, x: Any, out: Any = None, precision: str | None = None, stream: Any = None) -> Any:
@@ -296,3 +353,4 @@ def forget() -> None:
     """Drop memoized kernels and selections (after tuning in the same process)."""
     with _lock:
         _prepared.clear()
+        _calls.clear()

@@ -28,7 +28,7 @@ class MatmulPlan(NamedTuple):
     layout: str
     shape: tuple[int, ...]
     out_shape: tuple[int, ...]
-    batch_strides: tuple[int, int]
+    batch_strides: tuple[int, ...]  # (A's, B's) for bmm, () otherwise
     copy_a: bool = False
     copy_b: bool = False
 
@@ -90,10 +90,10 @@ def plan_matmul(a_shape: tuple[int, ...], a_strides: tuple[int, ...], b_shape: t
     b_stride = b_stride if math.prod(b_batch) > 1 else 0
     layout = a_order + b_order
     if batch == 1:
-        return MatmulPlan("matmul", layout, (M, N, K), out_shape, (0, 0))
+        return MatmulPlan("matmul", layout, (M, N, K), out_shape, ())
     if b_stride == 0 and a_order == "n" and a_stride == M * K:
         # Row-major A matrices one after the other are one tall row-major matrix; C is laid out the same.
-        return MatmulPlan("matmul", layout, (batch * M, N, K), out_shape, (0, 0))
+        return MatmulPlan("matmul", layout, (batch * M, N, K), out_shape, ())
     return MatmulPlan("bmm", layout, (batch, M, N, K), out_shape, (a_stride, b_stride))
 
 
