@@ -185,7 +185,7 @@ def test_small_tune_lands_in_cache_and_library_uses_it(isolated_cache):
     result = autotile.tune("matmul", "300x257x131", trials=10, seed=3)
     assert result.trials >= 10 - 0 and result.best.median_ms > 0
     assert result.best_seed is not None and result.baseline_ms
-    files = list(isolated_cache.rglob("matmul-float32-row-300x257x131-*.json"))
+    files = list(isolated_cache.rglob("matmul-float32-nn-300x257x131-*.json"))
     assert len(files) == 1
     ops.forget()
     sel = ops.selection_for("matmul", "float32", "row", (300, 257, 131))
