@@ -17,7 +17,8 @@ from .errors import InvalidValueError, UnknownNameError
 # Each kernel's dimensions, in the order a shape lists them.
 KERNEL_DIMS: dict[str, tuple[str, ...]] = {"matmul": ("M", "N", "K"), "matvec": ("M", "K")}
 DTYPES = ("float32", "float64")
-LAYOUTS = ("row", "col", "nn", "nt", "tn", "tt")  # matvec: row, col; matmul: nn, nt, tn, tt (A, B; t: stored transposed)
+# matvec: row, col; matmul: nn, nt, tn, tt (A, then B; t: stored transposed)
+LAYOUTS = ("row", "col", "nn", "nt", "tn", "tt")
 MAX_DIM = 2**31 - 1  # the kernels index with 32-bit ints
 
 _SEPARATORS = re.compile(r"[x×X,]")

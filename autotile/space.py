@@ -25,7 +25,8 @@ from .errors import InfeasibleConfigError, InvalidValueError, SpaceDefinitionErr
 from .expr import FUNCTIONS, Bound, Expr, check_size, value_bound
 
 DTYPE_SIZES = {"float32": 4, "float64": 8}
-LAYOUTS = ("row", "col", "nn", "nt", "tn", "tt")  # matvec: row, col; matmul: nn, nt, tn, tt (A, B; t: stored transposed)
+# matvec: row, col; matmul: nn, nt, tn, tt (A, then B; t: stored transposed)
+LAYOUTS = ("row", "col", "nn", "nt", "tn", "tt")
 
 # Occupancy: how many blocks of this config fit on one SM, by each resource. Registers are allocated per
 # warp in units of 256, that is 8 per thread.
