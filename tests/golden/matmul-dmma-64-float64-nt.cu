@@ -1,4 +1,4 @@
-// autotile matmul, float64 on the FP64 tensor cores: C = A B, layout nt: A M x K row-major, B stored transposed (N x K row-major, B[n*K + k]), C M x N row-major.
+// autotile matmul, float64 on the FP64 tensor cores: C = A B, layout nt: A M x K row-major, B stored transposed, N x K row-major (B[n*K + k]), C row-major.
 // config: MATH=dmma,smem=dynamic,BM=64,BN=64,TM=1,TN=1,BK=16,VEC=2,A_TRANSPOSED=False,PAD=0,STAGES=4,SPLIT_K=1,SWIZZLE=8,UNROLL=full
 // block of 2 x 2 warps computes a 64 x 64 tile of C; each warp 32 x 32 (2 x 4 mma tiles of 16 x 8, 8 deep).
 using T = double;

@@ -1,4 +1,4 @@
-// autotile matmul, float32: C = A B, layout tt: A stored transposed (K x M row-major, A[k*M + m]), B stored transposed (N x K row-major, B[n*K + k]), C M x N row-major.
+// autotile matmul, float32: C = A B, layout tt: A stored transposed, K x M row-major (A[k*M + m]), B stored transposed, N x K row-major (B[n*K + k]), C row-major.
 // config: smem=dynamic,BM=128,BN=128,TM=8,TN=8,BK=8,VEC=4,A_TRANSPOSED=True,PAD=4,STAGES=2,SPLIT_K=1,SWIZZLE=8,UNROLL=full
 // block 16 x 16 threads computes a 128 x 128 tile of C; each thread 8 x 8 outputs.
 using T = float;

@@ -1,4 +1,5 @@
-// autotile matmul, float32: C = A B, layout tn: A stored transposed (K x M row-major, A[k*M + m]), B K x N row-major, C M x N row-major; batched: C[b] = A[b] B[b] for b < gridDim.z / 2, A[b] at A + b * stride_a, B[b] at B + b * stride_b, C[b] at C + b * M * N.
+// autotile matmul, float32: C = A B, layout tn: A stored transposed, K x M row-major (A[k*M + m]), B K x N row-major, C row-major.
+// batched: C[b] = A[b] B[b] for b < gridDim.z / 2, A[b] at A + b * stride_a, B[b] at B + b * stride_b, C[b] at C + b * M * N.
 // config: smem=dynamic,BM=64,BN=128,TM=8,TN=8,BK=16,VEC=4,A_TRANSPOSED=False,PAD=0,STAGES=2,SPLIT_K=2,SWIZZLE=1,UNROLL=full
 // block 16 x 8 threads computes a 64 x 128 tile of C; each thread 8 x 8 outputs.
 using T = float;

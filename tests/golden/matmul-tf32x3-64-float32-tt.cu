@@ -1,4 +1,4 @@
-// autotile matmul, float32 through 3xTF32 tensor cores: C = A B, layout tt: A stored transposed (K x M row-major, A[k*M + m]), B stored transposed (N x K row-major, B[n*K + k]), C M x N row-major.
+// autotile matmul, float32 through 3xTF32 tensor cores: C = A B, layout tt: A stored transposed, K x M row-major (A[k*M + m]), B stored transposed, N x K row-major (B[n*K + k]), C row-major.
 // config: MATH=tf32x3,smem=dynamic,BM=64,BN=64,TM=1,TN=1,BK=32,VEC=4,A_TRANSPOSED=False,PAD=0,STAGES=4,SPLIT_K=1,SWIZZLE=8,UNROLL=full
 // block of 2 x 2 warps computes a 64 x 64 tile of C; each warp 32 x 32 (2 x 4 mma tiles of 16 x 8).
 using T = float;

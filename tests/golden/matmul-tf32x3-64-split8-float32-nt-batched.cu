@@ -1,4 +1,5 @@
-// autotile matmul, float32 through 3xTF32 tensor cores: C = A B, layout nt: A M x K row-major, B stored transposed (N x K row-major, B[n*K + k]), C M x N row-major; batched: C[b] = A[b] B[b] for b < gridDim.z / 8, A[b] at A + b * stride_a, B[b] at B + b * stride_b, C[b] at C + b * M * N.
+// autotile matmul, float32 through 3xTF32 tensor cores: C = A B, layout nt: A M x K row-major, B stored transposed, N x K row-major (B[n*K + k]), C row-major.
+// batched: C[b] = A[b] B[b] for b < gridDim.z / 8, A[b] at A + b * stride_a, B[b] at B + b * stride_b, C[b] at C + b * M * N.
 // config: MATH=tf32x3,smem=dynamic,BM=64,BN=64,TM=1,TN=1,BK=32,VEC=4,A_TRANSPOSED=False,PAD=0,STAGES=4,SPLIT_K=8,SPLIT_REDUCE=last_block,SWIZZLE=1,UNROLL=full
 // block of 2 x 2 warps computes a 64 x 64 tile of C; each warp 32 x 32 (2 x 4 mma tiles of 16 x 8).
 using T = float;
