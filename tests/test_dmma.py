@@ -1,12 +1,14 @@
-"""The FP64 tensor-core matmul (MATH=dmma), without a GPU: the fragment reads replayed for bank conflicts,
-the rendered mma for each MMA_K, the library's own compile (NVRTC) of its named configs and a sample for
-sm_80 and sm_90 against the space's register model, and the machine code (SASS) holding DMMA instructions
-and no FP64 FMA. The SASS needs ptxas (a CUDA toolkit) and nvdisasm (the dev extra's nvidia-cuda-nvdisasm
-wheel, or a toolkit); those tests skip, with the reason, where either is missing."""
+"""The FP64 tensor-core matmul (MATH=dmma), without a GPU: the fragment reads replayed for bank conflicts
+(nn; every layout: tests/test_render.py), the rendered mma for each MMA_K, the library's own compile (NVRTC)
+of its named configs and a sample for sm_80 and sm_90 against the space's register model, in every layout
+(nn, nt, tn, tt) and batched, and the machine code (SASS) holding DMMA instructions and no FP64 FMA. The
+SASS needs ptxas (a CUDA toolkit) and nvdisasm (the dev extra's nvidia-cuda-nvdisasm wheel, or a toolkit);
+those tests skip, with the reason, where either is missing."""
 
 from __future__ import annotations
 
 import concurrent.futures
+import importlib
 import re
 import shutil
 import subprocess
@@ -18,6 +20,9 @@ from autotile import build, kernels
 from autotile.device import PROFILES
 from autotile.errors import CompileError
 from autotile.space import Config, Problem
+
+# `autotile.render` is the package's top-level function, which hides the submodule of the same name.
+render_mod = importlib.import_module("autotile.render")
 
 SPEC = kernels.get("matmul")
 DMMA = SPEC.space.restricted({"MATH": "dmma"})
@@ -82,34 +87,56 @@ def test_space_keeps_dmma_to_float64_on_sm80_and_newer():
     assert any("dmma steps divide the K step" in v for v in violations)
 
 
-def _cases() -> list[tuple[str, str, Config]]:
+LAYOUTS = ("nn", "nt", "tn", "tt")
+
+
+def render(cfg: Config, layout: str = "nn", batched: bool = False) -> str:
+    """The float64 kernel of `cfg`; batched as the caller renders it (kernel "bmm")."""
+    if not batched:
+        return SPEC.render(cfg, "float64", layout)
+    return render_mod.render(SPEC.space.template, "bmm", cfg, "float64", layout, SPEC.space.source_key(cfg),
+                             SPEC.geometry(cfg, "float64", layout), batched=True)
+
+
+def _cases() -> list[tuple[str, str, Config, str, bool]]:
+    """(profile, label, config, layout, batched): the named configs and a sample in nn on both profiles;
+    each named config also in nt, tn and tt on one profile and batched (a layout each) on the other; the
+    sample, each config once more in a transposed layout (every other one batched)."""
     out = []
-    for profile in PROFILE_NAMES:
-        problem = Problem(PROFILES[profile], "float64")
-        out += [(profile, name, cfg) for name, cfg in DMMA.named_configs.items()]
-        out += [(profile, f"random{i}", cfg) for i, cfg in
-                enumerate(DMMA.sample(problem, RANDOM, seed=SAMPLE_SEED + PROFILE_NAMES.index(profile)))]
+    for p, profile in enumerate(PROFILE_NAMES):
+        problem = Problem(PROFILES[profile], "float64", "nn")
+        out += [(profile, name, cfg, "nn", False) for name, cfg in DMMA.named_configs.items()]
+        sample = DMMA.sample(problem, RANDOM, seed=SAMPLE_SEED + p)
+        out += [(profile, f"random{i}", cfg, "nn", False) for i, cfg in enumerate(sample)]
+        out += [(profile, f"random{i}", cfg, LAYOUTS[1 + i % 3], i % 2 == 1) for i, cfg in enumerate(sample)]
+    for i, (name, cfg) in enumerate(DMMA.named_configs.items()):
+        out += [(PROFILE_NAMES[i % 2], name, cfg, layout, False) for layout in LAYOUTS[1:]]
+        out.append((PROFILE_NAMES[(i + 1) % 2], name, cfg, LAYOUTS[i % 4], True))
     return out
 
 
 CASES = _cases()
 
 
-@pytest.fixture(scope="module")
-def compiled() -> dict[tuple[str, str], build.CompileResult | BaseException]:
-    def one(case):
-        profile, _, cfg = case
-        return build.compile(SPEC.render(cfg, "float64"), PROFILES[profile].arch)
+def _id(case) -> str:
+    profile, label, _, layout, batched = case
+    return f"{profile}-{layout}-{label}{'-batched' if batched else ''}"
 
-    out: dict[tuple[str, str], build.CompileResult | BaseException] = {}
+
+@pytest.fixture(scope="module")
+def compiled() -> dict[str, build.CompileResult | BaseException]:
+    def one(case):
+        profile, _, cfg, layout, batched = case
+        return build.compile(render(cfg, layout, batched), PROFILES[profile].arch)
+
+    out: dict[str, build.CompileResult | BaseException] = {}
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
         futures = {pool.submit(one, case): case for case in CASES}
         for future in concurrent.futures.as_completed(futures):
-            profile, label, _ = futures[future]
             try:
-                out[(profile, label)] = future.result()
+                out[_id(futures[future])] = future.result()
             except (CompileError, AssertionError) as exc:
-                out[(profile, label)] = exc
+                out[_id(futures[future])] = exc
     return out
 
 
@@ -124,14 +151,21 @@ DMMA_SPILL_BYTES = 640
 
 @pytest.mark.slow
 @needs_nvrtc
-@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-{c[1]}")
+def test_cases_are_distinct_and_feasible():
+    assert len({_id(c) for c in CASES}) == len(CASES)
+    for profile, _, cfg, layout, _ in CASES:
+        assert SPEC.space.is_feasible(cfg, Problem(PROFILES[profile], "float64", layout)), (profile, layout, cfg.key())
+
+
+@pytest.mark.parametrize("case", CASES, ids=_id)
 def test_compiles_within_the_register_model(compiled, case):
-    profile, label, cfg = case
-    result = compiled[(profile, label)]
+    profile, label, cfg, layout, batched = case
+    result = compiled[_id(case)]
     if isinstance(result, BaseException):
         raise result
     (usage,) = result.usages
-    derived = SPEC.space.derive(cfg, Problem(PROFILES[profile], "float64"))
+    assert usage.function == ("autotile_bmm" if batched else "autotile_matmul")
+    derived = SPEC.space.derive(cfg, Problem(PROFILES[profile], "float64", layout))
     model = derived["regs_per_thread"]
     assert usage.static_smem == (derived["smem_bytes"] if cfg["smem"] == "static" else 0)
     assert usage.registers <= model + DMMA_REGISTER_MARGIN, f"{cfg.key()}: ptxas {usage.registers}, model {model}"
@@ -178,12 +212,13 @@ def _assemble(ptx: bytes, arch: str) -> str:
 @pytest.mark.skipif(PTXAS is None or NVDISASM is None,
                     reason="ptxas (a CUDA toolkit) or nvdisasm (pip install nvidia-cuda-nvdisasm) is missing")
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
-@pytest.mark.parametrize("mma_k", [4, 8, 16])
-def test_sass_multiplies_on_the_fp64_tensor_cores(arch, mma_k):
+@pytest.mark.parametrize("mma_k,layout,batched", [(4, "nn", False), (8, "nn", False), (16, "nn", False),
+                                                  (8, "tn", False), (16, "nt", True), (4, "tt", True)])
+def test_sass_multiplies_on_the_fp64_tensor_cores(arch, mma_k, layout, batched):
     """The products are DMMA instructions (the FP64 tensor cores), with no FP64 FMA (DFMA) anywhere: sm_90
-    runs one DMMA of the configured depth per mma, sm_80 DMMA.884s."""
+    runs one DMMA of the configured depth per mma, sm_80 DMMA.884s; in every layout, batched or not."""
     config = SPEC.space.with_overrides(DMMA.named("dmma-64"), {"MMA_K": mma_k})
-    sass = _sass(SPEC.render(config, "float64"), arch)
+    sass = _sass(render(config, layout, batched), arch)
     dmma = re.findall(r"\bDMMA\.(\S+)", sass)
     assert dmma, sass[-2000:]
     assert "DFMA" not in sass
