@@ -23,7 +23,7 @@ import functools
 import hashlib
 import re
 import threading
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from .errors import CompileError, InvalidValueError
 
@@ -261,7 +261,9 @@ def clear_memo() -> None:
 
 class Kernel:
     """One entry function loaded on one device; call it as kernel(grid, block, args, shared_mem=0, stream=None),
-    like `cupy.RawKernel`."""
+    like `cupy.RawKernel`, or launch it with packed parameters (`launch_packed`, the library's per-call path)."""
+
+    _launch_kernel: Callable[..., None] | None = None  # CuPy's cuLaunchKernel binding, imported on first launch
 
     def __init__(self, function: Any, name: str, result: CompileResult, device_id: int):
         self._function = function  # cupy.cuda.function.Function; it keeps its module loaded
@@ -322,6 +324,18 @@ class Kernel:
         """Launch on `stream` (None: the current stream); `shared_mem` bytes of dynamic shared memory."""
         # CuPy's Function wants tuples for grid and block.
         self._function(tuple(grid), tuple(block), tuple(args), shared_mem=int(shared_mem), stream=stream)
+
+    def launch_packed(self, grid: tuple[int, int, int], block: tuple[int, int, int], shared_mem: int,
+                      stream_ptr: int, parameters: Any) -> None:
+        """Launch with the parameters already packed (`impl.ParameterBlock`, its `address` the driver's
+        array of pointers to each value) on the CUDA stream `stream_ptr`: cuLaunchKernel, nothing else."""
+        if self._launch_kernel is None:
+            from cupy.cuda import driver
+
+            Kernel._launch_kernel = driver.launchKernel
+        assert self._launch_kernel is not None
+        self._launch_kernel(self._function.ptr, grid[0], grid[1], grid[2], block[0], block[1], block[2], shared_mem,
+                            stream_ptr, parameters.address, 0)
 
     def __repr__(self) -> str:
         return f"Kernel({self.name!r}, {self.result.arch}, device {self.device_id})"

@@ -11,7 +11,9 @@ Needs CuPy and a GPU when preparing and running; importing this module needs nei
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
+import threading
 from typing import Any, Callable, Protocol
 
 import numpy as np
@@ -73,6 +75,34 @@ def cupy_allocator(elems: int, dtype: str, stream_ptr: int) -> tuple[Any, int]:
     return array, int(array.data.ptr)
 
 
+class ParameterBlock:
+    """A kernel's launch parameters in one host buffer that every launch reuses.
+
+    CuPy's kernel call converts a tuple of Python arguments on every launch (microseconds of host time, the
+    bulk of a small call's cost); here each parameter has a fixed 8-byte slot, the driver's array of
+    pointers to the slots is built once, and a launch writes only the slots that change. The driver reads
+    as many bytes of a slot as the parameter's type has (a 32-bit int is the slot's low half: CUDA hosts
+    are little-endian) and copies them during the launch call, so the buffer is free again when the call
+    returns. `types` names each parameter's C type: "ptr", "int32" or "int64".
+    """
+
+    def __init__(self, types: tuple[str, ...]):
+        self.types = types
+        self.values = (ctypes.c_uint64 * len(types))()
+        base = ctypes.addressof(self.values)
+        self._pointers = (ctypes.c_void_p * len(types))(*(base + 8 * i for i in range(len(types))))
+        self.address = ctypes.addressof(self._pointers)  # what cuLaunchKernel takes as kernelParams
+        self.lock = threading.Lock()  # held from filling the slots to the end of the launch call
+
+    def set(self, index: int, value: int) -> None:
+        self.values[index] = int(value) & 0xFFFFFFFFFFFFFFFF  # a negative int64 as its two's complement
+
+    def arguments(self) -> tuple[Any, ...]:
+        """The slots as typed NumPy scalars, as `cupy.RawKernel` would take them (for tests and messages)."""
+        kinds = {"ptr": np.uint64, "int32": np.int32, "int64": np.int64}
+        return tuple(np.uint64(v).astype(kinds[t]) for t, v in zip(self.types, self.values, strict=True))
+
+
 class KernelRunner:
     """A compiled kernel and its launch geometry for one shape.
 
@@ -89,14 +119,23 @@ class KernelRunner:
     not.
     """
 
-    def __init__(self, kernel: Any, launch: kernels.Launch, sizes: tuple[Any, ...], batched: bool = False):
+    def __init__(self, kernel: Any, launch: kernels.Launch, sizes: tuple[Any, ...], batched: bool = False,
+                 inputs: int = 2):
         from . import build
 
         self.kernel = kernel
         self.geometry = launch
         self.sizes = sizes  # the kernel's size arguments (`KernelSpec.size_args`)
         self.batched = batched
-        self._buffers: dict[int, tuple[Any, Any, Any]] = {}  # stream pointer -> (owners, workspace, tickets)
+        self._buffers: dict[int, tuple[Any, int, int]] = {}  # stream pointer -> (owners, workspace, tickets)
+        # The parameters, in the kernels' order: inputs, output, sizes, (batched) batch strides of the
+        # inputs, (last_block) workspace and tickets. The sizes never change: written once here.
+        types = ("ptr",) * (inputs + 1) + tuple(str(np.asarray(s).dtype) for s in sizes)
+        types += ("int64",) * (inputs if batched else 0) + (("ptr", "ptr") if launch.tickets else ())
+        self.parameters = ParameterBlock(types)
+        for i, size in enumerate(sizes):
+            self.parameters.set(inputs + 1 + i, int(size))
+        self._first_stride = inputs + 1 + len(sizes)
         build.allow_dynamic_smem(kernel, launch.dynamic_smem_bytes)
 
     def launch(self, pointers: tuple[int, ...], out_ptr: int, out_nbytes: int, dtype: str, stream_ptr: int,
@@ -104,8 +143,7 @@ class KernelRunner:
         """Compute the output at `out_ptr` (`out_nbytes` bytes of `dtype`) from the inputs at `pointers`, on
         the CUDA stream `stream_ptr`. Allocates only on a last_block kernel's first run on a stream."""
         launch = self.geometry
-        args: tuple[Any, ...] = (*(np.uint64(p) for p in pointers), np.uint64(out_ptr), *self.sizes,
-                                 *(np.int64(s) for s in batch_strides))
+        buffers = None
         if launch.zero_output:
             # Split-K blocks add their partial sums into the output: it starts at zero, on the same stream
             # as the launch so that the two stay ordered for any caller (and inside a graph capture).
@@ -116,9 +154,19 @@ class KernelRunner:
             buffers = self._buffers.get(stream_ptr)
             if buffers is None:
                 buffers = self._allocate(dtype, stream_ptr, allocate)
-            args = (*args, buffers[1], buffers[2])
-        self.kernel(launch.grid, launch.block, args, shared_mem=launch.dynamic_smem_bytes,
-                    stream=cupy_stream(stream_ptr))
+        parameters = self.parameters
+        with parameters.lock:
+            for i, pointer in enumerate(pointers):
+                parameters.set(i, pointer)
+            parameters.set(len(pointers), out_ptr)
+            slot = self._first_stride
+            for stride in batch_strides:
+                parameters.set(slot, stride)
+                slot += 1
+            if buffers is not None:
+                parameters.set(slot, buffers[1])
+                parameters.set(slot + 1, buffers[2])
+            self.kernel.launch_packed(launch.grid, launch.block, launch.dynamic_smem_bytes, stream_ptr, parameters)
 
     def run(self, arrays: tuple[Any, ...], out: Any, stream: Any = None) -> None:
         """`launch` for CuPy arrays, on `stream` (CuPy's current stream when None)."""
@@ -128,7 +176,7 @@ class KernelRunner:
         self.launch(tuple(int(a.data.ptr) for a in arrays), int(out.data.ptr), int(out.nbytes), str(out.dtype),
                     _stream_ptr(stream), strides)
 
-    def _allocate(self, dtype: str, stream_ptr: int, allocate: Allocator) -> tuple[Any, Any, Any]:
+    def _allocate(self, dtype: str, stream_ptr: int, allocate: Allocator) -> tuple[Any, int, int]:
         """The workspace (uninitialized: every split stores its slice before any block reads it) and the
         tickets (zeroed on the stream, so the zeroing is ordered before this stream's first launch)."""
         import cupy
@@ -137,8 +185,7 @@ class KernelRunner:
         tickets, tickets_ptr = allocate(self.geometry.tickets, "uint32", stream_ptr)
         cupy.cuda.runtime.memsetAsync(tickets_ptr, 0, 4 * self.geometry.tickets, stream_ptr)
         # Two threads may allocate for one stream at once: both zeroed their own, one pair is kept.
-        return self._buffers.setdefault(stream_ptr, ((workspace, tickets), np.uint64(workspace_ptr),
-                                                     np.uint64(tickets_ptr)))
+        return self._buffers.setdefault(stream_ptr, ((workspace, tickets), workspace_ptr, tickets_ptr))
 
 
 @dataclasses.dataclass(frozen=True)

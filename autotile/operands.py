@@ -37,6 +37,11 @@ class Framework:
     def operand(self, x: Any, name: str) -> Operand:
         raise NotImplementedError
 
+    def signature(self, x: Any) -> tuple[Any, ...] | None:
+        """What a call's plan depends on (shape, strides, dtype, device), cheap to read and hashable, for an
+        array of this framework; None for anything else (which the full path reads and converts)."""
+        raise NotImplementedError
+
     def current_stream(self, device: int) -> int:
         """The framework's current CUDA stream on `device`, as a pointer."""
         raise NotImplementedError
@@ -82,6 +87,11 @@ class CupyFramework(Framework):
         itemsize = x.itemsize
         return Operand(x, x.data.ptr, x.shape, tuple(s // itemsize for s in x.strides), x.dtype.name, x.device.id)
 
+    def signature(self, x: Any) -> tuple[Any, ...] | None:
+        if not isinstance(x, self.cupy.ndarray):
+            return None
+        return x.shape, x.strides, x.dtype, x.device.id
+
     def current_stream(self, device: int) -> int:
         return self.cupy.cuda.get_current_stream(device).ptr
 
@@ -122,6 +132,7 @@ class TorchFramework(Framework):
         # The raw current-stream query (what torch.compile's generated code calls) skips the Stream object.
         raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
         self._raw_stream = raw if callable(raw) else None
+        self._devices: dict[int, Any] = {}  # index -> torch.device: a string such as "cuda:0" is parsed per use
 
     def operand(self, x: Any, name: str) -> Operand:
         if x.device.type != "cuda":
@@ -132,6 +143,11 @@ class TorchFramework(Framework):
             raise ArgumentError(f"{name} has dtype {x.dtype}; autotile supports {', '.join(_DTYPES)}")
         return Operand(x, x.data_ptr(), tuple(x.shape), x.stride(), dtype, x.device.index)
 
+    def signature(self, x: Any) -> tuple[Any, ...] | None:
+        if not isinstance(x, self.torch.Tensor):
+            return None
+        return x.shape, x.stride(), x.dtype, x.get_device()  # get_device: no torch.device object made
+
     def current_stream(self, device: int) -> int:
         if self._raw_stream is not None:
             return int(self._raw_stream(device))
@@ -140,11 +156,17 @@ class TorchFramework(Framework):
     def pointer(self, x: Any) -> int:
         return int(x.data_ptr())
 
+    def _device(self, index: int) -> Any:
+        device = self._devices.get(index)
+        if device is None:
+            device = self._devices[index] = self.torch.device("cuda", index)
+        return device
+
     def empty(self, shape: tuple[int, ...], dtype: str, device: int) -> Any:
-        return self.torch.empty(shape, dtype=self.torch_dtypes[dtype], device=f"cuda:{device}")
+        return self.torch.empty(shape, dtype=self.torch_dtypes[dtype], device=self._device(device))
 
     def zeros(self, shape: tuple[int, ...], dtype: str, device: int) -> Any:
-        return self.torch.zeros(shape, dtype=self.torch_dtypes[dtype], device=f"cuda:{device}")
+        return self.torch.zeros(shape, dtype=self.torch_dtypes[dtype], device=self._device(device))
 
     def fill_zero(self, x: Any) -> None:
         x.zero_()
@@ -156,7 +178,7 @@ class TorchFramework(Framework):
         # torch's caching allocator: inside a CUDA-graph capture this memory comes from the graph's pool
         # (kept alive by the runner, as the graph's replays use it). The block belongs to the current stream,
         # which is the launch stream unless the caller named another `stream=`.
-        tensor = self.torch.empty(elems, dtype=self.torch_dtypes[dtype], device="cuda")
+        tensor = self.torch.empty(elems, dtype=self.torch_dtypes[dtype], device="cuda")  # once per stream
         return tensor, tensor.data_ptr()
 
     def cupy_view(self, op: Operand) -> Any:

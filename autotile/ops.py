@@ -29,6 +29,7 @@ and changes nothing. cuBLAS runs without TF32 whatever PyTorch's `allow_tf32` sa
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import sys
@@ -39,7 +40,7 @@ from . import precision as precision_mod
 from .errors import ArgumentError
 from .impl import CublasRunner, Runner
 from .operands import Framework, Operand, as_framework, framework_of, stream_pointer
-from .plan import MatmulPlan, matrix_order, plan_matmul
+from .plan import matrix_order, plan_matmul
 from .problem import MAX_DIM, ProblemKey, canonical_layout
 
 if TYPE_CHECKING:  # the selection chain reads the cache (filelock, platformdirs): imported on first call
@@ -57,16 +58,18 @@ class _Prepared:
     key: ProblemKey | None = None
     capture_runner: Any = None  # where cuBLAS won: the generated kernel a CuPy graph capture runs instead
 
-    def call(self, framework: Framework, inputs: tuple[Operand, ...], out: Operand, stream_ptr: int,
-             batch_strides: tuple[int, ...] = ()) -> None:
-        """Compute `out` from `inputs` on the stream `stream_ptr`."""
+    def call(self, framework: Framework, inputs: tuple[Any, ...], out: Any, out_nbytes: int, dtype: str,
+             stream_ptr: int, batch_strides: tuple[int, ...] = ()) -> None:
+        """Compute `out` (`out_nbytes` bytes of `dtype`) from `inputs`, arrays of `framework`, on the stream
+        `stream_ptr`."""
         runner: Any = self.runner
         if self.cublas:
             if not _cupy_cublas_captured(framework, stream_ptr):
                 _cublas(framework, inputs, out, stream_ptr)
                 return
             runner = self._capture_runner()
-        runner.launch(tuple(op.ptr for op in inputs), out.ptr, _nbytes(out), out.dtype, stream_ptr, batch_strides,
+        pointer = framework.pointer
+        runner.launch(tuple(pointer(x) for x in inputs), pointer(out), out_nbytes, dtype, stream_ptr, batch_strides,
                       framework.allocate)
 
     def _capture_runner(self) -> Any:
@@ -98,9 +101,9 @@ def _cupy_cublas_captured(framework: Framework, stream_ptr: int) -> bool:
 
 _lock = threading.Lock()
 _prepared: dict[tuple[Any, ...], _Prepared] = {}
-# Calls by signature (framework; each operand's shape, strides, dtype and device; out's; the setting) that
-# needed no copy: what they run and how, so that a repeated call only reads pointers and launches.
-_calls: dict[tuple[Any, ...], tuple[_Prepared, MatmulPlan]] = {}
+# Calls by signature (each array's `Framework.signature`, out's, the setting) that needed no copy: what
+# they run and how, so that a repeated call only reads pointers and launches.
+_calls: dict[tuple[Any, ...], _Call] = {}
 _device_limits: dict[int, Any] = {}
 
 
@@ -161,23 +164,24 @@ def _cupy() -> Any:
     return import_cupy()
 
 
-def _cublas(framework: Framework, inputs: tuple[Operand, ...], out: Operand, stream_ptr: int) -> None:
-    """cuBLAS on the operands as the caller gave them (batches and transposes are cuBLAS's own arguments),
+def _cublas(framework: Framework, inputs: tuple[Any, ...], out: Any, stream_ptr: int) -> None:
+    """cuBLAS on the arrays as the caller gave them (batches and transposes are cuBLAS's own arguments),
     without TF32: torch's matmul where PyTorch's TF32 switch is off (its default), CuPy's otherwise."""
     if framework.name == "torch":
         torch = framework.torch  # type: ignore[attr-defined]
         if not torch.backends.cuda.matmul.allow_tf32:
-            if stream_ptr == framework.current_stream(out.device):
-                torch.matmul(*(op.obj for op in inputs), out=out.obj)
+            if stream_ptr == framework.current_stream(out.get_device()):
+                torch.matmul(*inputs, out=out)
             else:
                 with torch.cuda.stream(torch.cuda.ExternalStream(stream_ptr)):
-                    torch.matmul(*(op.obj for op in inputs), out=out.obj)
+                    torch.matmul(*inputs, out=out)
             return
     from .impl import cupy_stream
 
     cupy = _cupy()
     with cupy_stream(stream_ptr):
-        cupy.matmul(*(framework.cupy_view(op) for op in inputs), out=framework.cupy_view(out))
+        cupy.matmul(*(framework.cupy_view(framework.operand(x, "A")) for x in inputs),
+                    out=framework.cupy_view(framework.operand(out, "out")))
 
 
 def _check_dtypes(names: str, *ops: Operand) -> str:
@@ -220,26 +224,50 @@ def _stream(framework: Framework, stream: Any, device: int) -> int:
     return framework.current_stream(device) if stream is None else stream_pointer(stream)
 
 
-class _on_device:
-    """CuPy's current device set to `device` for the launch, where it is not already (the common case
-    costs one runtime query)."""
+_runtime: Any = None  # CuPy's CUDA runtime module, imported by the first call
 
-    runtime: Any = None
 
-    def __init__(self, device: int) -> None:
-        self.device = device
-        self.context: Any = None
+def _current_device() -> int:
+    global _runtime
+    if _runtime is None:
+        _runtime = _cupy().cuda.runtime
+    return int(_runtime.getDevice())
 
-    def __enter__(self) -> None:
-        if _on_device.runtime is None:
-            _on_device.runtime = _cupy().cuda.runtime
-        if _on_device.runtime.getDevice() != self.device:
-            self.context = _cupy().cuda.Device(self.device)
-            self.context.__enter__()
 
-    def __exit__(self, *exc: Any) -> None:
-        if self.context is not None:
-            self.context.__exit__(*exc)
+def _device_of(device: int) -> Any:
+    """A context in which the CUDA runtime's current device is `device` (a kernel compiled and loaded there
+    belongs to it)."""
+    return contextlib.nullcontext() if _current_device() == device else _cupy().cuda.Device(device)
+
+
+def _launch_on(device: int, prepared: _Prepared, *args: Any) -> None:
+    """`prepared.call(*args)` with the CUDA runtime's current device set to `device` (the compiled kernel
+    belongs to it), where it is not already: the common case costs one runtime query."""
+    if _current_device() == device:
+        prepared.call(*args)
+    else:
+        with _cupy().cuda.Device(device):
+            prepared.call(*args)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Call:
+    """A call signature that needed no copy, checked, planned and prepared once: what a repeated call runs
+    (everything but the arrays' pointers and the stream)."""
+
+    prepared: _Prepared
+    out_shape: tuple[int, ...]
+    out_nbytes: int
+    dtype: str
+    device: int
+    batch_strides: tuple[int, ...]
+
+    def run(self, framework: Framework, inputs: tuple[Any, ...], out: Any, stream: Any) -> Any:
+        c = out if out is not None else framework.empty(self.out_shape, self.dtype, self.device)
+        stream_ptr = framework.current_stream(self.device) if stream is None else stream_pointer(stream)
+        _launch_on(self.device, self.prepared, framework, inputs, c, self.out_nbytes, self.dtype, stream_ptr,
+                   self.batch_strides)
+        return c
 
 
 def matmul(A: Any, B: Any, out: Any = None, precision: str | None = None, stream: Any = None) -> Any:
@@ -272,18 +300,14 @@ def matmul_no_autograd(A: Any, B: Any, out: Any = None, precision: str | None = 
     """`matmul` without the autograd check: what the PyTorch operator runs."""
     setting = precision_mod.resolve(precision)  # checked first: a bad value is an error whatever the arrays
     framework = framework_of(A, B)
-    a, b = as_framework(framework, A, "A"), as_framework(framework, B, "B")
-    given = None if out is None else as_framework(framework, out, "out")
-    signature = (framework.name, a.shape, a.strides, a.dtype, a.device, b.shape, b.strides, b.dtype, b.device,
-                 None if given is None else (given.shape, given.strides, given.dtype, given.device), setting)
+    # The per-call path: a repeated call of a known signature reads its arrays' signatures and pointers and
+    # launches; everything else was checked and prepared by its first call.
+    signature = (framework.signature(A), framework.signature(B), None if out is None else framework.signature(out),
+                 setting)
     known = _calls.get(signature)
-    if known is not None:  # checked, planned and prepared by an earlier call of this signature
-        prepared, plan = known
-        c = given if given is not None else _new_output(framework, plan.out_shape, a.dtype, a.device)
-        stream_ptr = framework.current_stream(a.device) if stream is None else stream_pointer(stream)
-        with _on_device(a.device):
-            prepared.call(framework, (a, b), c, stream_ptr, plan.batch_strides)
-        return c.obj
+    if known is not None:
+        return known.run(framework, (A, B), out, stream)
+    a, b = as_framework(framework, A, "A"), as_framework(framework, B, "B")
     dtype = _check_dtypes("AB", a, b)
     plan = plan_matmul(a.shape, a.strides, b.shape, b.strides)
     copied = plan.copy_a or plan.copy_b
@@ -297,19 +321,15 @@ def matmul_no_autograd(A: Any, B: Any, out: Any = None, precision: str | None = 
         return _zeros(framework, out, plan.out_shape, dtype, a.device)
     c = _output(framework, out, plan.out_shape, dtype, a.device)
     stream_ptr = _stream(framework, stream, a.device)
-    with _on_device(a.device):
+    with _device_of(a.device):
         prepared = _prepare(plan.kernel, dtype, plan.layout, plan.shape, setting, a.device)
-        prepared.call(framework, (a, b), c, stream_ptr, plan.batch_strides)
-    if not copied:
-        with _lock:
-            _calls[signature] = (prepared, plan)
+    call = _Call(prepared, plan.out_shape, _nbytes(c), dtype, a.device, plan.batch_strides)
+    _launch_on(a.device, prepared, framework, (a.obj, b.obj), c.obj, call.out_nbytes, dtype, stream_ptr,
+               plan.batch_strides)
+    if not copied and None not in signature[:2] and (out is None or signature[2] is not None):
+        with _lock:  # only signatures of the framework's own arrays: others are converted on every call
+            _calls[signature] = call
     return c.obj
-
-
-def _new_output(framework: Framework, shape: tuple[int, ...], dtype: str, device: int) -> Operand:
-    array = framework.empty(shape, dtype, device)
-    strides = tuple(math.prod(shape[i + 1:]) for i in range(len(shape)))
-    return Operand(array, framework.pointer(array), shape, strides, dtype, device)
 
 
 def matvec(A: Any, x: Any, out: Any = None, precision: str | None = None, stream: Any = None) -> Any:
@@ -335,9 +355,9 @@ def matvec(A: Any, x: Any, out: Any = None, precision: str | None = None, stream
         v = framework.operand(framework.row_major(v.obj), "x")
     y = _output(framework, out, (M,), dtype, a.device)
     stream_ptr = _stream(framework, stream, a.device)
-    with _on_device(a.device):
-        _prepare("matvec", dtype, "row" if order == "n" else "col", (M, K), setting, a.device).call(
-            framework, (a, v), y, stream_ptr)
+    with _device_of(a.device):
+        prepared = _prepare("matvec", dtype, "row" if order == "n" else "col", (M, K), setting, a.device)
+    _launch_on(a.device, prepared, framework, (a.obj, v.obj), y.obj, _nbytes(y), dtype, stream_ptr)
     return y.obj
 
 

@@ -5,6 +5,7 @@ output, the launch sizes them, the runner passes them per stream, and the new na
 
 from __future__ import annotations
 
+import ctypes
 import re
 import sys
 import types
@@ -15,7 +16,7 @@ import pytest
 from autotile import build, kernels, select
 from autotile.device import PROFILES
 from autotile.errors import CompileError
-from autotile.impl import KernelRunner
+from autotile.impl import KernelRunner, ParameterBlock
 from autotile.problem import ProblemKey
 from autotile.space import Problem
 
@@ -227,14 +228,24 @@ def _allocator(log: list):
     return allocate
 
 
+class _RecordingKernel:
+    """Stands in for `build.Kernel`: records each launch's geometry, packed parameters and stream."""
+
+    def __init__(self) -> None:
+        self.calls: list = []
+
+    def launch_packed(self, grid, block, shared_mem, stream_ptr, parameters):
+        self.calls.append((grid, block, parameters.arguments(), stream_ptr))
+
+
 def test_runner_passes_one_workspace_per_stream_and_zeroes_tickets_once(fake_cupy):
     log = fake_cupy
     spec = kernels.get("matvec")
     shape = (1031, 2053)
     launch = spec.launch(spec.space.named("warp-per-row-split8"), shape)
-    calls = []
-    runner = KernelRunner(lambda grid, block, args, shared_mem, stream: calls.append((grid, block, args, stream)),
-                          launch, spec.size_args(shape))
+    kernel = _RecordingKernel()
+    calls = kernel.calls
+    runner = KernelRunner(kernel, launch, spec.size_args(shape))
     allocate = _allocator(log)
     for stream in (0, 0, 77, 77):
         runner.launch((11, 22), 33, 1031 * 4, "float32", stream, (), allocate)
@@ -248,7 +259,7 @@ def test_runner_passes_one_workspace_per_stream_and_zeroes_tickets_once(fake_cup
     assert [int(v) for v in first[:3]] == [11, 22, 33] and [int(v) for v in first[3:5]] == [1031, 2053]
     assert first[5] == second[5] and first[6] == second[6]  # the same pair on one stream
     assert third[5] != first[5] and third[6] != first[6] and third[5] == fourth[5]
-    assert calls[2][3].ptr == 77 and calls[0][3].ptr == 0  # launched on the stream it was given
+    assert calls[2][3] == 77 and calls[0][3] == 0  # launched on the stream it was given
 
 
 def test_runner_of_an_atomic_split_zeroes_the_output_and_passes_no_buffers(fake_cupy):
@@ -256,12 +267,11 @@ def test_runner_of_an_atomic_split_zeroes_the_output_and_passes_no_buffers(fake_
     spec = kernels.get("matvec")
     shape = (1031, 2053)
     launch = spec.launch(spec.space.named("warp-per-row"), shape)
-    calls = []
-    runner = KernelRunner(lambda grid, block, args, shared_mem, stream: calls.append(args), launch,
-                          spec.size_args(shape))
+    kernel = _RecordingKernel()
+    runner = KernelRunner(kernel, launch, spec.size_args(shape))
     runner.launch((1, 2), 4096, 1031 * 4, "float32", 5, ())
     assert [e[0] for e in log] == ["memset"] and log[0][1:] == (4096, 0, 1031 * 4, 5)  # on the launch stream
-    assert len(calls[0]) == 5
+    assert len(kernel.calls[0][2]) == 5 and kernel.calls[0][3] == 5
 
 
 def test_a_batched_runner_passes_the_batch_strides_after_the_sizes(fake_cupy):
@@ -270,11 +280,10 @@ def test_a_batched_runner_passes_the_batch_strides_after_the_sizes(fake_cupy):
     config = spec.space.named("tf32x3-64")
     launch = spec.launch(config, shape)
     assert launch.grid[2] == 6 and launch.grid[:2] == kernels.get("matmul").launch(config, shape[1:]).grid[:2]
-    calls = []
-    runner = KernelRunner(lambda grid, block, args, shared_mem, stream: calls.append(args), launch,
-                          spec.size_args(shape), spec.batched)
+    kernel = _RecordingKernel()
+    runner = KernelRunner(kernel, launch, spec.size_args(shape), spec.batched)
     runner.launch((1, 2), 3, 6 * 131 * 67 * 4, "float32", 0, (131 * 257, 0))
-    args = calls[0]
+    args = kernel.calls[0][2]
     assert [int(v) for v in args[3:6]] == [131, 67, 257] and [int(v) for v in args[6:]] == [131 * 257, 0]
     assert [type(v) for v in args[3:]] == [np.int32] * 3 + [np.int64] * 2
 
@@ -332,3 +341,15 @@ def test_sampled_last_block_configs_compile(kernel, layout, dtype):
         if config["smem"] == "static":
             model = kernels.get(kernel).space.derive(config, Problem(PROFILES["h100"], dtype, layout))
             assert usage.static_smem == model["smem_bytes"], config.key()
+
+
+def test_parameter_block_points_the_driver_at_each_slot_with_the_value_in_its_type():
+    parameters = ParameterBlock(("ptr", "int32", "int64"))
+    parameters.set(0, 0xDEADBEEF00)
+    parameters.set(1, 257)
+    parameters.set(2, -3)
+    pointers = (ctypes.c_void_p * 3).from_address(parameters.address)  # what cuLaunchKernel dereferences
+    assert ctypes.c_uint64.from_address(pointers[0]).value == 0xDEADBEEF00
+    assert ctypes.c_int32.from_address(pointers[1]).value == 257
+    assert ctypes.c_int64.from_address(pointers[2]).value == -3
+    assert parameters.arguments() == (np.uint64(0xDEADBEEF00), np.int32(257), np.int64(-3))
