@@ -35,7 +35,7 @@ import socket
 import threading
 import time
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from .errors import InvalidValueError
 
@@ -208,9 +208,11 @@ def is_dead(trial: Any, grace_s: float, now: float | None = None) -> bool:
     return beat is not None and (now if now is not None else time.time()) - beat > grace_s
 
 
-def recover_dead(study: Any, grace_s: float = GRACE_S, max_retries: int = MAX_RETRIES) -> list[int]:
+def recover_dead(study: Any, grace_s: float = GRACE_S, max_retries: int = MAX_RETRIES,
+                 retry: Callable[[Any, Any, list[int]], None] | None = None) -> list[int]:
     """Fail the RUNNING trials whose worker is gone, and enqueue each dead run's config again (unless it
-    was retried `max_retries` times already). Returns the numbers of the trials this call failed."""
+    was retried `max_retries` times already). Returns the numbers of the trials this call failed.
+    `retry(study, dead_trial, history)` replaces the re-enqueueing of a tuning trial (the batch's own)."""
     import optuna
 
     storage = _storage_of(study)
@@ -225,7 +227,10 @@ def recover_dead(study: Any, grace_s: float = GRACE_S, max_retries: int = MAX_RE
             continue  # finished meanwhile, or failed by another worker first: that one retries it
         failed.append(trial.number)
         history = list(trial.user_attrs.get(RETRY_OF) or []) + [trial.number]
-        if trial.user_attrs.get(VERDICT) == RUN and trial.params and len(history) <= max_retries:
+        if retry is not None:
+            if len(history) <= max_retries:
+                retry(study, trial, history)
+        elif trial.user_attrs.get(VERDICT) == RUN and trial.params and len(history) <= max_retries:
             attrs = {k: v for k, v in trial.user_attrs.items() if k in ("seed", "named")}
             study.enqueue_trial(dict(trial.params), user_attrs=dict(attrs, **{RETRY_OF: history}))
     return failed
