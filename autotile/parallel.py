@@ -13,9 +13,11 @@ A `Backend` is what a worker times with: the GPU (`GpuBackend`), or a recorded t
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import importlib
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -211,7 +213,11 @@ def tune_on_devices(key: ProblemKey, options: TuneOptions, devices: list[int], *
     before = {t.number for t in study.get_trials(deepcopy=False)}
     say(f"{len(devices)} workers on study {study_name!r} in {storage}")
     opts_json = dataclasses.asdict(options)
-    workers = [Worker(d, {"role": "tune", "key": key.to_json(), "options": dict(opts_json, worker=i),
+    # Each worker reseeds its sampler by its index, so that they do not draw one sequence. On a storage the
+    # user named, other hosts may be at work with the same indices: their parents' host and PID tell apart.
+    first = 0 if options.storage == default_journal(default_root(), study_name) else \
+        int.from_bytes(hashlib.sha256(f"{socket.gethostname()}/{os.getpid()}".encode()).digest()[:3], "little") << 8
+    workers = [Worker(d, {"role": "tune", "key": key.to_json(), "options": dict(opts_json, worker=first + i),
                           "fix": fix, "backend": backend, "device": 0 if backend is None else d}, backend)
                for i, d in enumerate(devices)]
     started = time.monotonic()

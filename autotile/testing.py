@@ -32,11 +32,12 @@ class ReplayEvaluator:
     """
 
     def __init__(self, table: dict[str, Any], space: Space | None = None, *, delay_s: float = 0.0,
-                 log: str | Path | None = None):
+                 log: str | Path | None = None, tag: str = "-"):
         """`space`, if given, re-keys the table through it: a parameter added since the recording (with
         a default) then appears in the keys with its default value, as in the tuner's candidates.
         `delay_s`: seconds each candidate takes (a GPU's compile and timing). `log`: a file that gets one
-        line per candidate evaluated, "PID CONFIG_KEY" (appended whole: several processes may share it)."""
+        line per candidate evaluated, "PID TAG CONFIG_KEY" (appended whole: several processes may share it;
+        `tag` names the problem, without spaces)."""
         if space is not None:
             results = {}
             for key, entry in table["results"].items():
@@ -50,6 +51,7 @@ class ReplayEvaluator:
         self.evaluated: list[str] = []
         self.delay_s = delay_s
         self.log = Path(log) if log is not None else None
+        self.tag = tag
 
     @classmethod
     def load(cls, path: str | Path) -> "ReplayEvaluator":
@@ -65,7 +67,7 @@ class ReplayEvaluator:
                 # Logged before the pause: a worker killed mid-candidate still shows what it had begun.
                 fd = os.open(self.log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
                 try:
-                    os.write(fd, f"{os.getpid()} {cand.config_key}\n".encode())
+                    os.write(fd, f"{os.getpid()} {self.tag} {cand.config_key}\n".encode())
                 finally:
                     os.close(fd)
             if self.delay_s:
@@ -155,7 +157,7 @@ class ReplayBackend:
             if "timing" in entry:
                 entry["timing"] = scaled(entry["timing"])
         table["environment"]["device_index"] = device
-        return ReplayEvaluator(table, self._space, delay_s=self.delay_s, log=self.log)
+        return ReplayEvaluator(table, self._space, delay_s=self.delay_s, log=self.log, tag=key.shape_text)
 
 
 __all__ = ["ReplayBackend", "ReplayEvaluator", "record_table", "replay_space"]
