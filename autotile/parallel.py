@@ -26,7 +26,7 @@ from typing import Any, Callable, Protocol
 from .device import DeviceLimits
 from .errors import AutotileError, InvalidValueError
 from .problem import ProblemKey
-from .space import Space
+from .space import Problem, Space
 from .tuner import Evaluator, Progress, Search, TuneOptions, Tuner, TuneResult
 
 RESTARTS = 2  # times a worker that died (not by a bad option) is started again, per GPU
@@ -127,7 +127,10 @@ def worker_command(payload: dict[str, Any]) -> list[str]:
 def worker_env(device: int, backend: str | None) -> dict[str, str]:
     env = dict(os.environ)
     if backend is None:  # the GPU: each worker sees its own only, as device 0
-        env["CUDA_VISIBLE_DEVICES"] = str(device)
+        # --devices counts the GPUs this process sees: where CUDA_VISIBLE_DEVICES narrows them already,
+        # index its list (which may hold UUIDs) rather than the machine's.
+        visible = [v.strip() for v in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
+        env["CUDA_VISIBLE_DEVICES"] = visible[device] if device < len(visible) else str(device)
     return env
 
 
@@ -210,6 +213,8 @@ def tune_on_devices(key: ProblemKey, options: TuneOptions, devices: list[int], *
     options = dataclasses.replace(options, study_name=study_name, storage=storage)
     tuner = Tuner(key, options, space=space)
     study = tuner.open_study(limits)  # created and bound here, before the workers race to it
+    # The seeds, starting points (and a grid) are queued once, here, rather than by each worker at once.
+    tuner.enqueue_fixed(study, Problem(limits, key.dtype, key.layout))
     before = {t.number for t in study.get_trials(deepcopy=False)}
     say(f"{len(devices)} workers on study {study_name!r} in {storage}")
     opts_json = dataclasses.asdict(options)

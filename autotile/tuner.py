@@ -301,7 +301,7 @@ class Tuner:
         opts = self.options
         study = study if study is not None else self.open_study(limits)
         problem = Problem(limits, self.dtype, self.layout)
-        self._enqueue_fixed(study, problem)
+        self.enqueue_fixed(study, problem)
 
         started = time.monotonic()
         ran = pruned = duplicates = skips = 0
@@ -413,7 +413,7 @@ class Tuner:
             seconds=(search.seconds if search else 0.0) + time.monotonic() - started,
             environment=dict(evaluator.environment), study_name=study.study_name, precision=self.options.precision)
 
-    def _enqueue_fixed(self, study: Any, problem: Problem) -> None:
+    def enqueue_fixed(self, study: Any, problem: Problem) -> None:
         """Enqueue the seeds, the space's named configs and the starting points (and, for the grid sampler,
         the grid) that the study has not run, is not running and has not queued. Two workers starting at
         the same moment may both enqueue one: the second copy is judged a repeat and never timed."""
