@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 from typing import Any, Callable
 
 from . import build, kernels, validate
 from .device import DeviceLimits
-from .errors import CacheError
+from .errors import CacheError, InvalidValueError
 from .problem import ProblemKey, parse_shape
 from .tuner import Progress, TuneOptions, Tuner, TuneResult
 from .worker import IsolatedRunner, Setup
+
+log = logging.getLogger(__name__)
 
 
 def to_record(result: TuneResult, compat: str, source: str | None = None) -> Any:
@@ -44,7 +47,8 @@ def tune(kernel: str, shape: str | tuple[int, ...], *, dtype: str = "float32", l
          progress: bool | Callable[[Progress], None] = False, evaluator: Any = None,
          candidate_timeout: float = 60.0, render_source: Callable[..., str] | None = None,
          fix: dict[str, Any] | None = None, start: dict[str, Any] | None = None,
-         precision: str | None = None) -> TuneResult:
+         precision: str | None = None, devices: list[int] | None = None, backend: str | None = None,
+         heartbeat_grace: float = 60.0) -> TuneResult:
     """Tune `kernel` for one problem on the current GPU and store the winner in the cache.
 
     `shape` is 'MxNxK' (matmul) or 'MxK' (matvec) or a tuple. `storage` is an optuna storage URL
@@ -55,6 +59,12 @@ def tune(kernel: str, shape: str | tuple[int, ...], *, dtype: str = "float32", l
     float32 matmul precision setting the winner must run under (None: the process-wide one, "high" unless
     set): "highest" searches the SIMT configs only (MATH=simt), "high" and "medium" the tf32x3 ones too; the
     study is bound to it, and its default name ends in "-highest" under "highest".
+
+    `devices` (GPU indices) runs one worker process per GPU on one study (`autotile.parallel`), in
+    `storage` or else a journal file under the cache root; the winner is named once, on the first GPU.
+    Any number of processes (other hosts) may work on the same `storage` and `study_name` at once: the
+    budget is the study's total. `heartbeat_grace`: seconds after which a silent worker's trial is failed
+    and its config retried. `backend` ("module:attribute") replaces the GPU in the workers (tests).
     """
     key = ProblemKey.of(kernel, shape, dtype, layout)
     # Everything cheap is checked before a worker starts: the same checks, and words, as the command's.
@@ -64,10 +74,29 @@ def tune(kernel: str, shape: str | tuple[int, ...], *, dtype: str = "float32", l
     seed = validate.seed(seed)
     storage = validate.storage_url(storage)
     setting = validate.precision(precision)
+    heartbeat_grace = validate.seconds(heartbeat_grace, name="heartbeat_grace", allow_none=False)
     options = TuneOptions(trials=trials, timeout_s=timeout, sampler=sampler, seed=seed, storage=storage,
                           study_name=study_name, candidate_timeout_s=candidate_timeout,
                           start=tuple((name, dict(values)) for name, values in (start or {}).items()),
-                          precision=setting)
+                          precision=setting, grace_s=heartbeat_grace)
+    if devices is not None:
+        from .parallel import parse_devices, tune_on_devices
+
+        if evaluator is not None or render_source is not None:
+            raise InvalidValueError("devices runs workers in processes of their own: pass backend, not "
+                                    "evaluator or render_source")
+        devices = parse_devices(list(devices), name="devices")
+        assert devices is not None
+        callback = _progress_bar(trials) if progress is True else (progress or None)
+        try:
+            result = tune_on_devices(key, options, devices, fix=fix, backend=backend, progress=callback,
+                                     say=lambda m: None if progress is False else log.info(m))
+        finally:
+            if callback is not None and hasattr(callback, "close"):
+                callback.close()
+        if cache is None:
+            return result
+        return _save(result, kernels.get(kernel).render(result.best.config, key.dtype, key.layout), cache)
     space = kernels.get(kernel).space.restricted(fix) if fix else None
     tuner = Tuner(key, options, space=space, render_source=render_source)
     owned = evaluator is None

@@ -179,7 +179,25 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    return _dispatch(parser.parse_args(argv))
+
+
+def autotune_main(argv: Sequence[str] | None = None) -> int:
+    """`autotune`: `autotile tune` under the name this project's users asked for (same options, same help)."""
+    parser = build_parser()
+    tune = _subparsers(parser).choices["tune"]
+    tune.prog = "autotune"
+    return _dispatch(tune.parse_args(argv))
+
+
+def _subparsers(parser: argparse.ArgumentParser) -> argparse._SubParsersAction:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return action
+    raise AssertionError("the parser has no subcommands")
+
+
+def _dispatch(args: argparse.Namespace) -> int:
     try:
         return int(args.func(args) or 0)
     except AutotileError as exc:

@@ -40,7 +40,29 @@ def add_commands(sub: Any, add_problem_options: Callable[..., None]) -> None:
                         "configs only, high and medium the FP32-level tf32x3 tensor-core configs too (default: "
                         "the process default, $AUTOTILE_FLOAT32_MATMUL_PRECISION, else high)")
     p.add_argument("--no-cache", action="store_true", help="do not write the winner to the cache")
+    add_scale_options(p)
     p.set_defaults(func=cmd_tune)
+
+    b = sub.add_parser("batch", help="tune every problem of a YAML or CSV list, spread over GPUs (resumable)")
+    b.add_argument("file", help="problems: YAML list of {kernel, shape, dtype, layout, trials} or CSV with that header")
+    b.add_argument("--trials", type=int, default=100, help="trials per problem without its own (default 100)")
+    b.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
+                   help="per problem: stop drawing candidates after this long (default: no limit)")
+    b.add_argument("--sampler", choices=SAMPLERS, default="tpe", help="optuna sampler (default tpe)")
+    b.add_argument("--seed", type=int, default=0, help=f"sampler and input seed, 0..{validate.SEED_MAX} (default 0)")
+    b.add_argument("--storage", default=None,
+                   help="where the batch and its problems' studies live: journal:PATH or a database URL "
+                        "(default: a journal file under the cache root, named after the list)")
+    b.add_argument("--study-name", default=None, help="the batch study's name (default: from the list and GPU)")
+    b.add_argument("--candidate-timeout", type=float, default=60.0, metavar="SECONDS",
+                   help="a candidate silent this long is recorded as a hang (default 60)")
+    b.add_argument("--precision", default=None, metavar="{highest,high,medium}",
+                   help="float32 matmul precision the winners must run under (default: high)")
+    b.add_argument("--no-cache", action="store_true", help="do not write the winners to the cache")
+    b.add_argument("--survey", action="store_true",
+                   help="then rebuild the shape database of this GPU (autotile survey) for the kernels listed")
+    add_scale_options(b)
+    b.set_defaults(func=cmd_batch)
 
     c = sub.add_parser("cache", help="list, show or clear tuned configs")
     csub = c.add_subparsers(dest="cache_command", required=True)
@@ -58,6 +80,17 @@ def add_commands(sub: Any, add_problem_options: Callable[..., None]) -> None:
     q.add_argument("--device", default=None, help=device_help)
     q.add_argument("--kernel", default=None, help=f"only this kernel ({', '.join(kernels.KERNELS)})")
     q.set_defaults(func=cmd_cache_clear)
+
+
+def add_scale_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--devices", default=None, metavar="0,1,...|all",
+                   help="one worker process per GPU listed, on one study (default: this process, on GPU 0); "
+                        "without --storage the study is a journal file under the cache root")
+    p.add_argument("--heartbeat-grace", type=float, default=60.0, metavar="SECONDS",
+                   help="a trial whose worker (on another host) sent no heartbeat this long is failed and its "
+                        "config run by another worker (default 60; a dead worker on this host is seen at once)")
+    # Test support: what the workers time with, as MODULE:ATTRIBUTE (autotile.testing:ReplayBackend).
+    p.add_argument("--backend", default=None, help=argparse.SUPPRESS)
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
@@ -80,15 +113,61 @@ def cmd_tune(args: argparse.Namespace) -> int:
     setting = validate.precision(args.precision, name="--precision")
     narrowed = spec.space.restricted(fix) if fix else spec.space  # unknown names and values fail here
     precision.restricted(narrowed, args.dtype, setting)  # and a --fix the precision leaves empty, before the GPU
-    from .device import live_device
+    grace = validate.seconds(args.heartbeat_grace, name="--heartbeat-grace", allow_none=False)
+    from .parallel import parse_devices
 
-    live_device()  # a clear one-line error here when there is no GPU
+    if args.backend is None:
+        from .device import live_device
+
+        live_device()  # a clear one-line error here when there is no GPU
+    devices = parse_devices(args.devices)
     result = tune(args.kernel, shape, dtype=args.dtype, layout=layout, trials=args.trials, timeout=args.timeout,
                   sampler=args.sampler, seed=args.seed, storage=args.storage, study_name=args.study_name,
                   cache=None if args.no_cache else "default", progress=True,
-                  candidate_timeout=args.candidate_timeout, fix=fix or None, precision=setting)
+                  candidate_timeout=args.candidate_timeout, fix=fix or None, precision=setting,
+                  devices=devices, backend=args.backend, heartbeat_grace=grace)
     print(format_result(result))
     return report_saving(result)
+
+
+def cmd_batch(args: argparse.Namespace) -> int:
+    from .batch import read_problems, run_batch, table
+    from .parallel import parse_devices
+
+    items = read_problems(args.file)
+    validate.count(args.trials, name="--trials", minimum=1)
+    timeout = validate.seconds(args.timeout, name="--timeout", allow_none=True)
+    candidate_timeout = validate.seconds(args.candidate_timeout, name="--candidate-timeout", allow_none=False)
+    grace = validate.seconds(args.heartbeat_grace, name="--heartbeat-grace", allow_none=False)
+    validate.seed(args.seed, name="--seed")
+    storage = validate.storage_url(args.storage, name="--storage")
+    setting = validate.precision(args.precision, name="--precision")
+    if args.backend is None:
+        from .device import live_device
+
+        live_device()
+    devices = parse_devices(args.devices) or [0]
+    options = {"timeout_s": timeout, "sampler": args.sampler, "seed": args.seed,
+               "candidate_timeout_s": candidate_timeout, "precision": setting, "grace_s": grace}
+    rows, seconds = run_batch(items, devices=devices, trials=args.trials, options=options, storage=storage,
+                              study_name=args.study_name, backend=args.backend, cache=not args.no_cache,
+                              cache_root=None, say=lambda m: print(m, flush=True))
+    print()
+    print(table(rows))
+    done = sum(r.status == "done" for r in rows)
+    print(f"\n{done} of {len(rows)} problems tuned in {seconds:.1f} s on {len(devices)} GPU(s)"
+          + ("" if done == len(rows) else "; run the same command again to resume"))
+    if args.survey and done:
+        from . import survey
+
+        names = sorted({r.item.key.kernel for r in rows} & set(survey.GRID))
+        dtypes = sorted({r.item.key.dtype for r in rows})
+        for dtype in dtypes:
+            ns = argparse.Namespace(kernels=",".join(names), dtype=dtype, layouts="row,col", root=None, budget=None,
+                                    random_shapes=None, check=False, device=None)
+            if names and survey.run(ns) != 0:
+                return 1
+    return 0 if done == len(rows) else 1
 
 
 def report_saving(result: Any) -> int:

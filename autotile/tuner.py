@@ -10,7 +10,9 @@ it for another one is refused.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import hashlib
 import logging
 import statistics
 import time
@@ -29,6 +31,9 @@ SAMPLERS = ("tpe", "random", "grid", "cmaes", "nsga2")
 SEED_PREFIX = "seed-"
 MAX_SKIPS = 5000  # infeasible or repeated draws in a row before we call the space exhausted
 PROBLEM_ATTR = "autotile_problem"  # the study's user attribute that binds it to one problem
+
+
+log = logging.getLogger(__name__)
 
 
 class TuningError(AutotileError, RuntimeError):
@@ -61,6 +66,10 @@ class TuneOptions:
     start: tuple[tuple[str, Any], ...] = ()
     # The float32 matmul precision setting the winner must run under: "highest" searches MATH=simt only.
     precision: str = precision_mod.DEFAULT
+    # This worker's index among several on one study: it reseeds the sampler, so that workers do not all
+    # draw the same sequence (None: the seed as it is, for one worker).
+    worker: int | None = None
+    grace_s: float = 60.0  # a running trial whose worker's heartbeat stopped this long is failed and retried
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,6 +137,59 @@ class TuneResult:
     @property
     def trials_per_second(self) -> float:
         return self.trials / self.seconds if self.seconds > 0 else 0.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Search:
+    """What one worker's search did: the study, and its own counts (the study holds everyone's)."""
+
+    study: Any
+    ran: int  # candidates this worker timed
+    pruned: int
+    duplicates: int
+    failures: dict[str, int]
+    seconds: float
+
+
+def _worker_seed(seed: int, worker: int) -> int:
+    """A sampler seed of its own for worker `worker` (0 keeps `seed`), reproducible from both."""
+    if worker == 0:
+        return seed
+    digest = hashlib.sha256(f"{seed}/{worker}".encode()).digest()
+    return int.from_bytes(digest[:4], "little")
+
+
+def _attrs(trial: Any, **values: Any) -> None:
+    import optuna
+
+    for name, value in values.items():
+        with contextlib.suppress(optuna.exceptions.UpdateFinishedTrialError):
+            trial.set_user_attr(name, value)
+
+
+def _tell(study: Any, trial: Any, value_ms: float | None) -> bool:
+    """Tell a run's result (None: a failure); False where the trial was failed meanwhile as dead."""
+    import optuna
+
+    try:
+        if value_ms is None:
+            study.tell(trial, state=optuna.trial.TrialState.FAIL)
+        else:
+            study.tell(trial, value_ms)
+    except (optuna.exceptions.UpdateFinishedTrialError, RuntimeError, ValueError) as exc:
+        if "finished" not in str(exc).lower() and not isinstance(exc, optuna.exceptions.UpdateFinishedTrialError):
+            raise
+        return False
+    return True
+
+
+def _readable(tuner: "Tuner", ms: float, baseline_ms: float | None) -> dict[str, Any]:
+    """User attributes that optuna-dashboard shows beside a trial's value (milliseconds)."""
+    metric, unit = kernels.metric(tuner.spec.name, tuner.shape, tuner.dtype, ms)
+    out: dict[str, Any] = {unit.replace("/", "_per_"): round(metric, 1)}
+    if baseline_ms:
+        out["x_cublas"] = round(baseline_ms / ms, 3)
+    return out
 
 
 def make_sampler(name: str, seed: int) -> Any:
@@ -205,127 +267,191 @@ class Tuner:
 
     def run(self, evaluator: Evaluator, limits: DeviceLimits,
             progress: Callable[[Progress], None] | None = None) -> TuneResult:
+        """Search until the study's budget is spent, then name the winner: one worker's whole run."""
+        search = self.search(evaluator, limits, progress)
+        return self.finish(evaluator, limits, search)
+
+    def open_study(self, limits: DeviceLimits) -> Any:
+        """The study of this problem in the options' storage (created, or resumed), bound to the problem."""
         import optuna
+
+        from . import study as study_mod
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         logging.getLogger("optuna").setLevel(logging.WARNING)
         opts = self.options
-        problem = Problem(limits, self.dtype, self.layout)
         study_name = opts.study_name or self.default_study_name(limits)
-        study = optuna.create_study(direction="minimize", sampler=make_sampler(opts.sampler, opts.seed),
-                                    storage=opts.storage, study_name=study_name, load_if_exists=True)
+        seed = opts.seed if opts.worker is None else _worker_seed(opts.seed, opts.worker)
+        study = optuna.create_study(direction="minimize", sampler=make_sampler(opts.sampler, seed),
+                                    storage=study_mod.open_storage(opts.storage), study_name=study_name,
+                                    load_if_exists=True)
         self._bind(study, limits)
-        known: dict[str, tuple[float | None, str | None]] = {}  # config key -> (time or None, seed name)
-        for t in study.trials:
-            key = t.user_attrs.get("config_key")
-            if key and t.state in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL):
-                value = t.value if t.state == optuna.trial.TrialState.COMPLETE else None
-                known[key] = (value, t.user_attrs.get("seed"))
-        counted_before = len(known)
+        return study
 
-        # The seeds run first: they are the baselines every result is reported against. The space's
-        # other named configs (hand-picked starting points) follow, then the sampler's own draws.
-        named = sorted(self.space.named_configs.items(), key=lambda item: not item[0].startswith(SEED_PREFIX))
-        enqueued: set[str] = set()
-        for name, config in named:
-            if config.key() not in known and self.space.is_feasible(config, problem):
-                attrs = {"seed": name} if name.startswith(SEED_PREFIX) else {"named": name}
-                study.enqueue_trial(dict(config), user_attrs=attrs, skip_if_exists=True)
-                enqueued.add(config.key())
-        for name, values in opts.start:
-            try:
-                config = self.space.config(values)
-            except (InvalidValueError, UnknownNameError):
-                continue  # outside a narrowed space: nothing to start from
-            if config.key() not in known and config.key() not in enqueued and self.space.is_feasible(config, problem):
-                study.enqueue_trial(dict(config), user_attrs={"named": name}, skip_if_exists=True)
-                enqueued.add(config.key())
-        if opts.sampler == "grid":
-            for config in self.space.feasible(problem, limit=opts.trials + counted_before + len(enqueued)):
-                # Filtered here: optuna's own skip_if_exists check is quadratic in the number of trials.
-                if config.key() not in known and config.key() not in enqueued:
-                    study.enqueue_trial(dict(config))
-                    enqueued.add(config.key())
+    def search(self, evaluator: Evaluator, limits: DeviceLimits,
+               progress: Callable[[Progress], None] | None = None, study: Any = None) -> Search:
+        """Draw, judge and time candidates until the study holds `trials` finished runs (counted across every
+        worker on the study), the timeout passes, or the space runs out. Any number of processes may
+        search one study at once (`autotile.study` says how they stay out of each other's way)."""
+        import optuna
+
+        from . import study as study_mod
+        from .study import INFEASIBLE, OVER, REPEAT, Heartbeat, Ledger, judge, recover_dead
+
+        opts = self.options
+        study = study if study is not None else self.open_study(limits)
+        problem = Problem(limits, self.dtype, self.layout)
+        self.enqueue_fixed(study, problem)
 
         started = time.monotonic()
         ran = pruned = duplicates = skips = 0
         failures: dict[str, int] = {}
         unit = kernels.metric(self.spec.name, self.shape, self.dtype, 1.0)[1]
-        best_ms = min((v for v, _ in known.values() if v is not None), default=None)
         baseline_ms = evaluator.baseline.median_ms if evaluator.baseline else None
+        last_recovery = 0.0
+        shared = opts.storage is not None  # in memory, no other worker can be there
 
         def out_of_time() -> bool:
             # The first batch (the seeds) always runs, so that a result can be named.
             return ran > 0 and opts.timeout_s is not None and time.monotonic() - started > opts.timeout_s
 
-        while len(known) < opts.trials and not out_of_time() and skips < MAX_SKIPS:
-            batch: list[tuple[Any, Config]] = []
-            batch_keys: set[str] = set()
-            while len(batch) < opts.batch and len(known) + len(batch) < opts.trials and skips < MAX_SKIPS:
-                trial = study.ask()
-                config = self.space.suggest(trial)
-                key = config.key()
-                if not self.space.is_feasible(config, problem):
-                    trial.set_user_attr("infeasible", self.space.violations(config, problem)[0])
-                    study.tell(trial, state=optuna.trial.TrialState.PRUNED)
-                    pruned += 1
-                    skips += 1
+        with Heartbeat(study) if shared else contextlib.nullcontext() as heart:
+            while not out_of_time() and skips < MAX_SKIPS:
+                if shared and time.monotonic() - last_recovery > 1.0:
+                    recover_dead(study, opts.grace_s)
+                    last_recovery = time.monotonic()
+                ledger = Ledger.of(study.get_trials(deepcopy=False))
+                if ledger.finished >= opts.trials:
+                    break
+                if ledger.runs >= opts.trials:
+                    # The last places are taken by other workers' running trials; one of them may die, and
+                    # its config come back to be run: wait until they finish.
+                    time.sleep(study_mod.POLL_S)
                     continue
-                if key in known or key in batch_keys:
-                    # Already measured: tell the sampler the value again without running it.
-                    value = known.get(key, (None, None))[0]
-                    if value is not None:
-                        study.tell(trial, value)
-                    else:
+                batch: list[tuple[Any, Config]] = []
+                while len(batch) < opts.batch and ledger.runs + len(batch) < opts.trials and skips < MAX_SKIPS:
+                    trial = study.ask()
+                    if heart is not None:
+                        heart.add(trial._trial_id)
+                    config = self.space.suggest(trial)
+                    if not self.space.is_feasible(config, problem):
+                        trial.set_user_attr("infeasible", self.space.violations(config, problem)[0])
+                        trial.set_user_attr(study_mod.VERDICT, INFEASIBLE)
                         study.tell(trial, state=optuna.trial.TrialState.PRUNED)
-                    duplicates += 1
-                    skips += 1
+                        pruned += 1
+                        skips += 1
+                        continue
+                    verdict, value = judge(study, trial, config.key(), opts.trials, grace_s=opts.grace_s)
+                    if verdict == REPEAT:
+                        # Already measured (or being measured): tell the sampler its value, if known, without
+                        # running it again.
+                        if value is not None:
+                            study.tell(trial, value)
+                        else:
+                            study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+                        duplicates += 1
+                        skips += 1
+                        continue
+                    if verdict == OVER:
+                        study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+                        break
+                    skips = 0
+                    batch.append((trial, config))
+                if not batch:
                     continue
-                skips = 0
-                trial.set_user_attr("config_key", key)
-                batch.append((trial, config))
-                batch_keys.add(key)
-            if not batch:
-                break
-            candidates = [self.candidate(c) for _, c in batch]
-            results = evaluator.evaluate(candidates)
-            for (trial, config), result in zip(batch, results, strict=True):
-                ran += 1
-                seed = trial.user_attrs.get("seed")
-                if result.status == OK and result.timing is not None:
-                    ms = result.timing.median_ms
-                    trial.set_user_attr("spread", result.timing.spread)
-                    trial.set_user_attr("error", result.error)
-                    study.tell(trial, ms)
-                    known[config.key()] = (ms, seed)
-                    best_ms = ms if best_ms is None else min(best_ms, ms)
-                else:
-                    failures[result.status] = failures.get(result.status, 0) + 1
-                    trial.set_user_attr("failure", result.status)
-                    trial.set_user_attr("message", result.message[:1000])
-                    study.tell(trial, state=optuna.trial.TrialState.FAIL)
-                    known[config.key()] = (None, seed)
-                if progress is not None:
-                    progress(Progress(len(known), opts.trials, best_ms,
-                                      kernels.metric(self.spec.name, self.shape, self.dtype, best_ms)[0]
-                                      if best_ms else None, unit, baseline_ms, result.status))
+                candidates = [self.candidate(c) for _, c in batch]
+                results = evaluator.evaluate(candidates)
+                for (trial, _config), result in zip(batch, results, strict=True):
+                    ran += 1
+                    if result.status == OK and result.timing is not None:
+                        _attrs(trial, spread=result.timing.spread, error=result.error,
+                               **_readable(self, result.timing.median_ms, baseline_ms))
+                        told = _tell(study, trial, result.timing.median_ms)
+                    else:
+                        failures[result.status] = failures.get(result.status, 0) + 1
+                        _attrs(trial, failure=result.status, message=result.message[:1000])
+                        told = _tell(study, trial, None)
+                    if heart is not None:
+                        heart.remove(trial._trial_id)
+                    if not told:
+                        log.warning("trial %d was failed by another worker (it took its heartbeat for dead); "
+                                    "its config is retried", trial.number)
+                    if progress is not None:
+                        done = Ledger.of(study.get_trials(deepcopy=False))
+                        best_ms = min((v for v, _ in done.results().values() if v is not None), default=None)
+                        progress(Progress(done.finished, opts.trials, best_ms,
+                                          kernels.metric(self.spec.name, self.shape, self.dtype, best_ms)[0]
+                                          if best_ms else None, unit, baseline_ms, result.status))
+        return Search(study, ran, pruned, duplicates, failures, time.monotonic() - started)
 
+    def finish(self, evaluator: Evaluator, limits: DeviceLimits, search: Search | None = None) -> TuneResult:
+        """Name the winner from every finished run of the study (all workers'): re-time the best few on this
+        worker's GPU. Called once per run of `autotile tune`, after the search."""
+        from .study import Ledger
+
+        started = time.monotonic()
+        study = search.study if search is not None else self.open_study(limits)
+        known = Ledger.of(study.get_trials(deepcopy=False)).results()
+        failures = dict(search.failures) if search else {}
         finalists, baseline = self._retime(evaluator, known)
         if not finalists:
-            raise TuningError(f"no candidate of {self.key} ran correctly in study {study_name!r} "
+            raise TuningError(f"no candidate of {self.key} ran correctly in study {study.study_name!r} "
                               f"({', '.join(f'{n} {s}' for s, n in failures.items()) or 'none ran'})")
         best = min(finalists, key=lambda f: f.median_ms)
         seeds = [f for f in finalists if f.seed_name]
-        baseline_ms = baseline.median_ms if baseline else baseline_ms
+        baseline_ms = baseline.median_ms if baseline else (evaluator.baseline.median_ms if evaluator.baseline
+                                                           else None)
+        unit = kernels.metric(self.spec.name, self.shape, self.dtype, 1.0)[1]
         return TuneResult(
             kernel=self.spec.name, shape=self.shape, dtype=self.dtype, layout=self.layout, best=best,
             finalists=tuple(sorted(finalists, key=lambda f: f.median_ms)),
             best_seed=min(seeds, key=lambda f: f.median_ms) if seeds else None,
             baseline_ms=baseline_ms,
             metric=kernels.metric(self.spec.name, self.shape, self.dtype, best.median_ms)[0], metric_unit=unit,
-            trials=ran, failures=failures, pruned=pruned, duplicates=duplicates,
-            seconds=time.monotonic() - started, environment=dict(evaluator.environment), study_name=study_name,
-            precision=opts.precision)
+            trials=search.ran if search else 0, failures=failures, pruned=search.pruned if search else 0,
+            duplicates=search.duplicates if search else 0,
+            seconds=(search.seconds if search else 0.0) + time.monotonic() - started,
+            environment=dict(evaluator.environment), study_name=study.study_name, precision=self.options.precision)
+
+    def enqueue_fixed(self, study: Any, problem: Problem) -> None:
+        """Enqueue the seeds, the space's named configs and the starting points (and, for the grid sampler,
+        the grid) that the study has not run, is not running and has not queued. Two workers starting at
+        the same moment may both enqueue one: the second copy is judged a repeat and never timed."""
+        import optuna
+
+        from .study import Ledger
+
+        opts = self.options
+        trials = study.get_trials(deepcopy=False)
+        ledger = Ledger.of(trials)
+        taken = set(ledger.owned)
+        for t in trials:
+            if t.state == optuna.trial.TrialState.WAITING:
+                fixed = t.system_attrs.get("fixed_params", t.params)
+                with contextlib.suppress(Exception):
+                    taken.add(self.space.from_drawn(dict(fixed)).key())
+        # The seeds run first: they are the baselines every result is reported against. The space's
+        # other named configs (hand-picked starting points) follow, then the sampler's own draws.
+        named = sorted(self.space.named_configs.items(), key=lambda item: not item[0].startswith(SEED_PREFIX))
+        for name, config in named:
+            if config.key() not in taken and self.space.is_feasible(config, problem):
+                attrs = {"seed": name} if name.startswith(SEED_PREFIX) else {"named": name}
+                study.enqueue_trial(dict(config), user_attrs=attrs)
+                taken.add(config.key())
+        for name, values in opts.start:
+            try:
+                config = self.space.config(values)
+            except (InvalidValueError, UnknownNameError):
+                continue  # outside a narrowed space: nothing to start from
+            if config.key() not in taken and self.space.is_feasible(config, problem):
+                study.enqueue_trial(dict(config), user_attrs={"named": name})
+                taken.add(config.key())
+        if opts.sampler == "grid":
+            for config in self.space.feasible(problem, limit=opts.trials + len(taken)):
+                # Filtered here: optuna's own skip_if_exists check is quadratic in the number of trials.
+                if config.key() not in taken:
+                    study.enqueue_trial(dict(config))
+                    taken.add(config.key())
 
     def _searched(self) -> str:
         """The precision class the search reaches: two settings with the same one search the same space
@@ -350,6 +476,11 @@ class Tuner:
         if isinstance(bound, dict) and "precision" not in bound:
             # Bound before studies named a precision: they searched tf32x3 as well, which is "high".
             bound = dict(bound, precision=precision_mod.DEFAULT)
+        if bound is None and study.trials:
+            # Another worker may have bound it and drawn a trial since the attributes were read.
+            bound = study.user_attrs.get(PROBLEM_ATTR)
+            if isinstance(bound, dict) and "precision" not in bound:
+                bound = dict(bound, precision=precision_mod.DEFAULT)
         if bound is None:
             if any(t.user_attrs.get("config_key") for t in study.trials):
                 raise InvalidValueError(f"study {study.study_name!r} holds trials of an unknown problem (made "

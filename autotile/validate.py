@@ -27,7 +27,7 @@ SEED_MAX = 2**32 - 1
 # message, and to check a URL where SQLAlchemy itself cannot be imported.
 KNOWN_DIALECTS = ("sqlite", "postgresql", "mysql", "mariadb", "oracle", "mssql")
 _URL = re.compile(r"^(?P<dialect>[A-Za-z][A-Za-z0-9_]*)(\+(?P<driver>[A-Za-z0-9_]+))?://(?P<rest>.*)$")
-_STORAGE_FORMS = "sqlite:///FILE, postgresql[+driver]://..., mysql[+driver]://..."
+_STORAGE_FORMS = "journal:FILE, sqlite:///FILE, postgresql[+driver]://..., mysql[+driver]://..."
 
 
 def seed(n: Any, *, name: str = "seed") -> int:
@@ -91,6 +91,15 @@ def storage_url(url: str | None, *, name: str = "storage") -> str | None:
         return None
     if not isinstance(url, str):
         raise InvalidValueError(f"{name} must be a URL string such as sqlite:///tune.db, got {url!r}")
+    if url.startswith("journal:"):  # optuna's journal file (autotile.study): one host, no server
+        path = url[len("journal:"):]
+        if not path.strip():
+            raise InvalidValueError(f"{name} {url!r} names no file; use journal:PATH")
+        file = Path(path).expanduser()
+        if file.is_dir():
+            raise InvalidValueError(f"{name} {url!r}: {path!r} is a folder, not a journal file")
+        writable_folder(file.parent, name=f"{name} {url!r}: folder")
+        return url
     match = _URL.match(url)
     if match is None:
         raise InvalidValueError(f"{name} {url!r} is not a storage URL; use {_STORAGE_FORMS} "
