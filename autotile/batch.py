@@ -202,7 +202,7 @@ def run_batch_worker(payload: dict[str, Any]) -> None:
                 study.tell(trial, state=optuna.trial.TrialState.PRUNED)
                 continue
             item = items[index]
-            trial.set_user_attr("device", device)
+            trial.set_user_attr("device", payload.get("gpu", device))  # the GPU as --devices named it
             options = TuneOptions(**dict(payload["options"], trials=item.trials or payload["trials"],
                                          storage=payload["storage"], study_name=None))
             tuner = Tuner(item.key, options, space=impl.space(item.key.kernel))
@@ -327,7 +327,8 @@ def run_batch(items: list[Item], *, devices: list[int], trials: int, options: di
         f"storage {storage}")
     payload = {"role": "batch", "study": name, "storage": storage, "problems": [i.to_json() for i in items],
                "trials": trials, "options": options, "backend": backend, "cache": cache, "cache_root": cache_root}
-    workers = [Worker(d, dict(payload, device=0 if backend is None else d), backend) for d in devices]
+    # `device` is the GPU as the worker sees it (its only one, 0, on a real GPU); `gpu` as --devices named it.
+    workers = [Worker(d, dict(payload, device=0 if backend is None else d, gpu=d), backend) for d in devices]
     reported = set(already)
     started = time.monotonic()
     grace = options.get("grace_s", 60.0)
