@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Container
+from typing import Any
 
 from .space import Config, Problem, Space
 
@@ -25,7 +26,7 @@ def uniform(space: Space, problem: Problem, rng: random.Random, taken: Container
     `max_draws` draws found none."""
     params = list(space.params.values())
     for _ in range(max_draws):
-        values = {}
+        values: dict[str, Any] = {}
         for p in params:
             # An inactive parameter has one value: drawing it would weight its branch by its choices.
             values[p.name] = p.inactive if p.active is not None and not p.active(values) else rng.choice(p.choices)
@@ -52,9 +53,9 @@ def neighbour(space: Space, problem: Problem, rng: random.Random, config: Config
     return None
 
 
-def _changes(params: list, config: Config, distance: int) -> list[dict]:
+def _changes(params: list[Any], config: Config, distance: int) -> list[dict[str, Any]]:
     """Every way of changing `distance` of `params` to another of their choices."""
-    out: list[dict] = [{}]
+    out: list[dict[str, Any]] = [{}]
     for _ in range(distance):
         grown = []
         for done in out:
@@ -68,7 +69,7 @@ def _changes(params: list, config: Config, distance: int) -> list[dict]:
 def _settle(space: Space, config: Config) -> Config:
     """`config` with each conditional parameter that is off at its inactive value (changing `smem` to none
     turns BK, VEC... off), else the same config could be written several ways."""
-    values: dict = {}
+    values: dict[str, Any] = {}
     for p in space.params.values():
         values[p.name] = p.inactive if p.active is not None and not p.active(values) else config[p.name]
     return Config(values)

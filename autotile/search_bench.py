@@ -16,7 +16,7 @@ import os
 import statistics
 import time
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 from .sweep import Sweep, sweeps
 from .tuner import SAMPLERS
@@ -48,7 +48,7 @@ def replay(sweep: Sweep, sampler: str, seed: int, trials: int) -> Replay:
     from .tuner import TuneOptions, Tuner
 
     space = sweep.space()
-    evaluator = ReplayEvaluator(sweep.table(), space)
+    evaluator: Any = ReplayEvaluator(sweep.table(), space)  # an Evaluator (its baseline is never None)
     tuner = Tuner(sweep.key, TuneOptions(trials=trials, sampler=sampler, seed=seed), space=space)
     started = time.process_time()
     search = tuner.search(evaluator, sweep.limits)

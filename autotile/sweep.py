@@ -276,8 +276,11 @@ def from_table(path: str | Path, table: dict[str, Any], sub: SubSpace, command: 
     names = list(kernels.get(key.kernel).space.params)
 
     class _Recorded:
-        baseline = _timing(table["baseline"])
+        baseline: Timing | None = _timing(table["baseline"])
         environment = {k: v for k, v in table["environment"].items() if k != "limits"}
+
+        def evaluate(self, candidates: list[Candidate]) -> list[CandidateResult]:
+            raise SweepError("a converted table measures nothing")
 
     head = header(sub, key, limits, _Recorded(), command, len(plan(sub, limits, key.dtype, key.layout)))
     head["date"] = table["environment"].get("date", head["date"])

@@ -345,7 +345,8 @@ class Tuner:
                 batch: list[tuple[Any, Config]] = []
                 taken = set(ledger.owned)
                 uniform_runs = sum(1 for t in study.get_trials(deepcopy=False)
-                                   if t.user_attrs.get(PROPOSED) == UNIFORM and t.user_attrs.get(study_mod.VERDICT) == RUN)
+                                   if t.user_attrs.get(PROPOSED) == UNIFORM
+                                   and t.user_attrs.get(study_mod.VERDICT) == RUN)
                 while len(batch) < opts.batch and ledger.runs + len(batch) < opts.trials and skips < MAX_SKIPS:
                     proposal = self._propose(study, problem, rng, taken, missed, uniform_runs)
                     if proposal is not None:
