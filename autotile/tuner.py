@@ -432,6 +432,8 @@ class Tuner:
             near = propose.neighbour(self.space, problem, rng, missed, taken)
             if near is not None:
                 return NEIGHBOUR, near
+            # Nothing unmeasured near what the sampler keeps drawing: asking it again would draw the same.
+            return UNIFORM, propose.uniform(self.space, problem, rng, taken)
         if sampler == "random" or uniform_runs < STARTUP:
             return UNIFORM, propose.uniform(self.space, problem, rng, taken)
         return None
