@@ -168,6 +168,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     cli_tune.add_commands(sub, _add_problem_options)
 
+    from . import cli_sweep
+
+    cli_sweep.add_commands(sub, _add_problem_options)
+
     from . import survey
 
     p = sub.add_parser("survey", help="time a portfolio of configs and cuBLAS over a grid of shapes (the shape "

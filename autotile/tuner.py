@@ -14,6 +14,7 @@ import contextlib
 import dataclasses
 import hashlib
 import logging
+import random
 import statistics
 import time
 from typing import Any, Callable, Protocol
@@ -27,7 +28,13 @@ from .space import Config, Problem, Space
 from .timing import Timing
 from .worker import OK, Candidate, CandidateResult
 
-SAMPLERS = ("tpe", "random", "grid", "cmaes", "nsga2")
+SAMPLERS = ("tpe", "random", "grid")
+# optuna samplers that draw categorical parameters as the random sampler does: refused, with the reason.
+NO_CATEGORICAL = {"cmaes": "optuna's CMA-ES has no categorical handling and draws them at random",
+                  "nsga2": "optuna's NSGA-II draws at random until its first generation fills"}
+STARTUP = 10  # tpe: configs drawn uniformly over the feasible ones before TPE's model proposes
+PROPOSED = "proposed"  # user attribute of a trial the tuner proposed itself: UNIFORM or NEIGHBOUR
+UNIFORM, NEIGHBOUR = "uniform", "neighbour"
 SEED_PREFIX = "seed-"
 MAX_SKIPS = 5000  # infeasible or repeated draws in a row before we call the space exhausted
 PROBLEM_ATTR = "autotile_problem"  # the study's user attribute that binds it to one problem
@@ -149,6 +156,7 @@ class Search:
     duplicates: int
     failures: dict[str, int]
     seconds: float
+    asks: int = 0  # trials this worker asked optuna for (runs, infeasible draws, repeats)
 
 
 def _worker_seed(seed: int, worker: int) -> int:
@@ -207,14 +215,18 @@ def make_sampler(name: str, seed: int) -> Any:
         # Grid order comes from enumerating the feasible space (see Tuner._enqueue_grid); the sampler
         # only serves what was enqueued.
         "grid": lambda: optuna.samplers.RandomSampler(seed=seed),
-        # CMA-ES and NSGA-II have no native categorical handling in optuna: CMA-ES samples
-        # categorical parameters independently (at random); NSGA-II mutates them.
-        "cmaes": lambda: optuna.samplers.CmaEsSampler(seed=seed, warn_independent_sampling=False),
-        "nsga2": lambda: optuna.samplers.NSGAIISampler(seed=seed),
     }
-    if name not in samplers:
-        raise InvalidValueError(f"sampler {name!r} is not one of {', '.join(SAMPLERS)}")
+    check_sampler(name)
     return samplers[name]()
+
+
+def check_sampler(name: str) -> None:
+    """Refuse a sampler that autotile does not offer, saying why where it is one of optuna's."""
+    if name in NO_CATEGORICAL:
+        raise InvalidValueError(f"sampler {name!r} is not offered: on autotile's all-categorical spaces "
+                                f"{NO_CATEGORICAL[name]}; use one of {', '.join(SAMPLERS)}")
+    if name not in SAMPLERS:
+        raise InvalidValueError(f"sampler {name!r} is not one of {', '.join(SAMPLERS)}")
 
 
 class Tuner:
@@ -227,8 +239,7 @@ class Tuner:
         self.space = space or self.spec.space
         if key.layout not in self.space.layouts:
             raise InvalidValueError(f"{key.kernel} supports layout(s) {list(self.space.layouts)}, not {key.layout!r}")
-        if options.sampler not in SAMPLERS:
-            raise InvalidValueError(f"sampler {options.sampler!r} is not one of {', '.join(SAMPLERS)}")
+        check_sampler(options.sampler)
         if options.trials < 1:
             raise InvalidValueError(f"trials must be at least 1, got {options.trials}")
         precision_mod.check(options.precision)
@@ -296,7 +307,7 @@ class Tuner:
         import optuna
 
         from . import study as study_mod
-        from .study import INFEASIBLE, OVER, REPEAT, Heartbeat, Ledger, judge, recover_dead
+        from .study import INFEASIBLE, OVER, REPEAT, RUN, Heartbeat, Ledger, judge, recover_dead
 
         opts = self.options
         study = study if study is not None else self.open_study(limits)
@@ -304,7 +315,10 @@ class Tuner:
         self.enqueue_fixed(study, problem)
 
         started = time.monotonic()
-        ran = pruned = duplicates = skips = 0
+        ran = pruned = duplicates = skips = asks = 0
+        seed = opts.seed if opts.worker is None else _worker_seed(opts.seed, opts.worker)
+        rng = random.Random(seed)
+        missed: Config | None = None  # the last draw that was infeasible or a repeat
         failures: dict[str, int] = {}
         unit = kernels.metric(self.spec.name, self.shape, self.dtype, 1.0)[1]
         baseline_ms = evaluator.baseline.median_ms if evaluator.baseline else None
@@ -329,33 +343,49 @@ class Tuner:
                     time.sleep(study_mod.POLL_S)
                     continue
                 batch: list[tuple[Any, Config]] = []
+                taken = set(ledger.owned)
+                uniform_runs = sum(1 for t in study.get_trials(deepcopy=False)
+                                   if t.user_attrs.get(PROPOSED) == UNIFORM
+                                   and t.user_attrs.get(study_mod.VERDICT) == RUN)
                 while len(batch) < opts.batch and ledger.runs + len(batch) < opts.trials and skips < MAX_SKIPS:
+                    proposal = self._propose(study, problem, rng, taken, missed, uniform_runs)
+                    if proposal is not None:
+                        kind, proposed = proposal
+                        if proposed is None:  # nothing left to propose: the space is exhausted
+                            skips = MAX_SKIPS
+                            break
+                        uniform_runs += kind == UNIFORM
+                        study.enqueue_trial(dict(proposed), user_attrs={PROPOSED: kind})
+                    missed = None
                     trial = study.ask()
+                    asks += 1
                     if heart is not None:
                         heart.add(trial._trial_id)
                     config = self.space.suggest(trial)
                     if not self.space.is_feasible(config, problem):
                         trial.set_user_attr("infeasible", self.space.violations(config, problem)[0])
                         trial.set_user_attr(study_mod.VERDICT, INFEASIBLE)
+                        # PRUNED: TPE counts it among the bad trials, and learns to avoid the region.
                         study.tell(trial, state=optuna.trial.TrialState.PRUNED)
                         pruned += 1
                         skips += 1
+                        missed = config  # the next proposal: its nearest feasible neighbour
                         continue
                     verdict, value = judge(study, trial, config.key(), opts.trials, grace_s=opts.grace_s)
                     if verdict == REPEAT:
-                        # Already measured (or being measured): tell the sampler its value, if known, without
-                        # running it again.
-                        if value is not None:
-                            study.tell(trial, value)
-                        else:
-                            study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+                        # Already measured (or being measured): not run again, and not told to the sampler as a
+                        # new result (a copy would sharpen its model around what is known, and draw more
+                        # repeats). The next proposal is the nearest config not measured yet.
+                        study.tell(trial, state=optuna.trial.TrialState.FAIL)
                         duplicates += 1
                         skips += 1
+                        missed = config
                         continue
                     if verdict == OVER:
                         study.tell(trial, state=optuna.trial.TrialState.PRUNED)
                         break
                     skips = 0
+                    taken.add(config.key())
                     batch.append((trial, config))
                 if not batch:
                     continue
@@ -382,7 +412,31 @@ class Tuner:
                         progress(Progress(done.finished, opts.trials, best_ms,
                                           kernels.metric(self.spec.name, self.shape, self.dtype, best_ms)[0]
                                           if best_ms else None, unit, baseline_ms, result.status))
-        return Search(study, ran, pruned, duplicates, failures, time.monotonic() - started)
+        return Search(study, ran, pruned, duplicates, failures, time.monotonic() - started, asks)
+
+    def _propose(self, study: Any, problem: Problem, rng: random.Random, taken: set[str], missed: Config | None,
+                 uniform_runs: int) -> tuple[str, Config | None] | None:
+        """The config the tuner proposes itself for the next trial, as (UNIFORM or NEIGHBOUR, config; None
+        where the space has nothing left), or None to let the sampler draw. Configs queued in the study
+        (seeds, starting points, retries, the grid) go first: nothing is proposed while any wait."""
+        import optuna
+
+        from . import propose
+
+        sampler = self.options.sampler
+        if sampler == "grid":
+            return None
+        if study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,)):
+            return None
+        if missed is not None:
+            near = propose.neighbour(self.space, problem, rng, missed, taken)
+            if near is not None:
+                return NEIGHBOUR, near
+            # Nothing unmeasured near what the sampler keeps drawing: asking it again would draw the same.
+            return UNIFORM, propose.uniform(self.space, problem, rng, taken)
+        if sampler == "random" or uniform_runs < STARTUP:
+            return UNIFORM, propose.uniform(self.space, problem, rng, taken)
+        return None
 
     def finish(self, evaluator: Evaluator, limits: DeviceLimits, search: Search | None = None) -> TuneResult:
         """Name the winner from every finished run of the study (all workers'): re-time the best few on this
