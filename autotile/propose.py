@@ -23,13 +23,25 @@ MAX_DRAWS = 200_000  # rejection-sampling draws before a space is taken as exhau
 def uniform(space: Space, problem: Problem, rng: random.Random, taken: Container[str],
             max_draws: int = MAX_DRAWS) -> Config | None:
     """A feasible config not in `taken` (config keys), each such config equally likely; None where
-    `max_draws` draws found none."""
+    `max_draws` draws found none.
+
+    Every parameter is drawn from its choices, then the config is settled (a parameter that is off takes
+    its inactive value). A settled config with inactive parameters is where that many raw draws land (the
+    product of their numbers of choices), so it is kept with probability one over that product: drawing
+    the branch first instead would give the naive kernel's handful of configs (`smem=none`) a third of
+    all draws, against 0.7% of the feasible matmul configs."""
     params = list(space.params.values())
     for _ in range(max_draws):
         values: dict[str, Any] = {}
+        weight = 1  # raw draws that settle to this config
         for p in params:
-            # An inactive parameter has one value: drawing it would weight its branch by its choices.
-            values[p.name] = p.inactive if p.active is not None and not p.active(values) else rng.choice(p.choices)
+            if p.active is not None and not p.active(values):
+                values[p.name] = p.inactive
+                weight *= len(p.choices)
+            else:
+                values[p.name] = rng.choice(p.choices)
+        if weight > 1 and rng.random() * weight >= 1:
+            continue
         config = Config(values)
         if config.key() not in taken and space.is_feasible(config, problem):
             return config
