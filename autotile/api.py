@@ -55,7 +55,7 @@ def tune(kernel: str, shape: str | tuple[int, ...], *, dtype: str = "float32", l
     ('sqlite:///tune.db' resumes a stopped study); by default the study lives in memory. `cache=None`
     skips the cache write. `evaluator` replaces the GPU worker (a `ReplayEvaluator`, in tests). `fix`
     narrows the space: parameter -> value or list of values. `start` names configs (name -> parameter
-    mapping) to run right after the seeds, such as the config in use when re-tuning. `precision` is the
+    mapping) to run first (before the seeds), such as the config in use when re-tuning. `precision` is the
     float32 matmul precision setting the winner must run under (None: the process-wide one, "high" unless
     set): "highest" searches the SIMT configs only (MATH=simt), "high" and "medium" the tf32x3 ones too; the
     study is bound to it, and its default name ends in "-highest" under "highest".

@@ -68,7 +68,7 @@ class TuneOptions:
     top_k: int = 5  # candidates re-timed before a winner is named
     retime_rounds: int = 5
     candidate_timeout_s: float = 60.0
-    # Configs (name -> parameter mapping) run right after the seeds and the space's named configs, for
+    # Configs (name -> parameter mapping) run first, before the seeds and the space's named configs, for
     # example the config in use when re-tuning, so that the winner is never worse than what it replaces.
     start: tuple[tuple[str, Any], ...] = ()
     # The float32 matmul precision setting the winner must run under: "highest" searches MATH=simt only.
@@ -484,21 +484,25 @@ class Tuner:
                 fixed = t.system_attrs.get("fixed_params", t.params)
                 with contextlib.suppress(Exception):
                     taken.add(self.space.from_drawn(dict(fixed)).key())
-        # The seeds run first: they are the baselines every result is reported against. The space's
-        # other named configs (hand-picked starting points) follow, then the sampler's own draws.
-        named = sorted(self.space.named_configs.items(), key=lambda item: not item[0].startswith(SEED_PREFIX))
-        for name, config in named:
-            if config.key() not in taken and self.space.is_feasible(config, problem):
-                attrs = {"seed": name} if name.startswith(SEED_PREFIX) else {"named": name}
-                study.enqueue_trial(dict(config), user_attrs=attrs)
-                taken.add(config.key())
+        # The caller's starting points run first (the config in use, when re-tuning): a run cut short by
+        # --timeout still measures what it would replace, so its winner is never worse.
+        seeds = {c.key(): n for n, c in self.space.named_configs.items() if n.startswith(SEED_PREFIX)}
         for name, values in opts.start:
             try:
                 config = self.space.config(values)
             except (InvalidValueError, UnknownNameError):
                 continue  # outside a narrowed space: nothing to start from
             if config.key() not in taken and self.space.is_feasible(config, problem):
-                study.enqueue_trial(dict(config), user_attrs={"named": name})
+                seed = seeds.get(config.key())  # a seed stays a seed, the baseline it is reported as
+                study.enqueue_trial(dict(config), user_attrs={"seed": seed} if seed else {"named": name})
+                taken.add(config.key())
+        # The seeds run next: they are the baselines every result is reported against. The space's
+        # other named configs (hand-picked starting points) follow, then the sampler's own draws.
+        named = sorted(self.space.named_configs.items(), key=lambda item: not item[0].startswith(SEED_PREFIX))
+        for name, config in named:
+            if config.key() not in taken and self.space.is_feasible(config, problem):
+                attrs = {"seed": name} if name.startswith(SEED_PREFIX) else {"named": name}
+                study.enqueue_trial(dict(config), user_attrs=attrs)
                 taken.add(config.key())
         if opts.sampler == "grid":
             for config in self.space.feasible(problem, limit=opts.trials + len(taken)):
