@@ -312,9 +312,9 @@ class Space:
         # as `--fix` does, lets them in).
         for param in self.params.values():
             if param.experimental and any(v not in param.experimental for v in param.choices):
-                values = ", ".join(map(repr, param.experimental))
+                listed = ", ".join(map(repr, param.experimental))
                 self.constraints.append(Constraint(
-                    f"{param.name} {values} experimental", Expr(f"{param.name} not in ({values},)",
+                    f"{param.name} {listed} experimental", Expr(f"{param.name} not in ({listed},)",
                                                                f"{where}: experimental {param.name}"),
                     f"searched only where {param.name} is fixed to experimental choices (--fix {param.name}=...)"))
         # Last: violations() and check() list the space's own rules before the device limits.
@@ -728,7 +728,10 @@ class Space:
             if p.active is not None and not p.active(values):  # __call__ adds the functions to the scope
                 values[p.name] = p.inactive
             else:
-                values[p.name] = trial.suggest_categorical(p.name, list(p.choices))
+                # Experimental choices are never drawn while others remain (the constraint would refuse
+                # them), which also keeps the distribution of studies made before they existed.
+                searchable = [c for c in p.choices if c not in p.experimental] or list(p.choices)
+                values[p.name] = trial.suggest_categorical(p.name, searchable)
         return Config(values)
 
     def from_drawn(self, drawn: Mapping[str, Any]) -> Config:
