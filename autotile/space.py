@@ -380,9 +380,10 @@ class Space:
                                            f"boolean, not {_kind(value)}")
         param = Param(name, tuple(choices), str(spec.get("doc", "")))
         experimental = spec.get("experimental", [])
-        if not isinstance(experimental, (list, tuple)) or not all(v in choices for v in experimental):
-            raise SpaceDefinitionError(f"{where}: 'experimental' of parameter {name!r} must list some of its choices")
-        param = dataclasses.replace(param, experimental=tuple(experimental))
+        if not isinstance(experimental, (list, tuple)):
+            raise SpaceDefinitionError(f"{where}: 'experimental' of parameter {name!r} must be a list of choices")
+        # (a space narrowed by hand may have left some out: those are simply gone)
+        param = dataclasses.replace(param, experimental=tuple(v for v in experimental if v in choices))
         if "default" in spec:
             try:
                 param = dataclasses.replace(param, has_default=True, default=self._coerce(param, spec["default"]))
