@@ -710,11 +710,13 @@ class Space:
 
         rng = random.Random(seed)
         params = list(self.params.values())
+        # experimental choices are never feasible while others remain: not drawn (the same draws as before)
+        drawable = {p.name: tuple(c for c in p.choices if c not in p.experimental) or p.choices for p in params}
         seen: dict[Config, None] = {}
         for _ in range(max_draws):
             if len(seen) >= n:
                 break
-            config = Config({p.name: rng.choice(p.choices) for p in params})
+            config = Config({p.name: rng.choice(drawable[p.name]) for p in params})
             if config not in seen and self.is_feasible(config, problem):
                 seen[config] = None
         return list(seen)
