@@ -169,14 +169,29 @@ def supported_archs() -> tuple[int, ...]:
     return tuple(int(a) for a in _require_nvrtc().getSupportedArchs())
 
 
-def target_arch(compute_capability: str | int | tuple[int, int]) -> str:
+# A source that uses arch-specific instructions (wgmma, setmaxnreg: sm_90a) says so in a line of its own;
+# `compile_kernel` then builds it for "sm_XXa". Other sources keep the plain target (and their cubins).
+ARCH_SPECIFIC_MARKER = "// autotile-target: sm_90a"
+
+
+def needs_arch_specific(source: str) -> bool:
+    """Whether `source` asks for the arch-specific target (`ARCH_SPECIFIC_MARKER`)."""
+    return ARCH_SPECIFIC_MARKER in source
+
+
+def target_arch(compute_capability: str | int | tuple[int, int], arch_specific: bool = False) -> str:
     """The `-arch` value for a device: "sm_XX" (cubin) when NVRTC knows it, else PTX for the newest
-    architecture it knows below it ("compute_XX", compiled by the driver on load).
+    architecture it knows below it ("compute_XX", compiled by the driver on load). `arch_specific`:
+    "sm_90a" on a cc 9.0 device (wgmma); elsewhere an error, since such code runs on that chip only.
 
     `compute_capability` as CuPy gives it ("90"), as 90, or as (9, 0)."""
     cc = compute_capability[0] * 10 + compute_capability[1] if isinstance(compute_capability, tuple) \
         else int(compute_capability)
     archs = supported_archs()
+    if arch_specific:
+        if cc != 90 or cc not in archs:
+            raise CompileError(f"sm_90a code cannot be built for sm_{cc} ({compiler_version()})")
+        return "sm_90a"
     if cc in archs:
         return f"sm_{cc}"
     older = [a for a in archs if a < cc]
@@ -375,7 +390,7 @@ def compile_kernel(source: str, name: str, options: tuple[str, ...] = COMPILE_OP
     Memoized per (source and options hash, device). Raises CompileError when NVRTC rejects the source or
     the source has no entry function `name`."""
     device_id, cc = _current_device()
-    result = compile(source, target_arch(cc), options)
+    result = compile(source, target_arch(cc, needs_arch_specific(source)), options)
     with _lock:
         kernel = _kernels.get((result.key, device_id, name))
     if kernel is not None:

@@ -106,6 +106,9 @@ class Param:
     # holds, and takes the value `inactive` elsewhere. The sampler draws it only where it is active.
     active: Expr | None = None
     inactive: Any = None
+    # Choices not yet verified on hardware: the space holds them (named configs and `--fix` can name
+    # them), but while the parameter has any other choice a constraint keeps them out of every search.
+    experimental: tuple[Any, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -305,6 +308,15 @@ class Space:
                 self.constraints.append(Constraint(
                     f"{param.name} only where {param.active.text}", expr,
                     f"{param.name} is {param.inactive!r} elsewhere"))
+        # Experimental choices: out of the search while anything else is left (`restricted` to them alone,
+        # as `--fix` does, lets them in).
+        for param in self.params.values():
+            if param.experimental and any(v not in param.experimental for v in param.choices):
+                listed = ", ".join(map(repr, param.experimental))
+                self.constraints.append(Constraint(
+                    f"{param.name} {listed} experimental", Expr(f"{param.name} not in ({listed},)",
+                                                               f"{where}: experimental {param.name}"),
+                    f"searched only where {param.name} is fixed to experimental choices (--fix {param.name}=...)"))
         # Last: violations() and check() list the space's own rules before the device limits.
         for name, text, doc in DEVICE_CONSTRAINTS:
             self.constraints.append(Constraint(name, Expr(text, f"device constraint {name}"), doc, True))
@@ -367,6 +379,11 @@ class Space:
                 raise SpaceDefinitionError(f"{where}: a value of parameter {name!r} must be text, a number or a "
                                            f"boolean, not {_kind(value)}")
         param = Param(name, tuple(choices), str(spec.get("doc", "")))
+        experimental = spec.get("experimental", [])
+        if not isinstance(experimental, (list, tuple)):
+            raise SpaceDefinitionError(f"{where}: 'experimental' of parameter {name!r} must be a list of choices")
+        # (a space narrowed by hand may have left some out: those are simply gone)
+        param = dataclasses.replace(param, experimental=tuple(v for v in experimental if v in choices))
         if "default" in spec:
             try:
                 param = dataclasses.replace(param, has_default=True, default=self._coerce(param, spec["default"]))
@@ -410,6 +427,9 @@ class Space:
                     f"{self.kernel}: unknown parameter {name!r}; parameters: {', '.join(self.params)}")
             values = values if isinstance(values, (list, tuple)) else [values]
             params[name]["choices"] = [self._coerce(self.params[name], v) for v in values]
+            if "experimental" in params[name]:
+                params[name]["experimental"] = [v for v in self.params[name].experimental
+                                                if v in params[name]["choices"]]
             if self.params[name].has_default and self.params[name].default not in params[name]["choices"]:
                 del params[name]["default"]  # narrowed away from its default: every config names it
         data["params"] = params
@@ -690,11 +710,13 @@ class Space:
 
         rng = random.Random(seed)
         params = list(self.params.values())
+        # experimental choices are never feasible while others remain: not drawn (the same draws as before)
+        drawable = {p.name: tuple(c for c in p.choices if c not in p.experimental) or p.choices for p in params}
         seen: dict[Config, None] = {}
         for _ in range(max_draws):
             if len(seen) >= n:
                 break
-            config = Config({p.name: rng.choice(p.choices) for p in params})
+            config = Config({p.name: rng.choice(drawable[p.name]) for p in params})
             if config not in seen and self.is_feasible(config, problem):
                 seen[config] = None
         return list(seen)
@@ -709,7 +731,10 @@ class Space:
             if p.active is not None and not p.active(values):  # __call__ adds the functions to the scope
                 values[p.name] = p.inactive
             else:
-                values[p.name] = trial.suggest_categorical(p.name, list(p.choices))
+                # Experimental choices are never drawn while others remain (the constraint would refuse
+                # them), which also keeps the distribution of studies made before they existed.
+                searchable = [c for c in p.choices if c not in p.experimental] or list(p.choices)
+                values[p.name] = trial.suggest_categorical(p.name, searchable)
         return Config(values)
 
     def from_drawn(self, drawn: Mapping[str, Any]) -> Config:

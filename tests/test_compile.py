@@ -150,7 +150,8 @@ def _layout_cases(nn_cases: list[Case]) -> list[Case]:
     other, and every third config of nn's random matmul sample in one transposed layout, some batched."""
     out = []
     space = kernels.get("matmul").space
-    named = [(name, cfg) for name, cfg in space.named_configs.items() if cfg["MATH"] != "dmma"]
+    named = [(name, cfg) for name, cfg in space.named_configs.items()
+        if cfg["MATH"] not in ("dmma", "wgmma")]
     for i, (name, cfg) in enumerate(named):
         out += [Case(PROFILE_NAMES[i % 2], "matmul", layout, "float32", name, cfg) for layout in TRANSPOSED]
         out.append(Case(PROFILE_NAMES[(i + 1) % 2], "matmul", MATMUL_LAYOUTS[i % 4], "float32", name, cfg, True))

@@ -1,0 +1,117 @@
+"""MATH=wgmma on a Hopper GPU (skipped elsewhere): every named wgmma config, odd shapes, all four layouts,
+batched and split-K, against float64 with tf32x3's tolerance (kernels.tolerance), the output poisoned
+before each run; the Inf/NaN pattern of special-value inputs equal to cuBLAS SGEMM's."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from autotile import kernels
+
+pytestmark = pytest.mark.gpu
+
+MATMUL, BMM = kernels.get("matmul"), kernels.get("bmm")
+NAMES = [n for n, c in MATMUL.space.named_configs.items() if c["MATH"] == "wgmma"]
+SHAPES = [(1, 1, 1), (7, 13, 5), (61, 67, 71), (127, 129, 33), (128, 128, 32), (257, 131, 1031), (64, 250, 3)]
+LAYOUTS = ("nn", "nt", "tn", "tt")
+
+
+def _hopper():
+    import cupy
+
+    major = cupy.cuda.Device().compute_capability[0]
+    if major != "9":
+        pytest.skip("needs a Hopper GPU (sm_90)")
+
+
+def _operands(rng, M, N, K, layout, batch=None):
+    lead = () if batch is None else (batch,)
+    a = rng.standard_normal((*lead, M, K)).astype(np.float32)
+    b = rng.standard_normal((*lead, K, N)).astype(np.float32)
+    return a, b
+
+
+def _run(spec, config, a, b, layout):
+    """C = A B through the generated kernel; A and B given as M x K and K x N (stored per `layout`)."""
+    import cupy
+
+    from autotile.impl import Generated
+    from autotile.problem import ProblemKey
+
+    M, K = a.shape[-2:]
+    N = b.shape[-1]
+    store_a = np.ascontiguousarray(np.swapaxes(a, -1, -2)) if layout[0] == "t" else a
+    store_b = np.ascontiguousarray(np.swapaxes(b, -1, -2)) if layout[1] == "t" else b
+    shape = (M, N, K) if a.ndim == 2 else (a.shape[0], M, N, K)
+    out = cupy.full((*a.shape[:-2], M, N), cupy.nan, dtype=cupy.float32)  # poisoned
+    key = ProblemKey(spec.name, "float32", layout, shape)
+    Generated(config).prepare(key).run((cupy.asarray(store_a), cupy.asarray(store_b)), out)
+    return cupy.asnumpy(out)
+
+
+def _check(c, a, b):
+    ref = a.astype(np.float64) @ b.astype(np.float64)
+    K = a.shape[-1]
+    scale = np.abs(a).astype(np.float64) @ np.abs(b).astype(np.float64)
+    err = np.max(np.abs(c - ref) / np.maximum(scale, np.finfo(np.float32).tiny))
+    assert np.all(np.isfinite(c)), "unwritten (NaN-poisoned) or non-finite outputs"
+    assert err <= kernels.tolerance("float32", K), (err, kernels.tolerance("float32", K))
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_odd_shapes_every_layout(name, layout, shape):
+    _hopper()
+    rng = np.random.default_rng(sum(shape))
+    a, b = _operands(rng, *shape, layout)
+    _check(_run(MATMUL, MATMUL.space.named(name), a, b, layout), a, b)
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("split", [("atomic", 4), ("last_block", 8), ("last_block", 3)])
+def test_split_k(name, split):
+    _hopper()
+    reduce, k = split
+    config = MATMUL.space.with_overrides(MATMUL.space.named(name), {"SPLIT_K": k, "SPLIT_REDUCE": reduce})
+    rng = np.random.default_rng(k)
+    a, b = _operands(rng, 193, 77, 2049, "nn")
+    _check(_run(MATMUL, config, a, b, "nn"), a, b)
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("layout", ["nn", "nt"])
+def test_batched(name, layout):
+    _hopper()
+    rng = np.random.default_rng(5)
+    a, b = _operands(rng, 67, 131, 45, layout, batch=3)
+    c = _run(BMM, MATMUL.space.named(name), a, b, layout)
+    for i in range(3):
+        _check(c[i], a[i], b[i])
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_special_values_match_cublas(name):
+    """Inf, NaN, values near FLT_MAX and denormals: the non-finite pattern is SGEMM's (the exact path)."""
+    _hopper()
+    import cupy
+
+    rng = np.random.default_rng(11)
+    M, N, K = 200, 190, 300
+    a = rng.standard_normal((M, K)).astype(np.float32)
+    b = rng.standard_normal((K, N)).astype(np.float32)
+    a[3, 7], a[150, 0], b[5, 100] = np.inf, np.nan, -np.inf
+    a[80, :] *= np.float32(2.0**115)  # scaled operands past FLT_MAX: fast path Infs, exact path finite
+    b[:, 20] = np.float32(2.0**-140)  # denormals
+    c = _run(MATMUL, MATMUL.space.named(name), a, b, "nn")
+    ref = cupy.asnumpy(cupy.asarray(a) @ cupy.asarray(b))  # cuBLAS SGEMM
+    pattern = [np.isnan, np.isposinf, np.isneginf]
+    for f in pattern:
+        assert np.array_equal(f(c), f(ref)), f.__name__
+    finite = np.isfinite(ref)
+    ref64 = a.astype(np.float64) @ b.astype(np.float64)
+    scale = np.abs(a).astype(np.float64) @ np.abs(b).astype(np.float64)
+    with np.errstate(invalid="ignore"):
+        rel = np.abs(c - ref64)[finite] / np.maximum(scale[finite], np.finfo(np.float32).tiny)
+    assert np.max(rel) <= kernels.tolerance("float32", K)
