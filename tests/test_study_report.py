@@ -126,3 +126,25 @@ def test_without_matplotlib_the_command_says_what_to_install(tmp_path, monkeypat
 def test_load_study_refuses_memory():
     with pytest.raises(InvalidValueError, match="in memory"):
         study_report.load_study(None, "x")
+
+
+def test_tune_command_writes_the_report_with_devices(tmp_path, monkeypatch, capsys):
+    """`autotile tune --devices 0 --report DIR` on the replay backend: workers in processes of their own,
+    the study on a journal file, the report read back from it."""
+    from pathlib import Path
+
+    from autotile.testing import ReplayBackend
+
+    repo = Path(__file__).resolve().parent.parent
+    monkeypatch.setenv("AUTOTILE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("PYTHONPATH", str(repo))
+    settings = {"table": str(DATA / "matmul_replay_h200.json"), "space": str(DATA / "matmul_replay_space.yaml"),
+                "delay_s": 0.0, "log": str(tmp_path / "evaluations.log")}
+    (tmp_path / "replay.json").write_text(json.dumps(settings))
+    monkeypatch.setenv(ReplayBackend.ENV_VAR, str(tmp_path / "replay.json"))
+    out = tmp_path / "rep"
+    code = cli.main(["tune", "matmul", "--shape", "1024x1024x1024", "--layout", "nn", "--trials", "6", "--devices",
+                     "0", "--backend", "autotile.testing:ReplayBackend", "--no-cache", "--report", str(out)])
+    assert code == 0, capsys.readouterr().err
+    assert f"report: {out / 'index.html'}" in capsys.readouterr().out
+    _check_folder(out)
