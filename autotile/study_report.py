@@ -324,7 +324,8 @@ def plot_parallel(data: StudyData, path: Path, n: int = TOP) -> None:
     ax.set_xticks(range(len(varied) + 1), varied + ["time ms"], rotation=30)
     ax.set_yticks([])
     ax.set_xlim(-0.3, len(varied) + 0.6)
-    ax.legend(fontsize="small", loc="upper left")
+    ax.set_ylim(-0.05, 1.05)
+    ax.legend(fontsize="small", loc="upper center", bbox_to_anchor=(0.5, -0.2), frameon=False)
     ax.set_title(f"the {len(top)} fastest configs (parameters that differ among them): {data.title}",
                  fontsize="medium")
     _save(fig, path)
