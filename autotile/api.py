@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from pathlib import Path
 from typing import Any, Callable
 
 from . import build, kernels, validate
 from .device import DeviceLimits
-from .errors import CacheError, InvalidValueError
+from .errors import AutotileError, CacheError, InvalidValueError
 from .problem import ProblemKey, parse_shape
 from .tuner import Progress, TuneOptions, Tuner, TuneResult
 from .worker import IsolatedRunner, Setup
@@ -48,7 +49,7 @@ def tune(kernel: str, shape: str | tuple[int, ...], *, dtype: str = "float32", l
          candidate_timeout: float = 60.0, render_source: Callable[..., str] | None = None,
          fix: dict[str, Any] | None = None, start: dict[str, Any] | None = None,
          precision: str | None = None, devices: list[int] | None = None, backend: str | None = None,
-         heartbeat_grace: float = 60.0) -> TuneResult:
+         heartbeat_grace: float = 60.0, report: str | Path | None = None) -> TuneResult:
     """Tune `kernel` for one problem on the current GPU and store the winner in the cache.
 
     `shape` is 'MxNxK' (matmul) or 'MxK' (matvec) or a tuple. `storage` is an optuna storage URL
@@ -65,6 +66,10 @@ def tune(kernel: str, shape: str | tuple[int, ...], *, dtype: str = "float32", l
     Any number of processes (other hosts) may work on the same `storage` and `study_name` at once: the
     budget is the study's total. `heartbeat_grace`: seconds after which a silent worker's trial is failed
     and its config retried. `backend` ("module:attribute") replaces the GPU in the workers (tests).
+
+    `report` (a folder) writes the study's report there at the end (`autotile.study_report`: plots and an
+    index.html; matplotlib, the `report` extra, is checked before tuning starts). A report that cannot be
+    written is said in the result's `report_error`; the result is returned all the same.
     """
     key = ProblemKey.of(kernel, shape, dtype, layout)
     # Everything cheap is checked before a worker starts: the same checks, and words, as the command's.
@@ -75,6 +80,10 @@ def tune(kernel: str, shape: str | tuple[int, ...], *, dtype: str = "float32", l
     storage = validate.storage_url(storage)
     setting = validate.precision(precision)
     heartbeat_grace = validate.seconds(heartbeat_grace, name="heartbeat_grace", allow_none=False)
+    if report is not None:
+        from .study_report import require_matplotlib
+
+        require_matplotlib()  # before the GPU is spent, not after
     options = TuneOptions(trials=trials, timeout_s=timeout, sampler=sampler, seed=seed, storage=storage,
                           study_name=study_name, candidate_timeout_s=candidate_timeout,
                           start=tuple((name, dict(values)) for name, values in (start or {}).items()),
@@ -94,9 +103,15 @@ def tune(kernel: str, shape: str | tuple[int, ...], *, dtype: str = "float32", l
         finally:
             if callback is not None and hasattr(callback, "close"):
                 callback.close()
-        if cache is None:
-            return result
-        return _save(result, kernels.get(kernel).render(result.best.config, key.dtype, key.layout), cache)
+        if cache is not None:
+            result = _save(result, kernels.get(kernel).render(result.best.config, key.dtype, key.layout), cache)
+        if report is not None:
+            from .cache import default_root
+            from .study import default_journal
+
+            storage = options.storage or default_journal(default_root(), result.study_name)
+            result = _report(result, report, storage=storage)
+        return result
     space = kernels.get(kernel).space.restricted(fix) if fix else None
     tuner = Tuner(key, options, space=space, render_source=render_source)
     owned = evaluator is None
@@ -110,15 +125,32 @@ def tune(kernel: str, shape: str | tuple[int, ...], *, dtype: str = "float32", l
         if owned:
             evaluator.start()
         limits = DeviceLimits.from_json(evaluator.environment["limits"])
-        result = tuner.run(evaluator, limits, callback)
+        search = tuner.search(evaluator, limits, callback)
+        result = tuner.finish(evaluator, limits, search)
     finally:
         if owned:
             evaluator.close()
         if callback is not None and hasattr(callback, "close"):
             callback.close()
-    if cache is None:
-        return result
-    return _save(result, tuner.render(result.best.config), cache)
+    if cache is not None:
+        result = _save(result, tuner.render(result.best.config), cache)
+    if report is not None:
+        result = _report(result, report, study=search.study)
+    return result
+
+
+def _report(result: TuneResult, out_dir: str | Path, *, study: Any = None, storage: str | None = None) -> TuneResult:
+    """Write the run's report (of `study`, or of the result's study in `storage`); a report that cannot be
+    written costs the run nothing: the result says why."""
+    from . import study_report
+
+    try:
+        if study is None:
+            study = study_report.load_study(storage, result.study_name)
+        path = study_report.write_report(study, out_dir)
+    except (AutotileError, OSError) as exc:
+        return dataclasses.replace(result, report_error=" ".join(str(exc).split()))
+    return dataclasses.replace(result, report_path=str(path))
 
 
 def _save(result: TuneResult, source: str, cache: Any) -> TuneResult:

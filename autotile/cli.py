@@ -141,6 +141,19 @@ def cmd_devices(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_report_study(args: argparse.Namespace) -> int:
+    from . import study_report
+
+    study_report.require_matplotlib()
+    if (args.storage is None) != (args.study_name is None):
+        raise InvalidValueError("--storage and --study-name name a study together: give both, or neither with --bench")
+    if args.study_name is None and args.bench is None:
+        raise InvalidValueError("nothing to report: give --storage and --study-name, or --bench, or both")
+    study = study_report.load_study(args.storage, args.study_name) if args.study_name is not None else None
+    print(study_report.write_report(study, args.out, bench=args.bench))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     from . import __version__
 
@@ -171,6 +184,15 @@ def build_parser() -> argparse.ArgumentParser:
     from . import cli_sweep
 
     cli_sweep.add_commands(sub, _add_problem_options)
+
+    p = sub.add_parser("report-study", help="plots and an HTML page of a tuning study (any optuna storage), "
+                                            "and the roofline of a benchmark run")
+    p.add_argument("--storage", default=None, help="the study's storage: journal:PATH or an optuna RDB URL")
+    p.add_argument("--study-name", default=None, help="the study's name (as `autotile tune` printed or was given)")
+    p.add_argument("--bench", default=None, metavar="RESULTS.json",
+                   help="results.json of python -m autotile.bench: adds its roofline (alone: the roofline only)")
+    p.add_argument("--out", required=True, metavar="DIR", help="the report folder (created; files replaced)")
+    p.set_defaults(func=cmd_report_study)
 
     from . import survey
 

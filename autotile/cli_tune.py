@@ -40,6 +40,8 @@ def add_commands(sub: Any, add_problem_options: Callable[..., None]) -> None:
                         "configs only, high and medium the FP32-level tf32x3 tensor-core configs too (default: "
                         "the process default, $AUTOTILE_FLOAT32_MATMUL_PRECISION, else high)")
     p.add_argument("--no-cache", action="store_true", help="do not write the winner to the cache")
+    p.add_argument("--report", default=None, metavar="DIR",
+                   help="write the study's report (plots and index.html; needs the report extra) to DIR at the end")
     add_scale_options(p)
     p.set_defaults(func=cmd_tune)
 
@@ -125,9 +127,15 @@ def cmd_tune(args: argparse.Namespace) -> int:
                   sampler=args.sampler, seed=args.seed, storage=args.storage, study_name=args.study_name,
                   cache=None if args.no_cache else "default", progress=True,
                   candidate_timeout=args.candidate_timeout, fix=fix or None, precision=setting,
-                  devices=devices, backend=args.backend, heartbeat_grace=grace)
+                  devices=devices, backend=args.backend, heartbeat_grace=grace, report=args.report)
     print(format_result(result))
-    return report_saving(result)
+    status = report_saving(result)
+    if getattr(result, "report_error", None):
+        print(f"autotile: error: the report was not written: {result.report_error}", file=sys.stderr)
+        return 1
+    if getattr(result, "report_path", None):
+        print(f"report: {result.report_path}")
+    return status
 
 
 def cmd_batch(args: argparse.Namespace) -> int:

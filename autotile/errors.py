@@ -54,3 +54,7 @@ class ArgumentError(AutotileError, TypeError):
 
 class CacheError(AutotileError, RuntimeError):
     """A cache file that cannot be read or written."""
+
+
+class MissingDependencyError(AutotileError, ImportError):
+    """An optional package a feature needs is not installed; the message says which extra installs it."""

@@ -38,6 +38,7 @@ UNIFORM, NEIGHBOUR = "uniform", "neighbour"
 SEED_PREFIX = "seed-"
 MAX_SKIPS = 5000  # infeasible or repeated draws in a row before we call the space exhausted
 PROBLEM_ATTR = "autotile_problem"  # the study's user attribute that binds it to one problem
+BASELINE_ATTR = "autotile_baseline_ms"  # the study's user attribute: cuBLAS's median time (ms), for reports
 
 
 log = logging.getLogger(__name__)
@@ -127,6 +128,9 @@ class TuneResult:
     save_error: str | None = None
     save_note: str | None = None  # for example: the cache kept an existing, faster entry
     precision: str = precision_mod.DEFAULT  # the setting the search ran under (the record needs its winner's)
+    # The report folder's index.html, or why it was not written (set by `autotile.tune(report=...)`).
+    report_path: str | None = None
+    report_error: str | None = None
 
     @property
     def key(self) -> ProblemKey:
@@ -189,6 +193,12 @@ def _tell(study: Any, trial: Any, value_ms: float | None) -> bool:
             raise
         return False
     return True
+
+
+def _baseline_attr(study: Any, baseline_ms: float) -> None:
+    """Keep cuBLAS's time in the study (reports draw it); a storage hiccup here costs the run nothing."""
+    with contextlib.suppress(Exception):
+        study.set_user_attr(BASELINE_ATTR, float(baseline_ms))
 
 
 def _readable(tuner: "Tuner", ms: float, baseline_ms: float | None) -> dict[str, Any]:
@@ -322,6 +332,8 @@ class Tuner:
         failures: dict[str, int] = {}
         unit = kernels.metric(self.spec.name, self.shape, self.dtype, 1.0)[1]
         baseline_ms = evaluator.baseline.median_ms if evaluator.baseline else None
+        if baseline_ms:
+            _baseline_attr(study, baseline_ms)
         last_recovery = 0.0
         shared = opts.storage is not None  # in memory, no other worker can be there
 
@@ -455,6 +467,8 @@ class Tuner:
         seeds = [f for f in finalists if f.seed_name]
         baseline_ms = baseline.median_ms if baseline else (evaluator.baseline.median_ms if evaluator.baseline
                                                            else None)
+        if baseline is not None and baseline.median_ms:
+            _baseline_attr(study, baseline.median_ms)  # re-timed with the finalists: the better measure
         unit = kernels.metric(self.spec.name, self.shape, self.dtype, 1.0)[1]
         return TuneResult(
             kernel=self.spec.name, shape=self.shape, dtype=self.dtype, layout=self.layout, best=best,
