@@ -7,12 +7,18 @@ of all random draws; drawing uniformly over the *feasible configs* gives each co
 And a converged TPE keeps proposing configs already measured (tens of asks per new config, each costing
 time in proportion to the study's size): after such a repeat, or an infeasible draw, the tuner runs the
 nearest unmeasured neighbour instead, which is what the sampler was pointing at, for no sampler cost.
+
+And TPE alone stalls short of the optimum on the recorded sweeps (its median at 100 trials was 0.981-0.989
+of the optimum on four of them): its model ranks regions, not the last few percent inside the best one. So
+part of the default search's budget goes to `improvement`: an unmeasured config one parameter away from one
+of the fastest measured so far (a first-improvement local search, the fastest config's neighbourhood
+first).
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Container
+from collections.abc import Container, Sequence
 from typing import Any
 
 from .space import Config, Problem, Space
@@ -52,16 +58,35 @@ def neighbour(space: Space, problem: Problem, rng: random.Random, config: Config
               radius: int = 2) -> Config | None:
     """A feasible config not in `taken` that differs from `config` in as few parameters as possible (one,
     else two, up to `radius`), chosen at random among those; None where there is none that close."""
-    params = [p for p in space.params.values() if len(p.choices) > 1]
     for distance in range(1, radius + 1):
-        found = []
-        for changed in _changes(params, config, distance):
-            candidate = Config(dict(config, **changed))
-            candidate = _settle(space, candidate)
-            if candidate.key() not in taken and candidate != config and space.is_feasible(candidate, problem):
-                found.append(candidate)
-        if found:
-            return rng.choice(sorted(found, key=Config.key))
+        found = _at_distance(space, problem, rng, config, taken, distance)
+        if found is not None:
+            return found
+    return None
+
+
+def _at_distance(space: Space, problem: Problem, rng: random.Random, config: Config, taken: Container[str],
+                 distance: int) -> Config | None:
+    """A feasible config not in `taken` that differs from `config` in exactly `distance` parameters (before
+    settling), chosen at random among those; None where there is none."""
+    params = [p for p in space.params.values() if len(p.choices) > 1]
+    found = []
+    for changed in _changes(params, config, distance):
+        candidate = settle(space, Config(dict(config, **changed)))
+        if candidate.key() not in taken and candidate != config and space.is_feasible(candidate, problem):
+            found.append(candidate)
+    return rng.choice(sorted(found, key=Config.key)) if found else None
+
+
+def improvement(space: Space, problem: Problem, rng: random.Random, ranked: Sequence[Config],
+                taken: Container[str], top: int = 5) -> Config | None:
+    """A feasible, unmeasured config one parameter away from the fastest of `ranked` (measured configs,
+    fastest first) that has one; only the `top` fastest are tried (beyond them the search would walk away
+    from what is known to be good). None where their neighbourhoods are all measured."""
+    for config in ranked[:top]:
+        near = _at_distance(space, problem, rng, config, taken, 1)
+        if near is not None:
+            return near
     return None
 
 
@@ -78,7 +103,7 @@ def _changes(params: list[Any], config: Config, distance: int) -> list[dict[str,
     return out
 
 
-def _settle(space: Space, config: Config) -> Config:
+def settle(space: Space, config: Config) -> Config:
     """`config` with each conditional parameter that is off at its inactive value (changing `smem` to none
     turns BK, VEC... off), else the same config could be written several ways."""
     values: dict[str, Any] = {}
@@ -87,4 +112,4 @@ def _settle(space: Space, config: Config) -> Config:
     return Config(values)
 
 
-__all__ = ["neighbour", "uniform"]
+__all__ = ["improvement", "neighbour", "settle", "uniform"]

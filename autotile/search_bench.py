@@ -3,6 +3,9 @@ sampler and many seeds. It reports how close each gets to the sweep's optimum wi
 (optimum time / best time found): 1.0 is the optimum. Infeasible and repeated draws do not count toward a
 budget (the tuner never runs them); the seeds and named configs of the sub-space do, as in a real tune.
 
+The default search's warm starts (`autotile.transfer`) come from the records shipped in cache/, the sweep's
+own problem on its own GPU left out, as for a user who tunes a new shape.
+
 Also measured: the search's own CPU time per trial (sampler, proposals, study bookkeeping), the part of a
 tune's wall time that is not the GPU's.
 """
@@ -14,6 +17,7 @@ import dataclasses
 import logging
 import os
 import statistics
+import tempfile
 import time
 from pathlib import Path
 from typing import Any, Sequence
@@ -49,7 +53,8 @@ def replay(sweep: Sweep, sampler: str, seed: int, trials: int) -> Replay:
 
     space = sweep.space()
     evaluator: Any = ReplayEvaluator(sweep.table(), space)  # an Evaluator (its baseline is never None)
-    tuner = Tuner(sweep.key, TuneOptions(trials=trials, sampler=sampler, seed=seed), space=space)
+    options = TuneOptions(trials=trials, sampler=sampler, seed=seed, cache=shipped_cache())
+    tuner = Tuner(sweep.key, options, space=space)
     started = time.process_time()
     search = tuner.search(evaluator, sweep.limits)
     cpu_s = time.process_time() - started
@@ -65,6 +70,14 @@ def replay(sweep: Sweep, sampler: str, seed: int, trials: int) -> Replay:
             found = min(found, value)
         curve.append(best / found if found < float("inf") else 0.0)
     return Replay(sweep.name, sampler, seed, tuple(curve), cpu_s, getattr(search, "asks", 0))
+
+
+def shipped_cache() -> Any:
+    """The cache a replay's warm starts come from: the records shipped in cache/ alone, so that a replay
+    gives the same answer on every machine (a user's own records left out)."""
+    from .cache import TuningCache
+
+    return TuningCache(root=Path(tempfile.gettempdir()) / "autotile-search-bench-no-user-records")
 
 
 def _job(args: tuple[str, str, int, int]) -> Replay:

@@ -26,6 +26,7 @@ from .errors import AutotileError, InvalidValueError, UnknownNameError
 from .problem import ProblemKey
 from .space import Config, Problem, Space
 from .timing import Timing
+from .transfer import WARM_STARTS
 from .worker import OK, Candidate, CandidateResult
 
 SAMPLERS = ("tpe", "random", "grid")
@@ -33,8 +34,11 @@ SAMPLERS = ("tpe", "random", "grid")
 NO_CATEGORICAL = {"cmaes": "optuna's CMA-ES has no categorical handling and draws them at random",
                   "nsga2": "optuna's NSGA-II draws at random until its first generation fills"}
 STARTUP = 10  # tpe: configs drawn uniformly over the feasible ones before TPE's model proposes
-PROPOSED = "proposed"  # user attribute of a trial the tuner proposed itself: UNIFORM or NEIGHBOUR
-UNIFORM, NEIGHBOUR = "uniform", "neighbour"
+# tpe, after STARTUP: of every IMPROVE_EVERY proposals, one is a neighbour of the fastest configs so far
+# (propose.improvement), the others TPE's. Measured with `autotile search-bench` over the recorded sweeps.
+IMPROVE_EVERY = 3
+PROPOSED = "proposed"  # user attribute of a trial the tuner proposed itself: UNIFORM, NEIGHBOUR or IMPROVE
+UNIFORM, NEIGHBOUR, IMPROVE, TRANSFER = "uniform", "neighbour", "improve", "transfer"
 SEED_PREFIX = "seed-"
 MAX_SKIPS = 5000  # infeasible or repeated draws in a row before we call the space exhausted
 PROBLEM_ATTR = "autotile_problem"  # the study's user attribute that binds it to one problem
@@ -78,6 +82,10 @@ class TuneOptions:
     # draw the same sequence (None: the seed as it is, for one worker).
     worker: int | None = None
     grace_s: float = 60.0  # a running trial whose worker's heartbeat stopped this long is failed and retried
+    # tpe: configs of other shapes and GPUs from the cache (autotile.transfer) run after the named configs
+    # (0: none). `cache`: the TuningCache to read them from (None: the default one, shipped records too).
+    warm_starts: int = WARM_STARTS
+    cache: Any = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -356,18 +364,19 @@ class Tuner:
                     continue
                 batch: list[tuple[Any, Config]] = []
                 taken = set(ledger.owned)
-                uniform_runs = sum(1 for t in study.get_trials(deepcopy=False)
-                                   if t.user_attrs.get(PROPOSED) == UNIFORM
-                                   and t.user_attrs.get(study_mod.VERDICT) == RUN)
+                counts = self._proposal_counts(study)
+                ranked = self._ranked(ledger)
                 while len(batch) < opts.batch and ledger.runs + len(batch) < opts.trials and skips < MAX_SKIPS:
-                    proposal = self._propose(study, problem, rng, taken, missed, uniform_runs)
+                    proposal = self._propose(study, problem, rng, taken, missed, counts, ranked)
                     if proposal is not None:
                         kind, proposed = proposal
                         if proposed is None:  # nothing left to propose: the space is exhausted
                             skips = MAX_SKIPS
                             break
-                        uniform_runs += kind == UNIFORM
+                        counts[kind] = counts.get(kind, 0) + 1
                         study.enqueue_trial(dict(proposed), user_attrs={PROPOSED: kind})
+                    else:
+                        counts["model"] = counts.get("model", 0) + 1
                     missed = None
                     trial = study.ask()
                     asks += 1
@@ -426,11 +435,34 @@ class Tuner:
                                           if best_ms else None, unit, baseline_ms, result.status))
         return Search(study, ran, pruned, duplicates, failures, time.monotonic() - started, asks)
 
+    def _proposal_counts(self, study: Any) -> dict[str, int]:
+        """Runs (trials timed or being timed) per kind of proposal: UNIFORM, NEIGHBOUR, IMPROVE, and "model"
+        for the sampler's own draws after the startup (the queued seeds and named configs not counted)."""
+        from .study import RUN, VERDICT
+
+        counts: dict[str, int] = {}
+        for t in study.get_trials(deepcopy=False):
+            if t.user_attrs.get(VERDICT) != RUN or "seed" in t.user_attrs or "named" in t.user_attrs:
+                continue
+            kind = t.user_attrs.get(PROPOSED, "model")
+            counts[kind] = counts.get(kind, 0) + 1
+        return counts
+
+    def _ranked(self, ledger: Any) -> list[Config]:
+        """The measured configs of this space, fastest first."""
+        timed = sorted((value, key) for key, (value, _) in ledger.results().items() if value is not None)
+        ranked = []
+        for _, key in timed[:10]:
+            with contextlib.suppress(InvalidValueError, UnknownNameError):
+                ranked.append(self._config_from_key(key))
+        return ranked
+
     def _propose(self, study: Any, problem: Problem, rng: random.Random, taken: set[str], missed: Config | None,
-                 uniform_runs: int) -> tuple[str, Config | None] | None:
-        """The config the tuner proposes itself for the next trial, as (UNIFORM or NEIGHBOUR, config; None
-        where the space has nothing left), or None to let the sampler draw. Configs queued in the study
-        (seeds, starting points, retries, the grid) go first: nothing is proposed while any wait."""
+                 counts: dict[str, int], ranked: list[Config]) -> tuple[str, Config | None] | None:
+        """The config the tuner proposes itself for the next trial, as (UNIFORM, NEIGHBOUR or IMPROVE,
+        config; None where the space has nothing left), or None to let the sampler draw. Configs queued in
+        the study (seeds, starting points, retries, the grid) go first: nothing is proposed while any wait.
+        `counts`: runs per kind of proposal so far (`_proposal_counts`)."""
         import optuna
 
         from . import propose
@@ -446,8 +478,14 @@ class Tuner:
                 return NEIGHBOUR, near
             # Nothing unmeasured near what the sampler keeps drawing: asking it again would draw the same.
             return UNIFORM, propose.uniform(self.space, problem, rng, taken)
-        if sampler == "random" or uniform_runs < STARTUP:
+        if sampler == "random" or counts.get(UNIFORM, 0) < STARTUP:
             return UNIFORM, propose.uniform(self.space, problem, rng, taken)
+        # tpe: one proposal in IMPROVE_EVERY goes to the neighbourhood of the fastest configs so far.
+        guided = counts.get(IMPROVE, 0) + counts.get("model", 0) + counts.get(NEIGHBOUR, 0)
+        if IMPROVE_EVERY and counts.get(IMPROVE, 0) * IMPROVE_EVERY <= guided:
+            better = propose.improvement(self.space, problem, rng, ranked, taken)
+            if better is not None:
+                return IMPROVE, better
         return None
 
     def finish(self, evaluator: Evaluator, limits: DeviceLimits, search: Search | None = None) -> TuneResult:
@@ -518,12 +556,29 @@ class Tuner:
                 attrs = {"seed": name} if name.startswith(SEED_PREFIX) else {"named": name}
                 study.enqueue_trial(dict(config), user_attrs=attrs)
                 taken.add(config.key())
+        if opts.sampler == "tpe" and opts.warm_starts > 0:
+            self._enqueue_warm_starts(study, problem, taken)
         if opts.sampler == "grid":
             for config in self.space.feasible(problem, limit=opts.trials + len(taken)):
                 # Filtered here: optuna's own skip_if_exists check is quadratic in the number of trials.
                 if config.key() not in taken:
                     study.enqueue_trial(dict(config))
                     taken.add(config.key())
+
+    def _enqueue_warm_starts(self, study: Any, problem: Problem, taken: set[str]) -> None:
+        """Queue the cache's winners of other shapes and GPUs (`autotile.transfer`), once per study: a
+        resumed study has them already, run or queued."""
+        from . import transfer
+        from .cache import TuningCache
+
+        if any(t.user_attrs.get(PROPOSED) == TRANSFER for t in study.get_trials(deepcopy=False)):
+            return
+        cache = self.options.cache if self.options.cache is not None else TuningCache()
+        for where, config in transfer.warm_starts(self.key, problem.device.fingerprint, self.space, problem,
+                                                  cache, self.options.warm_starts):
+            if config.key() not in taken:
+                study.enqueue_trial(dict(config), user_attrs={PROPOSED: TRANSFER, "transfer": where})
+                taken.add(config.key())
 
     def _searched(self) -> str:
         """The precision class the search reaches: two settings with the same one search the same space

@@ -26,7 +26,7 @@ needs_nvrtc = pytest.mark.skipif(NVRTC_MISSING is not None, reason=f"NVRTC canno
 # Spilled bytes ptxas may report per named config (0 but where a config is known to spill; see the commit
 # log: the producer's hoisted addresses and two 64 x 128 accumulator sets per consumer crowd 384 threads).
 # Measured (CUDA 13 NVRTC) at this commit: the configs with two consumer warpgroups spill 150-710 bytes
-# (producer and consumers share 384 threads' registers; setmaxnreg 224/144), wgmma-64 batched 8 bytes.
+# (producer and consumers share 384 threads' registers; setmaxnreg 216/144), wgmma-64 batched 8 bytes.
 # The K loop itself stays free of local memory (test_sass_...). Lower these as the kernel improves.
 SPILL_BOUND = {"wgmma-128": 768, "wgmma-128x64": 768, "wgmma-128-k64": 768, "wgmma-64": 16}
 
@@ -138,6 +138,25 @@ def test_compiles_for_sm90a_within_the_register_model(compiled, case):
     assert usage.spill_stores <= SPILL_BOUND.get(name, 0), (name, layout, usage)
     assert derived["regs_per_thread"] <= 255
     assert "C7508" not in result.log and "C7510" not in result.log, result.log  # setmaxnreg kept, wgmma not serialized
+
+
+@pytest.mark.parametrize("config", WGMMA.feasible(Problem(PROFILES["h100"], "float32", "nn")), ids=str)
+def test_setmaxnreg_fits_the_blocks_registers(config):
+    """Two consumer warpgroups: setmaxnreg's new counts must fit the registers the block was launched with
+    (65536 / threads a thread, rounded down to 8). An increase that cannot be met waits forever: with
+    224 / 144 at 384 threads (65536 > 64512 registers) the kernel hung on the H100."""
+    derived = WGMMA.derive(config, Problem(PROFILES["h100"], "float32", "nn"))
+    threads = derived["threads"]
+    if threads == 256:
+        return  # one consumer warpgroup: no setmaxnreg
+    cap = 65536 // threads // 8 * 8
+    producer, consumer = derived["producer_regs"], derived["consumer_regs"]
+    assert producer % 8 == 0 and consumer % 8 == 0 and 24 <= min(producer, consumer) <= max(producer, consumer) <= 256
+    assert 128 * producer + (threads - 128) * consumer <= cap * threads
+    source = SPEC.render(config, "float32", "nn")
+    for count in (producer, consumer):
+        verb = "dec" if count < cap else "inc"
+        assert f"setmaxnreg.{verb}.sync.aligned.u32 {count};" in source
 
 
 def test_arch_specific_target_is_chosen_by_the_source():

@@ -1,0 +1,71 @@
+"""Warm starts for a search: the winners the cache holds for other shapes and other GPUs of the same kernel,
+dtype and layout, projected onto the space being searched, run right after the seeds and named configs.
+
+Why: a tuned config rarely stays the best from one shape to the next, but it lands in the right region (tile
+sizes that fill the GPU, the loads the layout wants), which TPE otherwise spends its first draws finding.
+The record of the very problem on this device is left out: that is the config in use, which a re-tune
+already runs as a starting point (`TuneOptions.start`), and in the search benchmark it would be the answer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from typing import Any
+
+from .errors import AutotileError
+from .problem import ProblemKey
+from .propose import settle
+from .space import Config, Problem, Space
+
+WARM_STARTS = 4  # configs taken from the cache, at most (each costs one trial)
+
+
+def _distance(a: tuple[int, ...], b: tuple[int, ...]) -> float:
+    """How far apart two shapes are: the sum over dimensions of |log2(a/b)| (inf for other ranks)."""
+    if len(a) != len(b):
+        return math.inf
+    return sum(abs(math.log2(x / y)) for x, y in zip(a, b, strict=True))
+
+
+def project(space: Space, values: dict[str, Any]) -> Config | None:
+    """`values` (a config of the full space) as a config of `space`: a parameter `space` fixes to one value
+    takes it, a parameter `values` lacks takes its first choice; None where a value is outside a parameter
+    that `space` lets vary (that config lies outside the space)."""
+    out: dict[str, Any] = {}
+    for name, param in space.params.items():
+        value = values.get(name, param.choices[0])
+        if len(param.choices) == 1:
+            value = param.choices[0]
+        out[name] = value
+    try:
+        return settle(space, space.config(out))
+    except AutotileError:
+        return None
+
+
+def warm_starts(key: ProblemKey, device: str, space: Space, problem: Problem, cache: Any,
+                limit: int = WARM_STARTS) -> list[tuple[str, Config]]:
+    """Up to `limit` distinct feasible configs from the cache's records of `key`'s kernel, dtype and layout,
+    as (where it came from, config): this device's records first, then other devices', nearer shapes first.
+    The record of `key` itself on `device` is left out."""
+    records = []
+    with contextlib.suppress(OSError, AutotileError):
+        records = [r for _, r in cache.entries(include_shipped=True)]
+    mine = [r for r in records if (r.kernel, r.dtype, r.layout) == (key.kernel, key.dtype, key.layout)
+            and not (r.device == device and tuple(r.shape) == tuple(key.shape))]
+    mine.sort(key=lambda r: (r.device != device, _distance(tuple(r.shape), tuple(key.shape)), r.device))
+    found: list[tuple[str, Config]] = []
+    seen: set[str] = set()
+    for record in mine:
+        config = project(space, record.config)
+        if config is None or config.key() in seen or not space.is_feasible(config, problem):
+            continue
+        seen.add(config.key())
+        found.append((f"{'x'.join(map(str, record.shape))}@{record.device}", config))
+        if len(found) >= limit:
+            break
+    return found
+
+
+__all__ = ["WARM_STARTS", "project", "warm_starts"]
