@@ -66,16 +66,20 @@ def neighbour(space: Space, problem: Problem, rng: random.Random, config: Config
 
 
 def _at_distance(space: Space, problem: Problem, rng: random.Random, config: Config, taken: Container[str],
-                 distance: int) -> Config | None:
+                 distance: int, swaps: bool = False) -> Config | None:
     """A feasible config not in `taken` that differs from `config` in exactly `distance` parameters (before
-    settling), chosen at random among those; None where there is none."""
+    settling), or, with `swaps`, by exchanging the values of two parameters of the same choices; chosen at
+    random among those; None where there is none."""
     params = [p for p in space.params.values() if len(p.choices) > 1]
-    found = []
-    for changed in _changes(params, config, distance):
+    changes = _changes(params, config, distance) + (_swaps(params, config) if swaps else [])
+    # The first that passes, in a random order, is a uniform pick among those that pass: only as many
+    # feasibility checks as it takes (they dominate the search's own time on the full spaces).
+    rng.shuffle(changes)
+    for changed in changes:
         candidate = settle(space, Config(dict(config, **changed)))
         if candidate.key() not in taken and candidate != config and space.is_feasible(candidate, problem):
-            found.append(candidate)
-    return rng.choice(sorted(found, key=Config.key)) if found else None
+            return candidate
+    return None
 
 
 def improvement(space: Space, problem: Problem, rng: random.Random, ranked: Sequence[Config],
@@ -84,10 +88,22 @@ def improvement(space: Space, problem: Problem, rng: random.Random, ranked: Sequ
     fastest first) that has one; only the `top` fastest are tried (beyond them the search would walk away
     from what is known to be good). None where their neighbourhoods are all measured."""
     for config in ranked[:top]:
-        near = _at_distance(space, problem, rng, config, taken, 1)
+        near = _at_distance(space, problem, rng, config, taken, 1, swaps=True)
         if near is not None:
             return near
     return None
+
+
+def _swaps(params: list[Any], config: Config) -> list[dict[str, Any]]:
+    """Every exchange of values between two parameters that take the same choices (BM and BN, WM and WN,
+    TM and TN: the tile turned on its side). One parameter at a time cannot walk there when the tile's
+    shape is tied by a constraint (the warps of a block), and such a transposed tile is often close in time."""
+    out = []
+    for i, a in enumerate(params):
+        for b in params[i + 1:]:
+            if list(a.choices) == list(b.choices) and config[a.name] != config[b.name]:
+                out.append({a.name: config[b.name], b.name: config[a.name]})
+    return out
 
 
 def _changes(params: list[Any], config: Config, distance: int) -> list[dict[str, Any]]:

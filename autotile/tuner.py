@@ -325,7 +325,7 @@ class Tuner:
         import optuna
 
         from . import study as study_mod
-        from .study import INFEASIBLE, OVER, REPEAT, RUN, Heartbeat, Ledger, judge, recover_dead
+        from .study import INFEASIBLE, OVER, REPEAT, Heartbeat, Ledger, judge, recover_dead
 
         opts = self.options
         study = study if study is not None else self.open_study(limits)

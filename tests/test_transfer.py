@@ -1,0 +1,112 @@
+"""Warm starts from the cache (autotile.transfer) and the default search's local improvement
+(propose.improvement), on the recorded sweeps and the shipped records."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from autotile import propose, search_bench, sweep, transfer
+from autotile.space import Problem
+from autotile.study import Ledger
+from autotile.testing import ReplayEvaluator
+from autotile.tuner import IMPROVE, IMPROVE_EVERY, PROPOSED, STARTUP, TRANSFER, TuneOptions, Tuner
+
+TF32X3 = sweep.load(sweep.SWEEPS_DIR / "matmul-tf32x3-2048-h100.jsonl.gz")
+
+
+def _problem(s: sweep.Sweep) -> Problem:
+    return Problem(s.limits, s.key.dtype, s.key.layout)
+
+
+def test_project_takes_the_spaces_fixed_values_and_refuses_values_outside_it():
+    space = TF32X3.space()
+    fixed = {n: p.choices[0] for n, p in space.params.items() if len(p.choices) == 1}
+    best = min(TF32X3.feasible_rows(), key=lambda cr: cr[1]["median_ms"])[0]
+    values = dict(best, **{n: "bogus" for n in fixed})  # every fixed parameter off its value
+    projected = transfer.project(space, values)
+    assert projected is not None and all(projected[n] == v for n, v in fixed.items())
+    assert all(projected[n] == best[n] for n in TF32X3.sub.varying)
+    assert transfer.project(space, dict(best, BM=12345)) is None  # BM varies, and 12345 is not a choice
+
+
+def test_warm_starts_leave_out_the_problem_itself_and_put_this_gpu_first():
+    space, problem, device = TF32X3.space(), _problem(TF32X3), TF32X3.header["device"]
+    starts = transfer.warm_starts(TF32X3.key, device, space, problem, search_bench.shipped_cache())
+    assert 0 < len(starts) <= transfer.WARM_STARTS
+    assert len({c.key() for _, c in starts}) == len(starts)
+    assert all(space.is_feasible(c, problem) for _, c in starts)
+    shape = "x".join(map(str, TF32X3.key.shape))
+    assert f"{shape}@{device}" not in [where for where, _ in starts]
+    gpus = [where.split("@")[1] for where, _ in starts]
+    assert gpus == sorted(gpus, key=lambda g: g != device)  # this GPU's records before the others'
+
+
+def test_improvement_moves_one_parameter_or_swaps_a_pair_from_the_fastest():
+    space, problem = TF32X3.space(), _problem(TF32X3)
+    ranked = [c for c, _ in sorted(TF32X3.feasible_rows(), key=lambda cr: cr[1]["median_ms"])]
+    best = ranked[0]
+    taken = {best.key()}
+    seen = set()
+    rng = random.Random(0)
+    while (near := propose.improvement(space, problem, rng, ranked[:1], taken)) is not None:
+        differ = {n for n in space.params if near[n] != best[n]}
+        swapped = len(differ) == 2 and all(near[a] == best[b] for a in differ for b in differ - {a})
+        assert len(differ) == 1 or swapped, differ
+        assert space.is_feasible(near, problem)
+        seen.add(near.key())
+        taken.add(near.key())
+    assert len(seen) > 3  # the whole neighbourhood was offered, then nothing
+
+
+def test_swaps_exchange_parameters_of_the_same_choices_only():
+    space = TF32X3.space()
+    params = [p for p in space.params.values() if len(p.choices) > 1]
+    best = min(TF32X3.feasible_rows(), key=lambda cr: cr[1]["median_ms"])[0]
+    for swap in propose._swaps(params, best):
+        a, b = sorted(swap)
+        assert list(space.params[a].choices) == list(space.params[b].choices)
+        assert (swap[a], swap[b]) == (best[b], best[a])
+
+
+def _replay(sampler: str, trials: int, **options):
+    space = TF32X3.space()
+    tuner = Tuner(TF32X3.key, TuneOptions(trials=trials, sampler=sampler, seed=3,
+                                          cache=search_bench.shipped_cache(), **options), space=space)
+    return tuner, tuner.search(ReplayEvaluator(TF32X3.table(), space), TF32X3.limits)
+
+
+def _ran(search):
+    keys = set(Ledger.of(search.study.get_trials(deepcopy=False)).results())
+    return [t for t in sorted(search.study.get_trials(deepcopy=False), key=lambda t: t.number)
+            if t.user_attrs.get("config_key") in keys]
+
+
+def test_tpe_runs_the_warm_starts_after_the_named_configs_once():
+    tuner, search = _replay("tpe", 30)
+    ran = _ran(search)
+    kinds = [("fixed" if ("seed" in t.user_attrs or "named" in t.user_attrs) else t.user_attrs.get(PROPOSED))
+             for t in ran]
+    warm = [i for i, k in enumerate(kinds) if k == TRANSFER]
+    assert warm and warm == list(range(kinds.count("fixed"), kinds.count("fixed") + len(warm)))
+    assert all(t.user_attrs["transfer"].count("@") == 1 for t in ran if t.user_attrs.get(PROPOSED) == TRANSFER)
+    # Resumed for more trials: the warm starts are not queued a second time.
+    more = Tuner(tuner.key, TuneOptions(trials=40, seed=3, cache=search_bench.shipped_cache()), space=tuner.space)
+    again = more.search(ReplayEvaluator(TF32X3.table(), tuner.space), TF32X3.limits, study=search.study)
+    assert sum(t.user_attrs.get(PROPOSED) == TRANSFER for t in _ran(again)) == len(warm)
+
+
+@pytest.mark.parametrize("sampler,options", [("random", {}), ("tpe", {"warm_starts": 0})])
+def test_no_warm_starts_for_random_search_or_when_turned_off(sampler, options):
+    _, search = _replay(sampler, 20, **options)
+    assert not any(t.user_attrs.get(PROPOSED) == TRANSFER for t in _ran(search))
+
+
+def test_tpe_gives_one_guided_proposal_in_improve_every_to_improvement():
+    _, search = _replay("tpe", 100)
+    guided = [t for t in _ran(search) if "seed" not in t.user_attrs and "named" not in t.user_attrs
+              and t.user_attrs.get(PROPOSED) not in (TRANSFER, "uniform")]
+    share = sum(t.user_attrs.get(PROPOSED) == IMPROVE for t in guided) / len(guided)
+    assert sum(t.user_attrs.get(PROPOSED) == "uniform" for t in _ran(search)) == STARTUP
+    assert abs(share - 1 / IMPROVE_EVERY) < 0.1, share
