@@ -44,27 +44,60 @@ def project(space: Space, values: dict[str, Any]) -> Config | None:
         return None
 
 
-def warm_starts(key: ProblemKey, device: str, space: Space, problem: Problem, cache: Any,
-                limit: int = WARM_STARTS) -> list[tuple[str, Config]]:
-    """Up to `limit` distinct feasible configs from the cache's records of `key`'s kernel, dtype and layout,
-    as (where it came from, config): this device's records first, then other devices', nearer shapes first.
-    The record of `key` itself on `device` is left out."""
+def _from_records(key: ProblemKey, device: str, cache: Any) -> list[tuple[str, dict[str, Any]]]:
+    """The cache's records of `key`'s kernel, dtype and layout as (where, config values): this device's
+    first, then other devices', nearer shapes first; the record of `key` itself on `device` left out."""
     records = []
     with contextlib.suppress(OSError, AutotileError):
         records = [r for _, r in cache.entries(include_shipped=True)]
     mine = [r for r in records if (r.kernel, r.dtype, r.layout) == (key.kernel, key.dtype, key.layout)
             and not (r.device == device and tuple(r.shape) == tuple(key.shape))]
     mine.sort(key=lambda r: (r.device != device, _distance(tuple(r.shape), tuple(key.shape)), r.device))
+    return [(f"{'x'.join(map(str, r.shape))}@{r.device}", r.config) for r in mine]
+
+
+def _from_portfolio(key: ProblemKey, device: str, cache: Any) -> list[tuple[str, dict[str, Any]]]:
+    """The candidates of this device's shape database (`autotile.database`, the dispatch portfolio), fastest
+    first on the database shape nearest to `key`'s (`key`'s own shape left out), as (where, config)."""
+    from . import database
+
+    db = None
+    with contextlib.suppress(OSError, AutotileError):
+        db = database.load(cache, device, key.kernel, key.dtype, key.layout)
+    if db is None:
+        return []
+    rows = [(i, _distance(tuple(s), tuple(key.shape))) for i, s in enumerate(db.shapes)
+            if tuple(s) != tuple(key.shape)]
+    rows = [(i, d) for i, d in rows if math.isfinite(d)]
+    if not rows:
+        return []
+    nearest = min(rows, key=lambda r: r[1])[0]
+    timed = sorted((t, j) for j, t in enumerate(db.times_ms[nearest]) if t is not None)
+    shape = "x".join(map(str, db.shapes[nearest]))
+    own = "tuned-" + "x".join(map(str, key.shape))  # the survey's copy of `key`'s own record: left out
+    return [(f"portfolio {db.candidates[j].name} on {shape}@{device}", db.candidates[j].config or {})
+            for _, j in timed if db.candidates[j].config is not None and db.candidates[j].name != own]
+
+
+def warm_starts(key: ProblemKey, device: str, space: Space, problem: Problem, cache: Any,
+                limit: int = WARM_STARTS) -> list[tuple[str, Config]]:
+    """Up to `limit` distinct feasible configs, as (where it came from, config), taken in turn from the
+    dispatch portfolio's fastest on the nearest database shape and from the cache's records of other shapes
+    and GPUs (`_from_portfolio`, `_from_records`)."""
+    sources = [_from_portfolio(key, device, cache), _from_records(key, device, cache)]
     found: list[tuple[str, Config]] = []
     seen: set[str] = set()
-    for record in mine:
-        config = project(space, record.config)
-        if config is None or config.key() in seen or not space.is_feasible(config, problem):
-            continue
-        seen.add(config.key())
-        found.append((f"{'x'.join(map(str, record.shape))}@{record.device}", config))
-        if len(found) >= limit:
-            break
+    while len(found) < limit and any(sources):
+        for source in sources:
+            while source:
+                where, values = source.pop(0)
+                config = project(space, values)
+                if config is not None and config.key() not in seen and space.is_feasible(config, problem):
+                    seen.add(config.key())
+                    found.append((where, config))
+                    break
+            if len(found) >= limit:
+                break
     return found
 
 

@@ -31,16 +31,28 @@ def test_project_takes_the_spaces_fixed_values_and_refuses_values_outside_it():
     assert transfer.project(space, dict(best, BM=12345)) is None  # BM varies, and 12345 is not a choice
 
 
-def test_warm_starts_leave_out_the_problem_itself_and_put_this_gpu_first():
+def test_warm_starts_alternate_portfolio_and_records_and_leave_out_the_problem_itself():
     space, problem, device = TF32X3.space(), _problem(TF32X3), TF32X3.header["device"]
     starts = transfer.warm_starts(TF32X3.key, device, space, problem, search_bench.shipped_cache())
-    assert 0 < len(starts) <= transfer.WARM_STARTS
+    assert len(starts) == transfer.WARM_STARTS
     assert len({c.key() for _, c in starts}) == len(starts)
     assert all(space.is_feasible(c, problem) for _, c in starts)
+    wheres = [where for where, _ in starts]
+    # The shipped H100 has a shape database for float32 nn matmul: its fastest candidate on the nearest
+    # shape comes first, then a record, in turn.
+    assert [w.startswith("portfolio ") for w in wheres] == [True, False, True, False]
     shape = "x".join(map(str, TF32X3.key.shape))
-    assert f"{shape}@{device}" not in [where for where, _ in starts]
-    gpus = [where.split("@")[1] for where, _ in starts]
-    assert gpus == sorted(gpus, key=lambda g: g != device)  # this GPU's records before the others'
+    assert f"{shape}@{device}" not in wheres  # the problem's own record
+    assert not any(w.startswith(f"portfolio tuned-{shape} ") for w in wheres)  # and the survey's copy of it
+    records = [w.split("@")[1] for w in wheres if not w.startswith("portfolio ")]
+    assert records == sorted(records, key=lambda g: g != device)  # this GPU's records before the others'
+
+
+def test_portfolio_starts_are_the_fastest_on_the_nearest_database_shape():
+    device = TF32X3.header["device"]
+    found = transfer._from_portfolio(TF32X3.key, device, search_bench.shipped_cache())
+    assert found and len({w.split(" on ")[1] for w, _ in found}) == 1  # one database shape
+    assert transfer._from_portfolio(TF32X3.key, "no-such-gpu_sm_00", search_bench.shipped_cache()) == []
 
 
 def test_improvement_moves_one_parameter_or_swaps_a_pair_from_the_fastest():
