@@ -11,6 +11,7 @@ from . import build, kernels, validate
 from .device import DeviceLimits
 from .errors import AutotileError, CacheError, InvalidValueError
 from .problem import ProblemKey, parse_shape
+from .transfer import WARM_STARTS
 from .tuner import Progress, TuneOptions, Tuner, TuneResult
 from .worker import IsolatedRunner, Setup
 
@@ -49,7 +50,8 @@ def tune(kernel: str, shape: str | tuple[int, ...], *, dtype: str = "float32", l
          candidate_timeout: float = 60.0, render_source: Callable[..., str] | None = None,
          fix: dict[str, Any] | None = None, start: dict[str, Any] | None = None,
          precision: str | None = None, devices: list[int] | None = None, backend: str | None = None,
-         heartbeat_grace: float = 60.0, report: str | Path | None = None) -> TuneResult:
+         heartbeat_grace: float = 60.0, report: str | Path | None = None,
+         warm_starts: int = WARM_STARTS) -> TuneResult:
     """Tune `kernel` for one problem on the current GPU and store the winner in the cache.
 
     `shape` is 'MxNxK' (matmul) or 'MxK' (matvec) or a tuple. `storage` is an optuna storage URL
@@ -66,6 +68,10 @@ def tune(kernel: str, shape: str | tuple[int, ...], *, dtype: str = "float32", l
     Any number of processes (other hosts) may work on the same `storage` and `study_name` at once: the
     budget is the study's total. `heartbeat_grace`: seconds after which a silent worker's trial is failed
     and its config retried. `backend` ("module:attribute") replaces the GPU in the workers (tests).
+
+    `warm_starts` (tpe): how many configs of other shapes and GPUs, from the dispatch portfolio and the
+    cache's records (`autotile.transfer`; a `cache` object given here is read, else the default one), run
+    after the seeds; 0 for none.
 
     `report` (a folder) writes the study's report there at the end (`autotile.study_report`: plots and an
     index.html; matplotlib, the `report` extra, is checked before tuning starts). A report that cannot be
@@ -87,7 +93,9 @@ def tune(kernel: str, shape: str | tuple[int, ...], *, dtype: str = "float32", l
     options = TuneOptions(trials=trials, timeout_s=timeout, sampler=sampler, seed=seed, storage=storage,
                           study_name=study_name, candidate_timeout_s=candidate_timeout,
                           start=tuple((name, dict(values)) for name, values in (start or {}).items()),
-                          precision=setting, grace_s=heartbeat_grace)
+                          precision=setting, grace_s=heartbeat_grace,
+                          warm_starts=validate.count(warm_starts, name="warm_starts", minimum=0),
+                          cache=cache if hasattr(cache, "entries") else None)  # a TuningCache object
     if devices is not None:
         from .parallel import parse_devices, tune_on_devices
 

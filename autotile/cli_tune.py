@@ -10,6 +10,7 @@ from typing import Any, Callable
 from . import kernels, precision, validate
 from .errors import InvalidValueError
 from .problem import LAYOUT_ALIASES
+from .transfer import WARM_STARTS
 from .tuner import SAMPLERS
 
 
@@ -25,6 +26,9 @@ def add_commands(sub: Any, add_problem_options: Callable[..., None]) -> None:
                    help="optuna sampler that draws the candidates (default tpe; grid walks the space in order)")
     p.add_argument("--seed", type=int, default=0,
                    help=f"seed of the sampler and of the inputs, 0..{validate.SEED_MAX} (default 0)")
+    p.add_argument("--warm-starts", type=int, default=WARM_STARTS, metavar="N",
+                   help=f"tpe: run N configs of other shapes and GPUs (the dispatch portfolio's and the cache's) "
+                        f"after the seeds (default {WARM_STARTS}; 0: none)")
     p.add_argument("--storage", default=None,
                    help="optuna storage URL, e.g. sqlite:///tune.db to resume later (default: in memory)")
     p.add_argument("--study-name", default=None,
@@ -110,6 +114,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     validate.seconds(args.timeout, name="--timeout", allow_none=True)
     validate.seconds(args.candidate_timeout, name="--candidate-timeout", allow_none=False)
     validate.seed(args.seed, name="--seed")
+    validate.count(args.warm_starts, name="--warm-starts", minimum=0)
     validate.storage_url(args.storage, name="--storage")
     fix = validate.fix_items(args.fix or [], name="--fix")
     setting = validate.precision(args.precision, name="--precision")
@@ -127,7 +132,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
                   sampler=args.sampler, seed=args.seed, storage=args.storage, study_name=args.study_name,
                   cache=None if args.no_cache else "default", progress=True,
                   candidate_timeout=args.candidate_timeout, fix=fix or None, precision=setting,
-                  devices=devices, backend=args.backend, heartbeat_grace=grace, report=args.report)
+                  devices=devices, backend=args.backend, heartbeat_grace=grace, report=args.report,
+                  warm_starts=args.warm_starts)
     print(format_result(result))
     status = report_saving(result)
     if getattr(result, "report_error", None):

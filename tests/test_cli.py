@@ -178,6 +178,8 @@ ERRORS = {
     "zero shape": (["tune", "matvec", "--shape", "0x16"], ["at least 1"]),
     "tune unknown kernel": (["tune", "conv2d", "--shape", "8x8"], ["unknown kernel 'conv2d'"]),
     "no trials": (["tune", "matmul", "--shape", "64x64x64", "--trials", "0"], ["--trials"]),
+    "negative warm starts": (["tune", "matmul", "--shape", "64x64x64", "--warm-starts", "-1"],
+                             ["--warm-starts must be at least 0", "-1"]),
 }
 
 

@@ -279,3 +279,33 @@ def test_a_study_bound_before_precisions_resumes_as_high(tmp_path, table):
     assert _tune(table, storage=storage, study_name="old", trials=6).trials == 2
     with pytest.raises(InvalidValueError, match="at precision highest"):
         _tune(table, storage=storage, study_name="old", trials=8, precision="highest")
+
+
+@pytest.mark.parametrize("warm_starts", [0, 2])
+def test_warm_starts_come_from_the_cache_given_and_can_be_turned_off(table, tmp_path, warm_starts):
+    """The winner's record of another shape, in a cache object passed to tune, is a warm start of the next
+    tune (and none with warm_starts=0)."""
+    from autotile.cache import TuningCache
+    from autotile.tuner import PROPOSED, TRANSFER
+
+    cache = TuningCache(root=tmp_path / "cache", shipped_root=None)
+    first = _tune(table, trials=8, cache=cache)
+    seen: list = []
+    original = api.Tuner._enqueue_warm_starts
+
+    def spy(self, study, problem, taken):
+        original(self, study, problem, taken)
+        seen.extend(t.user_attrs["transfer"] for t in study.get_trials(deepcopy=False)
+                    if t.user_attrs.get(PROPOSED) == TRANSFER)
+
+    import unittest.mock
+
+    with unittest.mock.patch.object(api.Tuner, "_enqueue_warm_starts", spy):
+        api.tune("matmul", (1024, 1024, 512), evaluator=ReplayEvaluator(json.loads(json.dumps(table))),
+                 fix=NARROW, trials=6, cache=cache, warm_starts=warm_starts)
+    if warm_starts == 0:
+        assert seen == []
+    else:
+        from autotile.device import DeviceLimits
+
+        assert seen == [f"1024x1024x1024@{DeviceLimits.from_json(first.environment['limits']).fingerprint}"]
