@@ -10,7 +10,6 @@ already runs as a starting point (`TuneOptions.start`), and in the search benchm
 from __future__ import annotations
 
 import contextlib
-import math
 from typing import Any
 
 from .errors import AutotileError
@@ -19,13 +18,6 @@ from .propose import settle
 from .space import Config, Problem, Space
 
 WARM_STARTS = 4  # configs taken from the cache, at most (each costs one trial)
-
-
-def _distance(a: tuple[int, ...], b: tuple[int, ...]) -> float:
-    """How far apart two shapes are: the sum over dimensions of |log2(a/b)| (inf for other ranks)."""
-    if len(a) != len(b):
-        return math.inf
-    return sum(abs(math.log2(x / y)) for x, y in zip(a, b, strict=True))
 
 
 def project(space: Space, values: dict[str, Any]) -> Config | None:
@@ -47,12 +39,14 @@ def project(space: Space, values: dict[str, Any]) -> Config | None:
 def _from_records(key: ProblemKey, device: str, cache: Any) -> list[tuple[str, dict[str, Any]]]:
     """The cache's records of `key`'s kernel, dtype and layout as (where, config values): this device's
     first, then other devices', nearer shapes first; the record of `key` itself on `device` left out."""
+    from .select import log_distance
+
     records = []
     with contextlib.suppress(OSError, AutotileError):
         records = [r for _, r in cache.entries(include_shipped=True)]
     mine = [r for r in records if (r.kernel, r.dtype, r.layout) == (key.kernel, key.dtype, key.layout)
-            and not (r.device == device and tuple(r.shape) == tuple(key.shape))]
-    mine.sort(key=lambda r: (r.device != device, _distance(tuple(r.shape), tuple(key.shape)), r.device))
+            and len(r.shape) == len(key.shape) and not (r.device == device and tuple(r.shape) == tuple(key.shape))]
+    mine.sort(key=lambda r: (r.device != device, log_distance(r.shape, key.shape), r.device))
     return [(f"{'x'.join(map(str, r.shape))}@{r.device}", r.config) for r in mine]
 
 
@@ -60,15 +54,15 @@ def _from_portfolio(key: ProblemKey, device: str, cache: Any) -> list[tuple[str,
     """The candidates of this device's shape database (`autotile.database`, the dispatch portfolio), fastest
     first on the database shape nearest to `key`'s (`key`'s own shape left out), as (where, config)."""
     from . import database
+    from .select import log_distance
 
     db = None
     with contextlib.suppress(OSError, AutotileError):
         db = database.load(cache, device, key.kernel, key.dtype, key.layout)
     if db is None:
         return []
-    rows = [(i, _distance(tuple(s), tuple(key.shape))) for i, s in enumerate(db.shapes)
-            if tuple(s) != tuple(key.shape)]
-    rows = [(i, d) for i, d in rows if math.isfinite(d)]
+    rows = [(i, log_distance(s, key.shape)) for i, s in enumerate(db.shapes)
+            if len(s) == len(key.shape) and tuple(s) != tuple(key.shape)]
     if not rows:
         return []
     nearest = min(rows, key=lambda r: r[1])[0]
