@@ -24,20 +24,47 @@ from typing import Any
 from .space import Config, Problem, Space
 
 MAX_DRAWS = 200_000  # rejection-sampling draws before a space is taken as exhausted
+# A space so narrowed (`--fix MATH=wgmma`: 780 feasible configs among billions of raw draws) that rejection
+# sampling finds nothing in this many draws is enumerated instead, if it has at most ENUMERATE_LIMIT
+# feasible configs (the full matmul space has 3.9 million and takes half a minute to walk).
+SPARSE_DRAWS = 20_000
+ENUMERATE_LIMIT = 100_000
+# Per (space, problem): the feasible configs, or None where there are more than ENUMERATE_LIMIT. The
+# space is kept alongside its id, so that a new space that reuses a freed id is not taken for it.
+_enumerated: dict[tuple[int, Problem], tuple[Space, list[Config] | None]] = {}
+
+
+def _feasible_if_few(space: Space, problem: Problem) -> list[Config] | None:
+    """Every feasible config of a sparse space (at most ENUMERATE_LIMIT), else None; walked once."""
+    known = _enumerated.get((id(space), problem))
+    if known is None or known[0] is not space:
+        configs = space.feasible(problem, limit=ENUMERATE_LIMIT + 1)
+        known = (space, configs if len(configs) <= ENUMERATE_LIMIT else None)
+        _enumerated[(id(space), problem)] = known
+    return known[1]
 
 
 def uniform(space: Space, problem: Problem, rng: random.Random, taken: Container[str],
             max_draws: int = MAX_DRAWS) -> Config | None:
     """A feasible config not in `taken` (config keys), each such config equally likely; None where
-    `max_draws` draws found none.
+    `max_draws` draws found none. A space where SPARSE_DRAWS draws find nothing and that has at most
+    ENUMERATE_LIMIT feasible configs is enumerated (once), and the pick made among those: None there means
+    every one is taken.
 
     Every parameter is drawn from its choices, then the config is settled (a parameter that is off takes
     its inactive value). A settled config with inactive parameters is where that many raw draws land (the
     product of their numbers of choices), so it is kept with probability one over that product: drawing
     the branch first instead would give the naive kernel's handful of configs (`smem=none`) a third of
     all draws, against 0.7% of the feasible matmul configs."""
+    known = _enumerated.get((id(space), problem))
+    if known is not None and known[0] is space and known[1] is not None:
+        return _pick(known[1], rng, taken)
     params = list(space.params.values())
-    for _ in range(max_draws):
+    for draw in range(max_draws):
+        if draw == SPARSE_DRAWS:
+            few = _feasible_if_few(space, problem)
+            if few is not None:
+                return _pick(few, rng, taken)
         values: dict[str, Any] = {}
         weight = 1  # raw draws that settle to this config
         for p in params:
@@ -52,6 +79,12 @@ def uniform(space: Space, problem: Problem, rng: random.Random, taken: Container
         if config.key() not in taken and space.is_feasible(config, problem):
             return config
     return None
+
+
+def _pick(configs: Sequence[Config], rng: random.Random, taken: Container[str]) -> Config | None:
+    """One of `configs` not in `taken`, each equally likely; None where all are taken."""
+    left = [c for c in configs if c.key() not in taken]
+    return rng.choice(left) if left else None
 
 
 def neighbour(space: Space, problem: Problem, rng: random.Random, config: Config, taken: Container[str],

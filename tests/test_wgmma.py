@@ -5,6 +5,7 @@ multiplies with HGMMA and splits only in the producer. GPU correctness: tests/te
 
 from __future__ import annotations
 
+import random
 import shutil
 import subprocess
 import tempfile
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from autotile import build, kernels
+from autotile import build, kernels, propose
 from autotile.device import PROFILES
 from autotile.errors import CompileError
 from autotile.space import Problem
@@ -51,8 +52,12 @@ def test_space_keeps_wgmma_to_sm90_float32_and_out_of_searches(name):
 def test_searches_never_draw_wgmma_but_a_fix_does():
     problem = Problem(PROFILES["h100"], "float32", "nn")
     assert all(c["MATH"] != "wgmma" for c in SPEC.space.sample(problem, 200, seed=1))
-    drawn = WGMMA.sample(problem, 20, seed=1)
-    assert drawn and all(c["MATH"] == "wgmma" for c in drawn)
+    # the tuner's own uniform draw over the space with MATH fixed (`--fix MATH=wgmma`)
+    rng, taken = random.Random(1), set()
+    for _ in range(10):
+        config = propose.uniform(WGMMA, problem, rng, taken)
+        assert config is not None and config["MATH"] == "wgmma"
+        taken.add(config.key())
 
 
 def _swizzled(row: int, k: int, rows: int, bk: int) -> int:
@@ -142,7 +147,7 @@ def test_compiles_for_sm90a_within_the_register_model(compiled, case):
 
 @pytest.mark.parametrize("config", WGMMA.feasible(Problem(PROFILES["h100"], "float32", "nn")), ids=str)
 def test_setmaxnreg_fits_the_blocks_registers(config):
-    """Two consumer warpgroups: setmaxnreg's new counts must fit the registers the block was launched with
+    """More than 256 threads (two consumer or two producer warpgroups): setmaxnreg's new counts must fit the registers the block was launched with
     (65536 / threads a thread, rounded down to 8). An increase that cannot be met waits forever: with
     224 / 144 at 384 threads (65536 > 64512 registers) the kernel hung on the H100."""
     derived = WGMMA.derive(config, Problem(PROFILES["h100"], "float32", "nn"))
@@ -152,7 +157,8 @@ def test_setmaxnreg_fits_the_blocks_registers(config):
     cap = 65536 // threads // 8 * 8
     producer, consumer = derived["producer_regs"], derived["consumer_regs"]
     assert producer % 8 == 0 and consumer % 8 == 0 and 24 <= min(producer, consumer) <= max(producer, consumer) <= 256
-    assert 128 * producer + (threads - 128) * consumer <= cap * threads
+    producer_threads = 128 * config["PRODUCERS"]
+    assert producer_threads * producer + (threads - producer_threads) * consumer <= cap * threads
     source = SPEC.render(config, "float32", "nn")
     for count in (producer, consumer):
         verb = "dec" if count < cap else "inc"
