@@ -37,22 +37,21 @@ def test_named_configs_exist():
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_space_keeps_wgmma_to_sm90_float32_and_out_of_searches(name):
+def test_space_keeps_wgmma_to_sm90_float32(name):
     config = SPEC.space.named(name)
     for profile in ("h100", "h200"):
         problem = Problem(PROFILES[profile], "float32", "nn")
         assert WGMMA.is_feasible(config, problem), WGMMA.violations(config, problem)
-        # experimental: the full space (what the tuner searches) refuses it
-        assert any("experimental" in v for v in SPEC.space.violations(config, problem))
+        assert SPEC.space.is_feasible(config, problem)  # the full space, which the tuner searches
     for profile in ("a100", *(p for p in PROFILES if PROFILES[p].compute_capability != (9, 0))):
         assert not WGMMA.is_feasible(config, Problem(PROFILES[profile], "float32", "nn"))
     assert not WGMMA.is_feasible(config, Problem(PROFILES["h100"], "float64", "nn"))
 
 
-def test_searches_never_draw_wgmma_but_a_fix_does():
+def test_a_fix_draws_wgmma_only():
     problem = Problem(PROFILES["h100"], "float32", "nn")
-    assert all(c["MATH"] != "wgmma" for c in SPEC.space.sample(problem, 200, seed=1))
-    # the tuner's own uniform draw over the space with MATH fixed (`--fix MATH=wgmma`)
+    # the tuner's own uniform draw over the space with MATH fixed (`--fix MATH=wgmma`): 780 feasible
+    # configs among billions of raw draws, found by enumeration
     rng, taken = random.Random(1), set()
     for _ in range(10):
         config = propose.uniform(WGMMA, problem, rng, taken)
