@@ -215,6 +215,12 @@ def test_sampled_configs_render(kernel, layout, dtype):
 
 def _dynamic_bytes(kernel: str, src: str, cfg, dtype_size: int) -> int:
     """The dynamic shared memory the rendered kernel indexes, read from its constants."""
+    wgmma = re.search(r"constexpr int BM = (\d+), BN = (\d+), BK = (\d+), STAGES = (\d+);", src)
+    if kernel == "matmul" and "(wgmma)" in src.splitlines()[0] and wgmma:
+        # big and small parts of both tiles per stage, 1024 bytes to align the base, two mbarriers a stage
+        bm, bn, bk, stages = (int(g) for g in wgmma.groups())
+        assert "STAGE_BYTES = 2 * (A_BYTES + B_BYTES)" in src and "base + STAGES * STAGE_BYTES" in src
+        return stages * 2 * (bm + bn) * bk * dtype_size + 1024 + 16 * stages
     if kernel == "matmul":
         a = re.search(r"constexpr int A_STRIDE = (\d+), A_TILE = (\d+) \* A_STRIDE;", src)
         b = re.search(r"constexpr int B_STRIDE = (\d+), B_TILE = (BK|BN) \* B_STRIDE;", src)
