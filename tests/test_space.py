@@ -555,7 +555,8 @@ def test_conditional_parameters_are_well_formed(kernel):
 
 
 def test_conditional_parameters_are_not_drawn_where_inactive(matmul):
-    """suggest() draws WM/WN only for tf32x3 and TM/TN only for simt; the others take their inactive value."""
+    """suggest() draws WM/WN only for tf32x3/dmma, TM/TN only for simt, PRODUCERS only for wgmma; the others
+    take their inactive value."""
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -567,12 +568,17 @@ def test_conditional_parameters_are_not_drawn_where_inactive(matmul):
         drawn = set(trial.params)
         if cfg["MATH"] == "simt":
             assert {"TM", "TN"} <= drawn and not {"WM", "WN"} & drawn and (cfg["WM"], cfg["WN"]) == (32, 32)
+        elif cfg["MATH"] == "wgmma":
+            assert not {"WM", "WN", "TM", "TN", "PAD", "A_TRANSPOSED"} & drawn and "PRODUCERS" in drawn
+            assert (cfg["WM"], cfg["WN"], cfg["TM"], cfg["TN"]) == (32, 32, 1, 1)
         else:
             assert {"WM", "WN"} <= drawn and not {"TM", "TN", "PAD", "A_TRANSPOSED"} & drawn
             assert (cfg["TM"], cfg["TN"], cfg["PAD"], cfg["A_TRANSPOSED"]) == (1, 1, 0, False)
+        if cfg["MATH"] != "wgmma":
+            assert "PRODUCERS" not in drawn and cfg["PRODUCERS"] == 1
         seen.add(cfg["MATH"])
         study.tell(trial, 1.0)
-    assert seen == {"simt", "tf32x3", "dmma"}
+    assert seen == {"simt", "tf32x3", "dmma", "wgmma"}
     # Where the sampler could not pick it, a config may not set it either.
     wrong = matmul.with_overrides(matmul.named("tf32x3-128"), {"TM": 8})
     assert any(line.startswith("breaks 'TM only where") for line in matmul.violations(wrong, problem()))
