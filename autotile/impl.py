@@ -21,6 +21,7 @@ import numpy as np
 from . import kernels
 from .problem import ProblemKey
 from .space import Config
+from .tensor_map import MAP_BYTES, TensorMapCache
 
 
 class Runner(Protocol):
@@ -79,28 +80,54 @@ class ParameterBlock:
     """A kernel's launch parameters in one host buffer that every launch reuses.
 
     CuPy's kernel call converts a tuple of Python arguments on every launch (microseconds of host time, the
-    bulk of a small call's cost); here each parameter has a fixed 8-byte slot, the driver's array of
-    pointers to the slots is built once, and a launch writes only the slots that change. The driver reads
-    as many bytes of a slot as the parameter's type has (a 32-bit int is the slot's low half: CUDA hosts
-    are little-endian) and copies them during the launch call, so the buffer is free again when the call
-    returns. `types` names each parameter's C type: "ptr", "int32" or "int64".
+    bulk of a small call's cost); here each parameter has a fixed slot, the driver's array of pointers to
+    the slots is built once, and a launch writes only the slots that change. `types` names each
+    parameter's C type: "ptr", "int32" or "int64" (an 8-byte slot: the driver reads as many bytes as the
+    type has, and a 32-bit int is the slot's low half on these little-endian hosts) or "tensormap" (a
+    128-byte `CUtensorMap` passed by value, in a slot 64-byte aligned like the type). The driver copies
+    the values during the launch call, so the buffer is free again when the call returns.
     """
 
     def __init__(self, types: tuple[str, ...]):
         self.types = types
-        self.values = (ctypes.c_uint64 * len(types))()
-        base = ctypes.addressof(self.values)
-        self._pointers = (ctypes.c_void_p * len(types))(*(base + 8 * i for i in range(len(types))))
+        self.offsets: list[int] = []  # bytes from the buffer's start
+        size = 0
+        for kind in types:
+            if kind == "tensormap":
+                size = (size + 63) // 64 * 64
+                self.offsets.append(size)
+                size += MAP_BYTES
+            else:
+                self.offsets.append(size)
+                size += 8
+        self._storage = (ctypes.c_uint8 * (size + 64))()
+        self._base = (ctypes.addressof(self._storage) + 63) // 64 * 64
+        self._pointers = (ctypes.c_void_p * len(types))(*(self._base + o for o in self.offsets))
         self.address = ctypes.addressof(self._pointers)  # what cuLaunchKernel takes as kernelParams
         self.lock = threading.Lock()  # held from filling the slots to the end of the launch call
 
     def set(self, index: int, value: int) -> None:
-        self.values[index] = int(value) & 0xFFFFFFFFFFFFFFFF  # a negative int64 as its two's complement
+        """An integer or pointer parameter (a negative int64 as its two's complement)."""
+        ctypes.c_uint64.from_address(self._base + self.offsets[index]).value = int(value) & 0xFFFFFFFFFFFFFFFF
+
+    def set_bytes(self, index: int, value: bytes) -> None:
+        """A "tensormap" parameter: its 128 bytes."""
+        if self.types[index] != "tensormap" or len(value) != MAP_BYTES:
+            raise ValueError(f"parameter {index} is a {self.types[index]}, not {len(value)} bytes")
+        ctypes.memmove(self._base + self.offsets[index], value, MAP_BYTES)
 
     def arguments(self) -> tuple[Any, ...]:
-        """The slots as typed NumPy scalars, as `cupy.RawKernel` would take them (for tests and messages)."""
+        """The slots as typed NumPy scalars, as `cupy.RawKernel` would take them, and tensor maps as bytes
+        (for tests and messages)."""
         kinds = {"ptr": np.uint64, "int32": np.int32, "int64": np.int64}
-        return tuple(np.uint64(v).astype(kinds[t]) for t, v in zip(self.types, self.values, strict=True))
+        values: list[Any] = []
+        for kind, offset in zip(self.types, self.offsets, strict=True):
+            if kind == "tensormap":
+                values.append(ctypes.string_at(self._base + offset, MAP_BYTES))
+            else:
+                word = ctypes.c_uint64.from_address(self._base + offset).value
+                values.append(np.uint64(word).astype(kinds[kind]))
+        return tuple(values)
 
 
 class KernelRunner:
@@ -117,6 +144,11 @@ class KernelRunner:
     launches on one stream are ordered, so they can share. The first run on a stream allocates (through
     the caller's allocator: inside a torch CUDA-graph capture, torch's graph pool), every later one does
     not.
+
+    A kernel that copies its tiles with the tensor memory accelerator (wgmma, LOADER=tma) takes, last, a
+    flag and one tensor map per operand: encoded here for the operands' addresses (and cached by them);
+    where an operand cannot be described (misaligned, rows not a multiple of 16 bytes) or the kernel is
+    batched, the flag is 0 and the kernel loads through registers instead, with the same results.
     """
 
     def __init__(self, kernel: Any, launch: kernels.Launch, sizes: tuple[Any, ...], batched: bool = False,
@@ -132,6 +164,10 @@ class KernelRunner:
         # inputs, (last_block) workspace and tickets. The sizes never change: written once here.
         types = ("ptr",) * (inputs + 1) + tuple(str(np.asarray(s).dtype) for s in sizes)
         types += ("int64",) * (inputs if batched else 0) + (("ptr", "ptr") if launch.tickets else ())
+        self._first_map = len(types)  # (tensor maps) the flag's slot; the maps follow it
+        types += ("int32",) + ("tensormap",) * len(launch.tensor_maps) if launch.tensor_maps else ()
+        # Batched kernels take a batch's matrices at offsets a 2-D map cannot follow: registers there.
+        self._tensor_maps = TensorMapCache(launch.tensor_maps) if launch.tensor_maps and not batched else None
         self.parameters = ParameterBlock(types)
         for i, size in enumerate(sizes):
             self.parameters.set(inputs + 1 + i, int(size))
@@ -166,6 +202,11 @@ class KernelRunner:
             if buffers is not None:
                 parameters.set(slot, buffers[1])
                 parameters.set(slot + 1, buffers[2])
+            if launch.tensor_maps:
+                maps = self._tensor_maps.maps(pointers) if self._tensor_maps is not None else None
+                parameters.set(self._first_map, maps is not None)
+                for i, tensor_map in enumerate(maps or ()):
+                    parameters.set_bytes(self._first_map + 1 + i, tensor_map)
             self.kernel.launch_packed(launch.grid, launch.block, launch.dynamic_smem_bytes, stream_ptr, parameters)
 
     def run(self, arrays: tuple[Any, ...], out: Any, stream: Any = None) -> None:

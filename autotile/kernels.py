@@ -14,6 +14,7 @@ from .expr import ceil_div
 from .problem import KERNEL_DIMS, canonical_layout, parse_shape
 from .render import render
 from .space import DEVICE_DERIVED, DTYPE_SIZES, Config, Space, load_space
+from .tensor_map import TensorBox
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,6 +28,7 @@ class Launch:
     zero_output: bool  # split-K kernels with SPLIT_REDUCE=atomic add into the output, which must start at zero
     workspace_elems: int = 0  # last_block: partial results, in elements of the output's dtype (0: none)
     tickets: int = 0  # last_block: one unsigned int counter per output tile, zero between launches (0: none)
+    tensor_maps: tuple[TensorBox, ...] = ()  # TMA copies of the inputs (wgmma, LOADER=tma): one map each
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,10 +90,11 @@ class KernelSpec:
         g = _geometry(self.space_name or self.name, config, dtype, self.layout(layout))
         dynamic = int(g["smem_bytes"]) if config["smem"] == "dynamic" else 0
         grid, block = self.grid(config, shape), (int(g["block_x"]), int(g["block_y"]), 1)
+        maps = _tensor_boxes(config, shape[-3:], self.layout(layout)) if config.get("LOADER") == "tma" else ()
         if config["SPLIT_K"] > 1 and config.get("SPLIT_REDUCE", "atomic") == "last_block":
             workspace, tickets = self.split_buffers(config, shape)
-            return Launch(grid, block, dynamic, False, workspace, tickets)
-        return Launch(grid, block, dynamic, config["SPLIT_K"] > 1)
+            return Launch(grid, block, dynamic, False, workspace, tickets, maps)
+        return Launch(grid, block, dynamic, config["SPLIT_K"] > 1, tensor_maps=maps)
 
     def parse_shape(self, text: str | tuple[int, ...]) -> tuple[int, ...]:
         """'4096x4096x4096' -> (4096, 4096, 4096); see `problem.parse_shape`."""
@@ -131,6 +134,17 @@ def _matmul_grid(config: Config, shape: tuple[int, ...]) -> tuple[int, int, int]
     if config["SWIZZLE"] > 1:  # one line of blocks, ordered by the kernel (tile_origin in matmul_parts.j2)
         return (tiles_m * tiles_n, 1, config["SPLIT_K"])
     return (tiles_n, tiles_m, config["SPLIT_K"])
+
+
+def _tensor_boxes(config: Config, shape: tuple[int, ...], layout: str) -> tuple[TensorBox, TensorBox]:
+    """The TMA copies of a wgmma LOADER=tma kernel (matmul_wgmma.cu.j2): A, then B, as stored; each copy 32
+    elements (128 bytes) along the contiguous dimension, by the tile's other extent (BK along K; BM or
+    BN along M or N)."""
+    M, N, K = shape
+    BM, BN, BK = config["BM"], config["BN"], config["BK"]
+    a = TensorBox(0, M, K, 32, BK) if layout in ("tn", "tt") else TensorBox(0, K, M, 32, BM)
+    b = TensorBox(1, K, N, 32, BN) if layout in ("nt", "tt") else TensorBox(1, N, K, 32, BK)
+    return a, b
 
 
 def _matmul_split_buffers(config: Config, shape: tuple[int, ...]) -> tuple[int, int]:
