@@ -209,6 +209,11 @@ class KernelRunner:
                     parameters.set_bytes(self._first_map + 1 + i, tensor_map)
             self.kernel.launch_packed(launch.grid, launch.block, launch.dynamic_smem_bytes, stream_ptr, parameters)
 
+    def uses_tensor_maps(self, pointers: tuple[int, ...]) -> bool:
+        """Whether a launch with the inputs at `pointers` copies its tiles with tensor maps (LOADER=tma and
+        every operand describable), rather than loading them through registers."""
+        return self._tensor_maps is not None and self._tensor_maps.maps(pointers) is not None
+
     def run(self, arrays: tuple[Any, ...], out: Any, stream: Any = None) -> None:
         """`launch` for CuPy arrays, on `stream` (CuPy's current stream when None)."""
         from .kernels import batch_strides

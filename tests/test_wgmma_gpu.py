@@ -92,13 +92,15 @@ def test_batched(name, layout):
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_special_values_match_cublas(name):
+# N = 192: LOADER=tma copies both operands; 190: rows of B are not 16-byte multiples (registers)
+@pytest.mark.parametrize("N", [190, 192])
+def test_special_values_match_cublas(name, N):
     """Inf, NaN, values near FLT_MAX and denormals: the non-finite pattern is SGEMM's (the exact path)."""
     _hopper()
     import cupy
 
     rng = np.random.default_rng(11)
-    M, N, K = 200, 190, 300
+    M, K = 200, 300
     a = rng.standard_normal((M, K)).astype(np.float32)
     b = rng.standard_normal((K, N)).astype(np.float32)
     a[3, 7], a[150, 0], b[5, 100] = np.inf, np.nan, -np.inf
@@ -115,3 +117,61 @@ def test_special_values_match_cublas(name):
     with np.errstate(invalid="ignore"):
         rel = np.abs(c - ref64)[finite] / np.maximum(scale[finite], np.finfo(np.float32).tiny)
     assert np.max(rel) <= kernels.tolerance("float32", K)
+
+
+TMA_NAMES = [n for n in NAMES if MATMUL.space.named(n)["LOADER"] == "tma"]
+# Every extent a multiple of 4 (rows of 16-byte multiples: the tensor maps describe them), none of a tile.
+TMA_SHAPES = [(4, 8, 4), (132, 260, 36), (260, 4, 1028), (68, 132, 100)]
+
+
+def _run_stored(config, store_a, store_b, layout, shape):
+    """(C, whether the launch copied with tensor maps) for operands already stored per `layout`."""
+    import cupy
+
+    from autotile.impl import Generated
+    from autotile.problem import ProblemKey
+
+    M, N, _ = shape
+    out = cupy.full((M, N), cupy.nan, dtype=cupy.float32)  # poisoned
+    runner = Generated(config).prepare(ProblemKey("matmul", "float32", layout, shape))
+    runner.run((store_a, store_b), out)
+    return cupy.asnumpy(out), runner.uses_tensor_maps((int(store_a.data.ptr), int(store_b.data.ptr)))
+
+
+@pytest.mark.parametrize("name", TMA_NAMES)
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("shape", TMA_SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_tma_copies_with_zero_filled_edges(name, layout, shape):
+    """LOADER=tma on shapes the maps describe: the copies run (checked), and their zero fill past every
+    edge leaves the result exact."""
+    _hopper()
+    import cupy
+
+    rng = np.random.default_rng(sum(shape) + 1)
+    a, b = _operands(rng, *shape, layout)
+    store_a = cupy.asarray(np.ascontiguousarray(a.T) if layout[0] == "t" else a)
+    store_b = cupy.asarray(np.ascontiguousarray(b.T) if layout[1] == "t" else b)
+    c, copied = _run_stored(MATMUL.space.named(name), store_a, store_b, layout, shape)
+    assert copied
+    _check(c, a, b)
+
+
+@pytest.mark.parametrize("name", TMA_NAMES)
+def test_tma_misaligned_operand_loads_through_registers(name):
+    """An operand 4 bytes past a 16-byte boundary cannot be described by a tensor map: the same kernel
+    loads through registers, with a correct result; the aligned operands of the next call copy again."""
+    _hopper()
+    import cupy
+
+    M, N, K = 132, 136, 260
+    rng = np.random.default_rng(3)
+    a, b = _operands(rng, M, N, K, "nn")
+    backing = cupy.empty(M * K + 1, dtype=cupy.float32)
+    shifted_a = backing[1:].reshape(M, K)  # 4 bytes past the allocation's start
+    shifted_a[...] = cupy.asarray(a)
+    c, copied = _run_stored(MATMUL.space.named(name), shifted_a, cupy.asarray(b), "nn", (M, N, K))
+    assert not copied
+    _check(c, a, b)
+    c, copied = _run_stored(MATMUL.space.named(name), cupy.asarray(a), cupy.asarray(b), "nn", (M, N, K))
+    assert copied
+    _check(c, a, b)
