@@ -31,7 +31,7 @@ from .space import Config, Problem
 
 if TYPE_CHECKING:  # the cache needs filelock: imported where used, so that `autotile render` needs none
     from .cache import TuningCache
-    from .database import ShapeDatabase
+    from .database import Candidate, ShapeDatabase
 
 # Sizes of the grid, log-spaced (a factor of about 2.8 apart), every combination, and as many random
 # shapes again (log-uniform, odd sizes) drawn with a seed of their own: the benchmark's random shapes
@@ -87,6 +87,10 @@ def portfolio(kernel: str, dtype: str, layout: str, device: DeviceLimits,
             found[config] = name
 
     for name, config in space.named_configs.items():
+        # wgmma with LOADER=registers is left out: its LOADER=tma twin loads through registers itself
+        # wherever a tensor map cannot describe an operand, and copies faster everywhere else.
+        if config.get("MATH") == "wgmma" and config.get("LOADER") == "registers":
+            continue
         if not name.startswith("seed-") and space.named_layouts.get(name, layout) == layout:
             add(name, config)
     from .select import record_config
@@ -127,8 +131,13 @@ def survey(kernel: str, dtype: str, layout: str, device: DeviceLimits, shapes: l
            save: Callable[[ShapeDatabase], Any] | None = None, budget_s: float | None = None,
            log: Callable[[str], None] = print) -> ShapeDatabase:
     """Verify and time every candidate on every shape; returns the database (also passed to `save` every
-    SAVE_EVERY_S and at the end). Shapes that `previous` holds with the same candidates are kept, not
-    re-timed."""
+    SAVE_EVERY_S and at the end).
+
+    What `previous` timed is kept, not timed again: each of its candidates that is still a candidate (same
+    name, config and kernel source) keeps its column. A candidate it lacks (a new named config, a newly
+    tuned one) is timed on its shapes together with cuBLAS, and its times are scaled by cuBLAS's then
+    over cuBLAS's now, so that each row's ratios to cuBLAS stay same-run ratios (clocks and neighbours
+    move absolute times on a shared GPU by a few percent between runs)."""
     import cupy
 
     from .database import Candidate, ShapeDatabase
@@ -142,15 +151,43 @@ def survey(kernel: str, dtype: str, layout: str, device: DeviceLimits, shapes: l
         for name, config in configs]
     implementations = [Cublas()] + [Generated(config) for _, config in configs]
     done: dict[tuple[int, ...], list[float | None]] = {}
-    if previous is not None and [c.to_json() for c in previous.candidates] == [c.to_json() for c in candidates]:
-        done = {tuple(s): list(row) for s, row in zip(previous.shapes, previous.times_ms, strict=True)}
+    # previous's rows, by shape, re-indexed to today's candidates (_UNTIMED where a column is new)
+    kept: dict[tuple[int, ...], list[float | None | str]] = {}
     env = _environment(device)
     env["failures"] = {}
+    if previous is not None:
+        where = [_column_of(c, previous, spec.space) for c in candidates]
+        # Columns a budget stopped before they were timed on some shapes (saved as None there).
+        pending = previous.environment.get("pending", {})
+        pending_names = set(pending.get("candidates", []))
+        pending_shapes = {tuple(p) for p in pending.get("shapes", [])}
+        for shape, old_row in zip(previous.shapes, previous.times_ms, strict=True):
+            kept_row: list[float | None | str] = [
+                _UNTIMED if j is None or (tuple(shape) in pending_shapes and c.name in pending_names) else old_row[j]
+                for c, j in zip(candidates, where, strict=True)]
+            if _UNTIMED in kept_row:
+                kept[tuple(shape)] = kept_row
+            else:
+                done[tuple(shape)] = [t for t in kept_row if not isinstance(t, str)]
+        names = {c.name for c, j in zip(candidates, where, strict=True) if j is not None}
+        env["failures"] = {n: why for n, why in previous.environment.get("failures", {}).items() if n in names}
+        env["extended"] = list(previous.environment.get("extended", []))
+        added = [c.name for c, j in zip(candidates, where, strict=True) if j is None or c.name in pending_names]
+        if kept and added:
+            env["extended"].append({"date": env["date"], "candidates": added, "over": previous.environment.get(
+                "date", "?"), "scaled_by": "cuBLAS timed in the same run"})
 
     def database() -> ShapeDatabase:
-        order = [s for s in shapes if s in done]
+        # Kept rows not completed yet are saved too, their new columns None and listed as pending, so that
+        # the next run times them (and nothing the previous survey measured is dropped meanwhile).
+        unfinished = [s for s in shapes if s in kept and s not in done]
+        rows = {**{s: [None if isinstance(t, str) else t for t in kept[s]] for s in unfinished}, **done}
+        order = [s for s in shapes if s in rows]
+        untimed = sorted({candidates[j].name for s in unfinished for j, t in enumerate(kept[s]) if isinstance(t, str)})
+        environment = {**env, "pending": {"candidates": untimed, "shapes": [list(s) for s in unfinished]}} \
+            if unfinished else {k: v for k, v in env.items() if k != "pending"}
         return ShapeDatabase(kernel, dtype, layout, device.fingerprint, tuple(candidates), tuple(order),
-                             tuple(tuple(done[s]) for s in order), env)
+                             tuple(tuple(rows[s]) for s in order), environment)
 
     # One compile per candidate, all in parallel before the first shape.
     futures = build.compile_many(((spec.render(c, dtype, layout), "autotile_" + spec.name) for _, c in configs),
@@ -178,8 +215,13 @@ def survey(kernel: str, dtype: str, layout: str, device: DeviceLimits, shapes: l
         ref = spec.reference(inputs)
         out = cupy.empty(spec.output_shape(shape), dtype=dtype)
         tol = kernels.tolerance(dtype, shape[-1])
+        old = kept.get(shape)
         row: list[float | None] = []
-        for cand, implementation in zip(candidates, implementations, strict=True):
+        for j, (cand, implementation) in enumerate(zip(candidates, implementations, strict=True)):
+            before = old[j] if old is not None else _UNTIMED
+            if not isinstance(before, str) and not (j == 0 and before is not None):
+                row.append(before)  # timed before (cuBLAS, column 0, is timed again: the scale)
+                continue
             if cand.name in env["failures"] or (
                     cand.config is not None
                     and not worth_timing(kernel, spec.space.config(cand.config), shape, device.sm_count)):
@@ -202,6 +244,8 @@ def survey(kernel: str, dtype: str, layout: str, device: DeviceLimits, shapes: l
             except Exception as exc:  # one bad candidate never ends the survey
                 env["failures"][cand.name] = f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
                 row.append(None)
+        if old is not None:
+            row = _rescaled(row, old)
         done[shape] = row
         del inputs, ref, out
         if save is not None and time.monotonic() - last_save > SAVE_EVERY_S:
@@ -219,6 +263,42 @@ def survey(kernel: str, dtype: str, layout: str, device: DeviceLimits, shapes: l
     if save is not None:
         save(db)
     return db
+
+
+_UNTIMED = "untimed"  # a kept row's column that the previous survey did not have
+
+
+def _column_of(candidate: Candidate, previous: ShapeDatabase, space: Any) -> int | None:
+    """The column of `previous` that timed this very candidate: same name and implementation, the same
+    config once completed with the defaults of parameters added since, and the same kernel source."""
+    for j, old in enumerate(previous.candidates):
+        if (old.name, old.implementation, old.source_sha) != (candidate.name, candidate.implementation,
+                                                              candidate.source_sha):
+            continue
+        if old.config is None or candidate.config is None:
+            return j if old.config is None and candidate.config is None else None
+        try:
+            same = space.config(old.config) == space.config(candidate.config)
+        except Exception:  # a parameter or value the space no longer has: not this candidate
+            same = False
+        return j if same else None
+    return None
+
+
+def _rescaled(row: list[float | None], old: list[float | None | str]) -> list[float | None]:
+    """A kept row completed: the previous times where it had them, the new columns' times (timed now, with
+    cuBLAS in column 0) scaled by cuBLAS's previous time over its time now; unscaled where either cuBLAS
+    time is missing."""
+    then, now = old[0], row[0]
+    scale = then / now if isinstance(then, (int, float)) and now is not None and now > 0 else 1.0
+    out: list[float | None] = []
+    for j, t in enumerate(row):
+        previous = old[j]
+        if j == 0 or not isinstance(previous, str):
+            out.append(previous if not isinstance(previous, str) else t)  # what the previous survey measured
+        else:
+            out.append(None if t is None else t * scale)
+    return out
 
 
 def _environment(device: DeviceLimits) -> dict[str, Any]:

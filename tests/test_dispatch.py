@@ -399,3 +399,33 @@ def test_first_call_checks_the_setting_before_tuning(tmp_path):
     with pytest.raises(InvalidValueError, match="'low'"):
         first_call.tune_here(ProblemKey("matmul", "float32", "row", (5, 6, 7)), H100,
                              TuningCache(root=tmp_path, shipped_root=None), fallback, "low")
+
+
+def test_survey_extension_keeps_previous_times_and_scales_new_columns():
+    """A kept row: the previous survey's times stay as measured (cuBLAS's included); a new column's time,
+    measured now with cuBLAS, is scaled by cuBLAS then / cuBLAS now (2.0 / 1.0 here)."""
+    from autotile import survey
+
+    old = [2.0, 1.5, survey._UNTIMED, None, survey._UNTIMED]
+    now = [1.0, 9.9, 0.5, 9.9, None]  # the kept columns' entries are never read from `now`
+    assert survey._rescaled(now, old) == [2.0, 1.5, 1.0, None, None]
+    assert survey._rescaled([None, 0.5], [None, survey._UNTIMED]) == [None, 0.5]  # no cuBLAS time: unscaled
+
+
+def test_survey_extension_matches_columns_by_kernel_source():
+    """A candidate keeps the previous column that timed the same kernel: same name and source hash, its
+    config equal once completed with later parameters' defaults; a changed config is a new column."""
+    from autotile import kernels, survey
+    from autotile.database import Candidate, ShapeDatabase
+
+    spec = kernels.get("matmul")
+    config = spec.space.named("tf32x3-64")
+    sha = kernels.source_hash(spec.render(config, "float32", "nn"))
+    older = {k: v for k, v in config.items() if k not in ("PRODUCERS", "LOADER")}  # as written before them
+    previous = ShapeDatabase("matmul", "float32", "nn", "gpu", (Candidate("cublas", "cublas"),
+                             Candidate("tf32x3-64", "generated", older, sha)), ((8, 8, 8),), ((1.0, 2.0),), {})
+    assert survey._column_of(Candidate("cublas", "cublas"), previous, spec.space) == 0
+    assert survey._column_of(Candidate("tf32x3-64", "generated", dict(config), sha), previous, spec.space) == 1
+    other = spec.space.with_overrides(config, {"STAGES": 3})
+    changed = Candidate("tf32x3-64", "generated", dict(other), kernels.source_hash(spec.render(other, "float32", "nn")))
+    assert survey._column_of(changed, previous, spec.space) is None
