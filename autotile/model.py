@@ -90,6 +90,7 @@ class Model:
                 usable.append(j)
         self.cublas = db.cublas_index
         self.usable = [j for j in usable if j != self.cublas]
+        self.usable_columns = np.asarray(self.usable, dtype=np.intp)
         self.log_shapes = np.log2(np.array(db.shapes, dtype=np.float64))
         times = np.array([[np.nan if t is None else t for t in row] for row in db.times_ms], dtype=np.float64)
         self.times = times
@@ -99,6 +100,11 @@ class Model:
         self.worth = np.zeros((len(db.shapes), len(self.usable)), dtype=bool)  # rows x usable candidates
         for i, shape in enumerate(db.shapes):
             self.fill[i, self.usable], self.worth[i] = self._features(tuple(shape))
+        # Candidates that copy with tensor maps where a shape's rows allow it (wgmma, LOADER=tma) and load
+        # through registers elsewhere: two kernels in one, so they learn only from shapes of the query's
+        # kind (`copies`), not from the nearest shapes of either kind.
+        self.two_kinds = np.array([_loads_two_ways(self.configs[j]) for j in self.usable], dtype=np.bool_)
+        self.copies = np.array([copies_whole_rows(db.kernel, tuple(s), db.layout) for s in db.shapes], dtype=np.bool_)
         self._allowed: dict[str, np.ndarray] = {}
 
     def allowed(self, setting: str | None) -> np.ndarray:
@@ -128,45 +134,74 @@ class Model:
         if self.gain is None or self.cublas is None:
             return None
         shape_t = tuple(int(d) for d in shape)
-        q = np.log2(np.asarray(shape_t, dtype=np.float64))
-        dist = np.abs(self.log_shapes - q).sum(axis=1)
+        dist = self._distances(shape_t)
         if exclude is not None:
             dist[exclude] = np.inf
             fill_q, worth = self.fill[exclude, self.usable], self.worth[exclude]
         else:
             fill_q, worth = self._features(shape_t)
-        order = np.argsort(dist, kind="stable")[:params.neighbours]
-        order = order[np.isfinite(dist[order])]
+        order = self._nearest(dist, params)
         if len(order) == 0 or not self.usable:
             return None
-        gain = self.gain[np.ix_(order, self.usable)]  # neighbours x usable candidates, log2 speed-ups
-        ok = np.isfinite(gain)
-        if dist[order[0]] == 0:  # a surveyed shape: its own measurement is the answer
-            predicted = np.where(ok[0], gain[0], -np.inf)
-            worst = predicted
-            enough = ok[0]
-        else:
-            w = 1.0 / (0.25 + dist[order][:, None] + FILL_WEIGHT * np.abs(self.fill[np.ix_(order, self.usable)]
-                                                                             - fill_q[None, :]))
-            w = np.where(ok, w, 0.0)
-            with np.errstate(invalid="ignore", divide="ignore"):
-                predicted = np.where(ok, w * gain, 0.0).sum(axis=0) / w.sum(axis=0)
-            worst = np.where(ok, gain, np.inf).min(axis=0)
-            enough = 2 * ok.sum(axis=0) >= len(order)  # timed at under half the neighbours: too little
+        predicted, worst, enough, gain, ok = self._predict(order, dist, fill_q)
+        kind_order = order
+        if self.two_kinds.any():  # those learn from the nearest shapes of the query's kind only
+            same_kind = self.copies == copies_whole_rows(self.db.kernel, shape_t, self.db.layout)
+            kind_order = self._nearest(np.where(same_kind, dist, np.inf), params)
+            if len(kind_order):
+                kind_predicted, kind_worst, kind_enough, kind_gain, kind_ok = self._predict(kind_order, dist, fill_q)
+                predicted = np.where(self.two_kinds, kind_predicted, predicted)
+                worst = np.where(self.two_kinds, kind_worst, worst)
+                enough = np.where(self.two_kinds, kind_enough, enough)
+            else:
+                enough = enough & np.logical_not(self.two_kinds)
         eligible = worth & enough & np.isfinite(predicted) & self.allowed(setting)
         safe = eligible & (predicted >= math.log2(1 + params.margin)) & (worst >= math.log2(params.floor))
-        near: tuple[tuple[tuple[int, ...], float, float | None], ...] = tuple(
-            (tuple(int(d) for d in self.db.shapes[i]), float(dist[i]), None) for i in order)
         if not safe.any():
             runner_up = None
             if eligible.any():
                 k = int(np.argmax(np.where(eligible, predicted, -np.inf)))
                 runner_up = f"{self.db.candidates[self.usable[k]].name} {2 ** predicted[k]:.2f}x"
+            near: tuple[tuple[tuple[int, ...], float, float | None], ...] = tuple(
+                (tuple(int(d) for d in self.db.shapes[i]), float(dist[i]), None) for i in order)
             return Choice(self.db.candidates[self.cublas], None, 1.0, near, runner_up)
         k = int(np.argmax(np.where(safe, predicted, -np.inf)))
         j = self.usable[k]
-        near = tuple((s, d, None if not ok[n, k] else float(2 ** gain[n, k])) for n, (s, d, _) in enumerate(near))
+        if self.two_kinds[k]:  # the neighbours it learned from
+            order, gain, ok = kind_order, kind_gain, kind_ok
+        near = tuple((tuple(int(d) for d in self.db.shapes[i]), float(dist[i]),
+                      None if not ok[n, k] else float(2 ** gain[n, k])) for n, i in enumerate(order))
         return Choice(self.db.candidates[j], self.configs[j], float(2 ** predicted[k]), near)
+
+    def _distances(self, shape: tuple[int, ...]) -> np.ndarray:
+        """Each database shape's distance to `shape`: the sum over dimensions of |log2| ratios."""
+        q = np.log2(np.asarray(shape, dtype=np.float64))
+        return np.asarray(np.abs(self.log_shapes - q).sum(axis=1))
+
+    @staticmethod
+    def _nearest(dist: np.ndarray, params: ModelParams) -> np.ndarray:
+        """The rows of the `params.neighbours` nearest shapes at a finite distance, nearest first."""
+        order = np.argsort(dist, kind="stable")[:params.neighbours]
+        return np.asarray(order[np.isfinite(dist[order])])
+
+    def _predict(self, order: np.ndarray, dist: np.ndarray, fill_q: np.ndarray
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """For every usable candidate, from the neighbour rows `order`: the predicted log2 speed-up, the
+        worst measured one, whether enough neighbours timed it; and the neighbours' gains and timed mask."""
+        assert self.gain is not None
+        gain = self.gain[np.ix_(order, self.usable_columns)]  # neighbours x usable candidates, log2 speed-ups
+        ok = np.isfinite(gain)
+        if dist[order[0]] == 0:  # a surveyed shape: its own measurement is the answer
+            predicted = np.where(ok[0], gain[0], -np.inf)
+            return predicted, predicted, ok[0], gain, ok
+        w = 1.0 / (0.25 + dist[order][:, None] + FILL_WEIGHT * np.abs(self.fill[np.ix_(order, self.usable_columns)]
+                                                                         - fill_q[None, :]))
+        w = np.where(ok, w, 0.0)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            predicted = np.where(ok, w * gain, 0.0).sum(axis=0) / w.sum(axis=0)
+        worst = np.where(ok, gain, np.inf).min(axis=0)
+        enough = 2 * ok.sum(axis=0) >= len(order)  # timed at under half the neighbours: too little
+        return predicted, worst, enough, gain, ok
 
     def rank(self, shape: Sequence[int], params: ModelParams = ModelParams(), setting: str | None = None) -> list[int]:
         """Usable generated candidates worth timing on `shape` that the precision `setting` allows (None:
@@ -257,6 +292,23 @@ def _usable_config(db: ShapeDatabase, cand: Candidate, problem: Problem) -> Conf
 @functools.lru_cache(maxsize=4096)
 def _source_sha(kernel: str, config: Config, dtype: str, layout: str) -> str:
     return kernels.source_hash(kernels.get(kernel).render(config, dtype, layout))
+
+
+def _loads_two_ways(config: Config | None) -> bool:
+    """A wgmma LOADER=tma config: tensor-map copies where the rows allow them, registers elsewhere."""
+    return config is not None and config.get("LOADER") == "tma"
+
+
+def copies_whole_rows(kernel: str, shape: tuple[int, ...], layout: str) -> bool:
+    """Whether a LOADER=tma kernel copies its tiles with tensor maps on `shape` in `layout`: every operand's
+    rows a multiple of 16 bytes (float32: of 4 elements), the operands taken to be 16-byte aligned as
+    allocators give them. Only matmul has such kernels."""
+    if kernel not in ("matmul", "bmm"):
+        return False
+    M, N, K = shape[-3:]
+    a_inner = M if layout in ("tn", "tt") else K
+    b_inner = K if layout in ("nt", "tt") else N
+    return a_inner % 4 == 0 and b_inner % 4 == 0
 
 
 def _log_fill(kernel: str, config: Config, shape: tuple[int, ...], device: DeviceLimits) -> float:

@@ -429,3 +429,34 @@ def test_survey_extension_matches_columns_by_kernel_source():
     other = spec.space.with_overrides(config, {"STAGES": 3})
     changed = Candidate("tf32x3-64", "generated", dict(other), kernels.source_hash(spec.render(other, "float32", "nn")))
     assert survey._column_of(changed, previous, spec.space) is None
+
+
+def test_model_learns_tma_candidates_from_shapes_of_the_query_kind():
+    """A LOADER=tma candidate is two kernels (copies where every row is a multiple of 16 bytes, registers
+    elsewhere): on a shape whose rows are not, it is predicted from the nearest shapes of that kind, not
+    from nearer shapes where it copied."""
+    from autotile import kernels
+    from autotile.database import Candidate, ShapeDatabase
+    from autotile.device import PROFILES
+    from autotile.model import Model, ModelParams, copies_whole_rows
+
+    spec = kernels.get("matmul")
+
+    def candidate(name):
+        config = spec.space.named(name)
+        return Candidate(name, "generated", dict(config), kernels.source_hash(spec.render(config, "float32", "nn")))
+
+    copied = [(1012, 1012, 1012), (1016, 1016, 1016), (1020, 1020, 1020)]
+    loaded = [(2001, 2001, 2001), (2003, 2003, 2003), (2005, 2005, 2005)]
+    assert all(copies_whole_rows("matmul", s, "nn") for s in copied)
+    assert not any(copies_whole_rows("matmul", s, "nn") for s in loaded)
+    # cuBLAS 1 ms everywhere; tma 0.6 ms where it copies, 1.5 where it loads; tf32x3 0.8 everywhere.
+    times = tuple((1.0, 0.6, 0.8) for _ in copied) + tuple((1.0, 1.5, 0.8) for _ in loaded)
+    db = ShapeDatabase("matmul", "float32", "nn", "h100", (Candidate("cublas", "cublas"), candidate("wgmma-128-tma"),
+                       candidate("tf32x3-128")), tuple(copied + loaded), times, {})
+    model = Model(db, PROFILES["h100"])
+    params = ModelParams(neighbours=3, margin=0.05, floor=0.97)
+    assert model.choose((1024, 1024, 1024), params).candidate.name == "wgmma-128-tma"
+    # 1013 is nearest to the copied shapes, but its rows (K = N = 1013) cannot be copied
+    choice = model.choose((1013, 1013, 1013), params)
+    assert choice.candidate.name == "tf32x3-128"
