@@ -146,9 +146,10 @@ def test_compiles_for_sm90a_within_the_register_model(compiled, case):
 
 @pytest.mark.parametrize("config", WGMMA.feasible(Problem(PROFILES["h100"], "float32", "nn")), ids=str)
 def test_setmaxnreg_fits_the_blocks_registers(config):
-    """More than 256 threads (two consumer or two producer warpgroups): setmaxnreg's new counts must fit the registers the block was launched with
-    (65536 / threads a thread, rounded down to 8). An increase that cannot be met waits forever: with
-    224 / 144 at 384 threads (65536 > 64512 registers) the kernel hung on the H100."""
+    """More than 256 threads (two consumer or two producer warpgroups): setmaxnreg's new counts must fit
+    the registers the block was launched with (65536 / threads a thread, rounded down to 8). An increase
+    that cannot be met waits forever: with 224 / 144 at 384 threads (65536 > 64512 registers) the kernel
+    hung on the H100."""
     derived = WGMMA.derive(config, Problem(PROFILES["h100"], "float32", "nn"))
     threads = derived["threads"]
     if threads == 256:
