@@ -129,10 +129,11 @@ def parse_precisions(text: str | None) -> list[str] | None:
     return settings
 
 
-def random_shapes(kernel: str, n: int, seed: int) -> list[tuple[int, ...]]:
+def random_shapes(kernel: str, n: int, seed: int, multiple: int = 1) -> list[tuple[int, ...]]:
     """`n` shapes for `kernel` (MxNxK or MxK), each size an integer drawn log-uniformly from the kernel's
-    RANDOM_RANGES, a draw whose product of sizes exceeds the cap drawn again. Deterministic in (kernel, n,
-    seed); the first n of n + m shapes are the n shapes, and a kernel's shapes do not depend on the other's."""
+    RANDOM_RANGES and rounded up to a multiple of `multiple` (8: the shapes frameworks pad to), a draw whose
+    product of sizes exceeds the cap drawn again. Deterministic in (kernel, n, seed, multiple); the first n
+    of n + m shapes are the n shapes, and a kernel's shapes do not depend on the other's."""
     lo, hi, cap = RANDOM_RANGES[kernel]
     dims = len(kernels.get(kernel).dims)
     rng = np.random.default_rng([seed, _RANDOM_STREAM[kernel]])
@@ -141,7 +142,7 @@ def random_shapes(kernel: str, n: int, seed: int) -> list[tuple[int, ...]]:
         # floor(exp(U[log lo, log(hi + 1)))) gives each integer k in lo..hi the chance log((k+1)/k), the
         # discrete log-uniform law; the clamps only undo rounding at the ends.
         draw = rng.uniform(math.log(lo), math.log(hi + 1), size=dims)
-        shape = tuple(min(hi, max(lo, int(math.exp(v)))) for v in draw)
+        shape = tuple(-(-min(hi, max(lo, int(math.exp(v)))) // multiple) * multiple for v in draw)
         if math.prod(shape) <= cap:
             shapes.append(shape)
     return shapes
@@ -358,21 +359,21 @@ def random_results_markdown(rows: list[RandomRow], summaries: dict[str, dict[str
 
 
 def _run_random(chosen: list[str], n: int, seed: int, dtype: str, out: Path, limits: Any,
-                precisions: Sequence[str] | None = None) -> int:
+                precisions: Sequence[str] | None = None, multiple: int = 1) -> int:
     """--random: time every drawn shape (float32 matmul under each precision setting), write random.md and
     random.json, print the distribution."""
     import cupy
 
     from .timing import L2Flusher
 
-    env = environment(limits) | {"mode": "random", "seed": seed, "n": n, "dtype": dtype,
+    env = environment(limits) | {"mode": "random", "seed": seed, "n": n, "dtype": dtype, "multiple": multiple,
                                  "ranges": {k: RANDOM_RANGES[k] for k in chosen}, "timing": RANDOM_TIMING}
     flush = L2Flusher(limits.l2_bytes)
     rng = cupy.random.default_rng(seed)  # the inputs' values
     pool = cupy.get_default_memory_pool()
     rows: list[RandomRow] = []
     for kernel in chosen:
-        for shape in random_shapes(kernel, n, seed):
+        for shape in random_shapes(kernel, n, seed, multiple):
             for layout in RANDOM_LAYOUTS[kernel]:
                 for setting in settings_for(kernel, dtype, precisions):
                     row = _random_problem(kernel, shape, layout, dtype, flush, rng, precision=setting)
@@ -509,6 +510,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--random", default=None, metavar="N",
                         help="instead of the fixed shapes: N random shapes per kernel (matvec in both layouts), "
                              "as the library runs them against cuBLAS; writes random.md and random.json")
+    parser.add_argument("--multiple", default=None, metavar="Q",
+                        help="with --random: every size rounded up to a multiple of Q (default 1)")
     parser.add_argument("--seed", default=None, metavar="S",
                         help="with --random: the seed of the shapes and of the inputs (default 0)")
     parser.add_argument("--precision", default=None, metavar="SETTING[,SETTING]",
@@ -571,6 +574,11 @@ def main(argv: list[str] | None = None) -> int:
         out: Path = validate.writable_folder(args.out, name="--out")
         random_n = _whole_number(args.random, "--random", "a whole number of shapes per kernel, at least 1")
         seed = _whole_number(args.seed, "--seed", f"an integer in 0..{validate.SEED_MAX}")
+        multiple = _whole_number(args.multiple, "--multiple", "a whole number of elements, at least 1")
+        if multiple is not None:
+            validate.count(multiple, name="--multiple", minimum=1)
+            if random_n is None:
+                raise InvalidValueError("--multiple acts only with --random N, which is not given")
         if random_n is not None:
             validate.count(random_n, name="--random", minimum=1)
             others = [flag for flag, given in (("--quick", args.quick), ("--only", args.only is not None),
@@ -593,7 +601,7 @@ def main(argv: list[str] | None = None) -> int:
         limits = live_device()  # before CuPy is imported: no GPU or no CuPy is one line, not a traceback
 
         if random_n is not None:
-            return _run_random(chosen, random_n, seed or 0, args.dtype, out, limits, precisions)
+            return _run_random(chosen, random_n, seed or 0, args.dtype, out, limits, precisions, multiple or 1)
 
         import cupy
 

@@ -210,6 +210,9 @@ RANDOM_BAD = {
                                    ["--random does not combine with --quick, --only"]),
     "random with tune": (["--random", "5", "--tune", "3"], ["--random does not combine with --tune"]),
     "random with a bad kernel": (["--random", "5", "--kernels", "gemm"], ["--kernels 'gemm'"]),
+    "multiple zero": (["--random", "5", "--multiple", "0"], ["--multiple must be at least 1, got 0"]),
+    "multiple not a number": (["--random", "5", "--multiple", "8.5"], ["--multiple must be a whole number", "'8.5'"]),
+    "multiple without random": (["--multiple", "8"], ["--multiple acts only with --random N"]),
 }
 
 
@@ -244,6 +247,17 @@ def test_random_shapes_are_deterministic_and_within_the_ranges():
     assert bench.random_shapes("matmul", 0, seed=0) == []
     # each kernel draws from its own stream: matmul's shapes are not matvec's with a third size
     assert [s[:2] for s in bench.random_shapes("matmul", 5, 0)] != bench.random_shapes("matvec", 5, 0)
+
+
+def test_random_shapes_rounded_up_to_a_multiple():
+    """--multiple Q: the same draws, each size rounded up to a multiple of Q, within the ranges and the cap."""
+    lo, hi, cap = bench.RANDOM_RANGES["matmul"]
+    plain, rounded = bench.random_shapes("matmul", 200, seed=5), bench.random_shapes("matmul", 200, seed=5, multiple=8)
+    assert all(d % 8 == 0 and lo <= d <= hi for shape in rounded for d in shape)
+    assert all(np.prod(shape, dtype=np.int64) <= cap for shape in rounded)
+    paired = [(p, r) for p, r in zip(plain, rounded, strict=True) if np.prod(r, dtype=np.int64) <= cap]
+    # the same draws rounded up (until a rounded draw over the cap is drawn again and the streams part)
+    assert sum(all(0 <= b - a < 8 for a, b in zip(p, r, strict=True)) for p, r in paired) >= 150
 
 
 def test_random_shapes_redraw_over_the_cap(monkeypatch):
