@@ -85,9 +85,9 @@ ADDED_SINCE_THE_SAMPLE = ("SPLIT_REDUCE",)
 # Choices added since, left out of the draws for the same reason (MATH=dmma: tests/test_dmma.py). MMA_K,
 # which only MATH=dmma activates, then is never drawn: it stays in the space, and out of the keys below.
 # MATH=wgmma was an experimental choice, never drawn, when the sample was chosen (tests/test_wgmma.py);
-# PRODUCERS, which only wgmma activates, is then a constant (its default), as MMA_K is.
+# PRODUCERS and LOADER, which only wgmma activates, are then constants (their defaults), as MMA_K is.
 CHOICES_ADDED_SINCE_THE_SAMPLE = {"MATH": ("dmma", "wgmma")}
-OUT_OF_THE_KEYS = (*ADDED_SINCE_THE_SAMPLE, "MMA_K", "PRODUCERS")
+OUT_OF_THE_KEYS = (*ADDED_SINCE_THE_SAMPLE, "MMA_K", "PRODUCERS", "LOADER")
 
 
 def _sampling_space(kernel: str) -> Space:
@@ -97,8 +97,9 @@ def _sampling_space(kernel: str) -> Space:
     if kernel == "matmul":
         # Without dmma, MMA_K is a constant (its default) and UNROLL's condition reads as it did before: the
         # enumeration then binds and prunes in the order the sample was drawn in, and draws the same configs.
-        for constant in ("MMA_K", "PRODUCERS"):
-            value = str(data["params"].pop(constant)["default"])
+        for constant in ("MMA_K", "PRODUCERS", "LOADER"):
+            default = data["params"].pop(constant)["default"]
+            value = repr(default) if isinstance(default, str) else str(default)  # as the expressions spell it
             data["derived"] = {k: v.replace(constant, value) for k, v in data["derived"].items()}
             for constraint in data["constraints"]:
                 constraint["expr"] = constraint["expr"].replace(constant, value)

@@ -182,7 +182,8 @@ def test_count_accounts_for_every_point(kernel, layout, dtype, profile):
 
     first = space.feasible(prob, limit=300)
     assert len(first) == 300 and len(set(first)) == 300
-    drawn = space.sample(prob, 80, seed=7)
+    # The feasible share of matmul's product is under 1e-4 for float64 on a P100: more draws than the default.
+    drawn = space.sample(prob, 80, seed=7, max_draws=4_000_000)
     assert len(drawn) == 80 and len(set(drawn)) == 80
     for cfg in first + drawn:
         assert list(cfg) == list(space.params)
