@@ -219,7 +219,12 @@ def _dynamic_bytes(kernel: str, src: str, cfg, dtype_size: int) -> int:
     if kernel == "matmul" and "(wgmma)" in src.splitlines()[0] and wgmma:
         # big and small parts of both tiles per stage, 1024 bytes to align the base, two mbarriers a stage
         bm, bn, bk, stages = (int(g) for g in wgmma.groups())
-        assert "STAGE_BYTES = 2 * (A_BYTES + B_BYTES)" in src and "base + STAGES * STAGE_BYTES" in src
+        assert "STAGE_BYTES = 2 * (A_BYTES + B_BYTES)" in src
+        if "constexpr int SPLIT_STAGES = 2;" in src:  # LOADER=tma: two split stages, then STAGES raw ones
+            assert "RAW_BYTES = A_BYTES + B_BYTES" in src and "raw = base + SPLIT_STAGES * STAGE_BYTES" in src
+            assert "bars = raw + STAGES * RAW_BYTES" in src  # then 2 x 2 split-stage and STAGES raw mbarriers
+            return (2 * 2 + stages) * (bm + bn) * bk * dtype_size + 1024 + 8 * (4 + stages)
+        assert "base + STAGES * STAGE_BYTES" in src
         return stages * 2 * (bm + bn) * bk * dtype_size + 1024 + 16 * stages
     if kernel == "matmul":
         a = re.search(r"constexpr int A_STRIDE = (\d+), A_TILE = (\d+) \* A_STRIDE;", src)
