@@ -3,14 +3,21 @@
 Importing autotile touches no GPU and does not need CuPy: rendering kernels and inspecting search spaces
 work anywhere. The tuned kernels (`matmul`, `matvec`) and `tune` import CuPy when first called.
 `set_float32_matmul_precision` / `get_float32_matmul_precision` set and read the process-wide float32
-matmul precision ("highest", "high", "medium"), in PyTorch's words (`autotile.precision`).
+matmul precision ("highest", "high", "medium"), in PyTorch's words (`autotile.dispatch.precision`).
 """
 
 from __future__ import annotations
 
-from .api import tune
-from .device import PROFILES, DeviceLimits, live_device, profile
-from .errors import (
+from typing import TYPE_CHECKING, Any
+
+from autotile.codegen.kernels import KERNELS
+from autotile.codegen.kernels import get as get_kernel
+from autotile.codegen.limits import PROFILES, DeviceLimits, profile
+from autotile.codegen.space import Config, Problem, Space, load_space
+from autotile.dispatch import first_call as _first_call
+from autotile.dispatch.first_call import tune_at_first_call
+from autotile.dispatch.precision import get_float32_matmul_precision, set_float32_matmul_precision
+from autotile.errors import (
     ArgumentError,
     AutotileError,
     CacheError,
@@ -21,12 +28,13 @@ from .errors import (
     SpaceDefinitionError,
     UnknownNameError,
 )
-from .first_call import tune_at_first_call
-from .kernels import KERNELS
-from .kernels import get as get_kernel
-from .ops import matmul, matvec
-from .precision import get_float32_matmul_precision, set_float32_matmul_precision
-from .space import Config, Problem, Space, load_space
+from autotile.library.api import matmul, matvec
+from autotile.runtime.device import live_device
+
+if TYPE_CHECKING:
+    from autotile.codegen.problem import ProblemKey
+    from autotile.dispatch.select import Selection
+    from autotile.tuning.api import tune
 
 __version__ = "0.1.0"
 
@@ -39,10 +47,32 @@ __all__ = [
 ]
 
 
+def __getattr__(name: str) -> Any:
+    # `tune` lives in the tuning layer, which imports optuna: loaded when first asked for, so that
+    # `import autotile` and a library call never load the tuner.
+    if name == "tune":
+        from autotile.tuning.api import tune
+
+        return tune
+    raise AttributeError(f"module 'autotile' has no attribute {name!r}")
+
+
+def _tune_at_first_call(key: ProblemKey, device: DeviceLimits, cache: Any, fallback: Selection,
+                        setting: str) -> Selection:
+    # The library asks `dispatch.first_call` for a tuner; this one imports the tuning code (no optuna) the
+    # first time a call on an untuned shape needs it.
+    from autotile.tuning.at_first_call import tune_here
+
+    return tune_here(key, device, cache, fallback, setting)
+
+
+_first_call.register_tuner(_tune_at_first_call)
+
+
 def render(kernel: str, config: str | dict | None = None, dtype: str = "float32", layout: str = "row",
            device: str | DeviceLimits | None = None, **overrides) -> str:
     """The CUDA source of `kernel` for a named config or a mapping (checked against the device's limits)."""
-    from . import device as device_mod
+    from autotile.runtime import device as device_mod
 
     spec = get_kernel(kernel)
     space = spec.space

@@ -56,7 +56,7 @@ def isolated_cache(tmp_path, monkeypatch):
 def default_precision(monkeypatch):
     """Every test starts with the process-wide float32 matmul precision unset and no
     $AUTOTILE_FLOAT32_MATMUL_PRECISION (so "high"), and a test that sets either leaves nothing behind."""
-    from autotile import precision
+    from autotile.dispatch import precision
 
     monkeypatch.delenv(precision.ENV_VAR, raising=False)
     precision._reset()

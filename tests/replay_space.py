@@ -6,8 +6,8 @@ from pathlib import Path
 
 import yaml
 
-from autotile.resources import search_space_path
-from autotile.space import Space
+from autotile.codegen.resources import search_space_path
+from autotile.codegen.space import Space
 
 DATA = Path(__file__).parent / "data"
 

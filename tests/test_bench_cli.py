@@ -1,4 +1,4 @@
-"""`python -m autotile.bench` without a GPU: every argument checked before CuPy is imported or the GPU
+"""`python -m autotile.cli.bench` without a GPU: every argument checked before CuPy is imported or the GPU
 touched, each bad one a single line with exit status 2; no GPU is one line too; the FP32 peak of the
 measured ceilings counts the FP32 lanes the GPU really has; and `--random`: its shapes, its statistics, its
 run with the GPU stood in for, and the README's table of it. No GPU needed."""
@@ -15,9 +15,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from autotile import bench, report
-from autotile.device import PROFILES
+from autotile.cli import bench
+from autotile.codegen.limits import PROFILES
 from autotile.errors import DeviceUnavailableError
+from autotile.tuning import bench_results as report
 
 REPO = Path(__file__).resolve().parents[1]
 RANDOM_SAMPLE = REPO / "tests" / "data" / "bench_random_sample.json"  # hand-written, in the shape bench writes
@@ -30,7 +31,7 @@ def gpu_forbidden(monkeypatch):
     def live_device(*args, **kwargs):
         raise AssertionError("the GPU was touched before the arguments were checked")
 
-    monkeypatch.setattr("autotile.device.live_device", live_device)
+    monkeypatch.setattr("autotile.runtime.device.live_device", live_device)
     monkeypatch.setitem(sys.modules, "cupy", None)
 
 
@@ -45,7 +46,7 @@ def assert_one_line_error(rc: int, out: str, err: str, *needles: str) -> str:
     assert out == ""
     lines = err.splitlines()
     assert len(lines) == 1, err
-    assert lines[0].startswith("autotile.bench: error: "), err
+    assert lines[0].startswith("autotile.cli.bench: error: "), err
     for needle in needles:
         assert needle in lines[0], (needle, lines[0])
     return lines[0]
@@ -90,7 +91,7 @@ def test_no_gpu_is_one_line_and_writes_nothing(capsys, monkeypatch, tmp_path):
     def live_device(*args, **kwargs):
         raise DeviceUnavailableError("no usable CUDA GPU: cudaErrorNoDevice (test stub)")
 
-    monkeypatch.setattr("autotile.device.live_device", live_device)
+    monkeypatch.setattr("autotile.runtime.device.live_device", live_device)
     monkeypatch.setitem(sys.modules, "cupy", None)  # asked for after live_device, never before
     rc, out, err = run(capsys, "--quick", "--out", str(tmp_path / "out"))
     assert_one_line_error(rc, out, err, "no usable CUDA GPU: cudaErrorNoDevice (test stub)")
@@ -100,25 +101,25 @@ def test_no_gpu_is_one_line_and_writes_nothing(capsys, monkeypatch, tmp_path):
 def test_a_result_that_was_not_saved_stops_the_run(capsys, monkeypatch, tmp_path):
     """With --tune, a winner the cache could not take stops the run (exit 1) with one line: the next shapes'
     winners would be lost the same way, and the benchmark would not run them."""
-    monkeypatch.setattr("autotile.device.live_device", lambda *a, **k: PROFILES["h100"])
+    monkeypatch.setattr("autotile.runtime.device.live_device", lambda *a, **k: PROFILES["h100"])
     fake_cupy = types.SimpleNamespace(random=types.SimpleNamespace(default_rng=lambda seed: None))
     monkeypatch.setitem(sys.modules, "cupy", fake_cupy)
     monkeypatch.setattr(bench, "environment", lambda limits: {})
     monkeypatch.setattr(bench, "measure_ceilings", lambda limits: {})
-    monkeypatch.setattr("autotile.timing.L2Flusher", lambda l2_bytes: None)
+    monkeypatch.setattr("autotile.runtime.timing.L2Flusher", lambda l2_bytes: None)
     monkeypatch.setattr(bench, "_retired_entry", lambda *a: None)
     monkeypatch.setattr(bench, "select",
                         lambda *a, **k: types.SimpleNamespace(source="built-in default", config=None))
     result = types.SimpleNamespace(best=types.SimpleNamespace(median_ms=1.5), vs_baseline=0.9,
                                    saved_path="/ro/x.json", save_error="[Errno 30] Read-only file system")
     calls = []
-    monkeypatch.setattr("autotile.api.tune", lambda *a, **k: calls.append(a) or result)
+    monkeypatch.setattr("autotile.tuning.api.tune", lambda *a, **k: calls.append(a) or result)
     rc = bench.main(["--kernels", "matmul", "--quick", "--tune", "3", "--out", str(tmp_path / "out")])
     out, err = capsys.readouterr()
     assert rc == 1
     assert len(calls) == 1  # stopped after the first shape, under its first precision setting
     assert out.startswith("tuned matmul row 4096x4096x4096 high: 1.5000 ms, 0.90x cuBLAS")
-    assert err == ("autotile.bench: error: matmul row 4096x4096x4096 high was tuned but not saved to /ro/x.json: "
+    assert err == ("autotile.cli.bench: error: matmul row 4096x4096x4096 high was tuned but not saved to /ro/x.json: "
                    "[Errno 30] Read-only file system\n")
 
 
@@ -127,14 +128,14 @@ def test_a_result_that_was_not_saved_stops_the_run(capsys, monkeypatch, tmp_path
 def _python_m(*argv: str, cwd: Path) -> subprocess.CompletedProcess:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    return subprocess.run([sys.executable, "-m", "autotile.bench", *argv], capture_output=True, text=True, cwd=cwd,
+    return subprocess.run([sys.executable, "-m", "autotile.cli.bench", *argv], capture_output=True, text=True, cwd=cwd,
                           env=env, timeout=120)
 
 
 def test_help_exits_0(tmp_path):
     proc = _python_m("--help", cwd=tmp_path)
     assert (proc.returncode, proc.stderr) == (0, "")
-    assert proc.stdout.startswith("usage: python -m autotile.bench")
+    assert proc.stdout.startswith("usage: python -m autotile.cli.bench")
     assert "--kernels KERNELS" in proc.stdout and "comma-separated" in proc.stdout
 
 
@@ -145,7 +146,7 @@ def test_python_m_bad_arguments_are_one_line(tmp_path, argv, needle):
     assert proc.returncode == 2 and proc.stdout == ""
     lines = proc.stderr.splitlines()
     assert len(lines) == 1, proc.stderr  # a traceback would be many lines
-    assert lines[0].startswith("autotile.bench: error: ") and needle in lines[0]
+    assert lines[0].startswith("autotile.cli.bench: error: ") and needle in lines[0]
 
 
 def test_python_m_without_a_gpu_is_one_line(tmp_path):
@@ -157,7 +158,7 @@ def test_python_m_without_a_gpu_is_one_line(tmp_path):
     assert proc.returncode == 2 and proc.stdout == ""
     lines = proc.stderr.splitlines()
     assert len(lines) == 1, proc.stderr
-    assert lines[0].startswith("autotile.bench: error: ") and ("GPU" in lines[0] or "CuPy" in lines[0])
+    assert lines[0].startswith("autotile.cli.bench: error: ") and ("GPU" in lines[0] or "CuPy" in lines[0])
     assert not (tmp_path / "out").exists()
 
 
@@ -172,7 +173,7 @@ def _peak(monkeypatch, limits, clock_khz: int) -> float:
         zeros=lambda n, dtype=None: object(), copyto=lambda b, a: None,
         cuda=types.SimpleNamespace(runtime=runtime, Device=lambda: types.SimpleNamespace(id=0)))
     monkeypatch.setitem(sys.modules, "cupy", fake)
-    monkeypatch.setattr("autotile.timing.time_launch", lambda *a, **k: types.SimpleNamespace(median_ms=1.0))
+    monkeypatch.setattr("autotile.runtime.timing.time_launch", lambda *a, **k: types.SimpleNamespace(median_ms=1.0))
     monkeypatch.setattr(bench.build, "compile_kernel", lambda source, name: (lambda grid, block, args: None))
     return bench.measure_ceilings(limits)["fp32_peak_tflops"]
 
@@ -225,7 +226,7 @@ def test_bad_random_arguments_are_one_line_before_the_gpu(capsys, gpu_forbidden,
 def test_python_m_bad_random_is_one_line(tmp_path):
     proc = _python_m("--random", "-1", cwd=tmp_path)
     assert proc.returncode == 2 and proc.stdout == ""
-    assert proc.stderr == "autotile.bench: error: --random must be at least 1, got -1\n"
+    assert proc.stderr == "autotile.cli.bench: error: --random must be at least 1, got -1\n"
 
 
 def test_random_shapes_are_deterministic_and_within_the_ranges():
@@ -331,7 +332,7 @@ def test_random_problem_times_the_runner_the_library_prepared(monkeypatch):
 
 
 def test_random_run_writes_every_shape_and_flags_wrong_results(capsys, monkeypatch, tmp_path):
-    monkeypatch.setattr("autotile.device.live_device", lambda *a, **k: PROFILES["h100"])
+    monkeypatch.setattr("autotile.runtime.device.live_device", lambda *a, **k: PROFILES["h100"])
     pool = types.SimpleNamespace(free_all_blocks=lambda: None)
     fake_cupy = types.SimpleNamespace(random=types.SimpleNamespace(default_rng=lambda seed: None),
                                       get_default_memory_pool=lambda: pool)
@@ -340,7 +341,7 @@ def test_random_run_writes_every_shape_and_flags_wrong_results(capsys, monkeypat
            "compiler": "nvrtc-13.0"}
     monkeypatch.setattr(bench, "environment", lambda limits: dict(env))
     monkeypatch.setattr(bench, "measure_ceilings", lambda limits: pytest.fail("no ceilings in --random"))
-    monkeypatch.setattr("autotile.timing.L2Flusher", lambda l2_bytes: None)
+    monkeypatch.setattr("autotile.runtime.timing.L2Flusher", lambda l2_bytes: None)
     calls = []
 
     def problem(kernel, shape, layout, dtype, flush, rng, precision=""):
@@ -404,7 +405,7 @@ def test_report_command_reads_random_json(capsys, tmp_path):
     path.write_text(json.dumps(broken))
     assert report.main([str(path)]) == 2
     _, err = capsys.readouterr()
-    assert err.startswith("autotile.report: error: ") and "row 2 lacks 'ratio'" in err and len(err.splitlines()) == 1
+    assert err.startswith("autotile.tuning.bench_results: error: ") and "row 2 lacks 'ratio'" in err and len(err.splitlines()) == 1
 
 
 # -- the precision setting: both settings of float32 matmul, each against the cuBLAS of the same run ------
@@ -497,14 +498,14 @@ def test_summary_table_has_a_line_per_setting():
 
 
 def test_random_run_times_float32_matmul_under_each_setting(capsys, monkeypatch, tmp_path):
-    monkeypatch.setattr("autotile.device.live_device", lambda *a, **k: PROFILES["h100"])
+    monkeypatch.setattr("autotile.runtime.device.live_device", lambda *a, **k: PROFILES["h100"])
     pool = types.SimpleNamespace(free_all_blocks=lambda: None)
     monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(
         random=types.SimpleNamespace(default_rng=lambda seed: None), get_default_memory_pool=lambda: pool))
     env = {"gpu": "GPU X", "date": "2026-12-01", "cupy": "14", "cuda_runtime": 13020, "driver": 13000,
            "compiler": "nvrtc-13.0"}
     monkeypatch.setattr(bench, "environment", lambda limits: dict(env))
-    monkeypatch.setattr("autotile.timing.L2Flusher", lambda l2_bytes: None)
+    monkeypatch.setattr("autotile.runtime.timing.L2Flusher", lambda l2_bytes: None)
     calls = []
 
     def problem(kernel, shape, layout, dtype, flush, rng, precision=""):

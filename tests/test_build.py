@@ -1,4 +1,4 @@
-"""autotile.build without a GPU: ptxas' report, the option list, the target architecture, memoization,
+"""autotile.codegen.build without a GPU: ptxas' report, the option list, the target architecture, memoization,
 CompileError, and the loading path with CuPy's device and driver calls replaced by fakes. Tests that run
 NVRTC skip, with the reason, where it cannot be loaded."""
 
@@ -10,9 +10,9 @@ from typing import Any, Iterator
 
 import pytest
 
-from autotile import build
+from autotile.codegen import build
 from autotile.errors import CompileError, InvalidValueError
-from autotile.timing import HARNESS_SOURCE
+from autotile.runtime.timing import HARNESS_SOURCE
 
 NVRTC_MISSING = build.nvrtc_unavailable_reason()
 needs_nvrtc = pytest.mark.skipif(NVRTC_MISSING is not None, reason=f"NVRTC cannot be loaded ({NVRTC_MISSING})")
@@ -114,7 +114,7 @@ def test_target_arch(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @needs_nvrtc
 def test_supported_archs_include_the_profiles() -> None:
-    from autotile.device import PROFILES
+    from autotile.codegen.limits import PROFILES
 
     assert {90, 80} <= set(build.supported_archs())
     assert build.target_arch(PROFILES["h100"].compute_capability) == "sm_90"
@@ -179,7 +179,7 @@ def test_cubin_is_the_one_cupys_rawmodule_built(monkeypatch: pytest.MonkeyPatch,
     older records name, and not today's: CuPy adds -ftz=true, which autotile no longer has."""
     from types import SimpleNamespace
 
-    from autotile import kernels
+    from autotile.codegen import kernels
 
     try:
         from cupy.cuda import compiler
@@ -201,7 +201,7 @@ def test_cubin_is_the_one_cupys_rawmodule_built(monkeypatch: pytest.MonkeyPatch,
         compiler._compile_with_cache_cuda(source, ("-std=c++17",), arch[3:], cache_in_memory=True)
     except (AttributeError, TypeError) as exc:  # another CuPy's internals: nothing to compare with
         pytest.skip(f"CuPy's compile path differs from 14.2's ({type(exc).__name__}: {exc})")
-    from autotile.select import LEGACY_COMPILE_OPTIONS
+    from autotile.dispatch.select import LEGACY_COMPILE_OPTIONS
 
     assert captured["cubin"] == build.compile(source, arch, LEGACY_COMPILE_OPTIONS).binary
     assert captured["cubin"] != build.compile(source, arch).binary  # FFMA.FTZ there, FFMA here

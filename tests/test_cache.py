@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 
-from autotile import cache as cache_mod
-from autotile.cache import CacheWarning, Record, TuningCache, default_root
+from autotile.codegen.problem import ProblemKey
+from autotile.dispatch import cache as cache_mod
+from autotile.dispatch.cache import CacheWarning, Record, TuningCache, default_root
 from autotile.errors import CacheError
-from autotile.problem import ProblemKey
 
 DEV = "NVIDIA-H100-80GB-HBM3_sm_90"
 OTHER_DEV = "NVIDIA-A100_sm_80"
@@ -189,7 +189,7 @@ def test_default_root(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
 
 
 def test_shipped_root_default_is_the_package_one(tmp_path: Path) -> None:
-    from autotile import resources
+    from autotile.codegen import resources
 
     assert TuningCache(tmp_path).shipped_root == resources.shipped_cache_dir()
 
@@ -197,8 +197,8 @@ def test_shipped_root_default_is_the_package_one(tmp_path: Path) -> None:
 def test_import_and_reads_create_no_directory(tmp_path: Path) -> None:
     env = dict(os.environ, AUTOTILE_CACHE_DIR=str(tmp_path / "cache"), HOME=str(tmp_path / "home"),
                XDG_CACHE_HOME=str(tmp_path / "xdg"), PYTHONPATH=str(REPO))
-    code = ("import autotile.cache as c; t = c.TuningCache(); "
-            "from autotile.problem import ProblemKey; k = ProblemKey('matmul', 'float32', 'row', (8, 8, 8)); "
+    code = ("import autotile.dispatch.cache as c; t = c.TuningCache(); "
+            "from autotile.codegen.problem import ProblemKey; k = ProblemKey('matmul', 'float32', 'row', (8, 8, 8)); "
             f"t.get({DEV!r}, k, 'abc'); t.records({DEV!r}, k, 'abc'); t.device_default({DEV!r}, k, 'abc'); "
             "t.entries(); t.clear()")
     subprocess.run([sys.executable, "-c", code], env=env, check=True, cwd=tmp_path)

@@ -1,5 +1,5 @@
 """The `autotile` command: render, space, devices, cache list, and one-line errors with exit status 2.
-Through `autotile.cli.main` in-process, and through `python -m autotile` in a subprocess. No GPU."""
+Through `autotile.cli.main.main` in-process, and through `python -m autotile` in a subprocess. No GPU."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from autotile import cli
-from autotile.device import PROFILES
-from autotile.space import Problem, load_space
+from autotile.cli import main as cli
+from autotile.codegen.limits import PROFILES
+from autotile.codegen.space import Problem, load_space
 
 REPO = Path(__file__).resolve().parents[1]
 GOLDEN = Path(__file__).parent / "golden"
@@ -252,7 +252,7 @@ def gpu_forbidden(monkeypatch):
     def live_device(*args, **kwargs):
         raise AssertionError("the GPU was touched before the options were checked")
 
-    monkeypatch.setattr("autotile.device.live_device", live_device)
+    monkeypatch.setattr("autotile.runtime.device.live_device", live_device)
     monkeypatch.setitem(sys.modules, "cupy", None)
 
 
@@ -342,7 +342,7 @@ def test_tune_accepts_good_options_and_only_then_asks_for_the_gpu(capsys, monkey
     def live_device(*args, **kwargs):
         raise DeviceUnavailableError("no GPU here (test stub)")
 
-    monkeypatch.setattr("autotile.device.live_device", live_device)
+    monkeypatch.setattr("autotile.runtime.device.live_device", live_device)
     monkeypatch.chdir(tmp_path)
     rc, out, err = run(capsys, *TUNE, "--storage", storage.format(tmp=tmp_path), "--seed", str(2**32 - 1),
                        "--timeout", "0.5", "--candidate-timeout", "30", "--trials", "1", "--fix", "BM=64,128")
@@ -371,8 +371,8 @@ def test_python_m_autotile_tune_bad_options_are_one_line(tmp_path, extra, needle
 # -- validate: the same checks for the library -----------------------------------------------------------
 
 def test_validate_returns_good_values_and_names_the_option():
-    from autotile import validate
     from autotile.errors import InvalidValueError
+    from autotile.tuning import validate
 
     assert validate.seed(0) == 0 and validate.seed(2**32 - 1) == 2**32 - 1
     assert validate.count(3, name="trials") == 3 and validate.count(0, name="n", minimum=0) == 0
@@ -396,8 +396,8 @@ def test_validate_returns_good_values_and_names_the_option():
 
 
 def test_validate_writable_folder(tmp_path):
-    from autotile import validate
     from autotile.errors import InvalidValueError
+    from autotile.tuning import validate
 
     assert validate.writable_folder(tmp_path / "a" / "b", name="--out") == tmp_path / "a" / "b"
     assert not (tmp_path / "a").exists()  # creates nothing
@@ -506,7 +506,7 @@ def _result(**save_fields: Any) -> Any:
     """A TuneResult as the library returns it, with the save fields it adds (if given)."""
     import dataclasses
 
-    from autotile.tuner import Finalist, TuneResult
+    from autotile.tuning.tuner import Finalist, TuneResult
 
     space = load_space("matmul")
     best = Finalist(space.named("seed-tiled32"), None, 0.5, (0.5, 0.51, 0.49))
@@ -531,8 +531,8 @@ def _result(**save_fields: Any) -> Any:
 def fake_tune(monkeypatch):
     """`autotile tune` with a stand-in GPU and library call that returns what the test sets."""
     returned = {}
-    monkeypatch.setattr("autotile.device.live_device", lambda *a, **k: PROFILES["h100"])
-    monkeypatch.setattr("autotile.api.tune", lambda *a, **k: returned["result"])
+    monkeypatch.setattr("autotile.runtime.device.live_device", lambda *a, **k: PROFILES["h100"])
+    monkeypatch.setattr("autotile.tuning.api.tune", lambda *a, **k: returned["result"])
     return returned
 
 
@@ -573,11 +573,11 @@ def test_tune_with_a_library_without_the_save_fields(capsys, fake_tune):
 # -- the precision setting ------------------------------------------------------------------------------
 
 def test_tune_passes_the_precision_and_takes_the_process_default(capsys, monkeypatch):
-    from autotile import precision
+    from autotile.dispatch import precision
 
     asked = []
-    monkeypatch.setattr("autotile.device.live_device", lambda *a, **k: PROFILES["h100"])
-    monkeypatch.setattr("autotile.api.tune", lambda *a, **k: asked.append(k["precision"]) or _result())
+    monkeypatch.setattr("autotile.runtime.device.live_device", lambda *a, **k: PROFILES["h100"])
+    monkeypatch.setattr("autotile.tuning.api.tune", lambda *a, **k: asked.append(k["precision"]) or _result())
     assert run(capsys, *TUNE, "--precision", "highest", "--no-cache")[0] == 0
     assert run(capsys, *TUNE, "--no-cache")[0] == 0
     monkeypatch.setenv(precision.ENV_VAR, "highest")
@@ -587,7 +587,7 @@ def test_tune_passes_the_precision_and_takes_the_process_default(capsys, monkeyp
 
 
 def test_a_bad_precision_environment_variable_is_one_line(capsys, gpu_forbidden, monkeypatch):
-    from autotile import precision
+    from autotile.dispatch import precision
 
     monkeypatch.setenv(precision.ENV_VAR, "half")
     precision._reset()
@@ -598,7 +598,7 @@ def test_a_bad_precision_environment_variable_is_one_line(capsys, gpu_forbidden,
 def test_tune_table_names_a_precision_other_than_the_default():
     import dataclasses
 
-    from autotile.cli_tune import format_result
+    from autotile.cli.tune import format_result
 
     assert "precision" not in format_result(_result()).splitlines()[1]
     strict = dataclasses.replace(_result(), precision="highest")
@@ -608,8 +608,8 @@ def test_tune_table_names_a_precision_other_than_the_default():
 def test_cache_list_and_show_give_each_entry_its_precision(capsys, isolated_cache):
     import json
 
-    from autotile import kernels
-    from autotile.cache import Record, TuningCache
+    from autotile.codegen import kernels
+    from autotile.dispatch.cache import Record, TuningCache
 
     space = load_space("matmul")
     cache = TuningCache(root=isolated_cache, shipped_root=None)

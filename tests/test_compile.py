@@ -20,14 +20,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from autotile import build, kernels
-from autotile.device import PROFILES
+from autotile.codegen import build, kernels
+from autotile.codegen.limits import PROFILES
+from autotile.codegen.resources import search_space_path
+from autotile.codegen.space import Config, Problem, Space
 from autotile.errors import CompileError
-from autotile.resources import search_space_path
-from autotile.space import Config, Problem, Space
 
-# `autotile.render` is the package's top-level function, which hides the submodule of the same name.
-render_mod = importlib.import_module("autotile.render")
+# `autotile.codegen.render` is the package's top-level function, which hides the submodule of the same name.
+render_mod = importlib.import_module("autotile.codegen.render")
 
 NVRTC_MISSING = build.nvrtc_unavailable_reason()
 
@@ -333,7 +333,7 @@ def test_tf32x3_register_model_is_close(reports, case):
 
 def test_timing_harness_kernels_compile():
     """The flush (read_all) and hold kernels the timing loop launches build for sm_90 without spills."""
-    from autotile.timing import HARNESS_SOURCE
+    from autotile.runtime.timing import HARNESS_SOURCE
 
     result = build.compile(HARNESS_SOURCE, "sm_90")
     assert {u.function for u in result.usages} == {"read_all", "hold"}

@@ -10,11 +10,13 @@ import warnings
 import numpy as np
 import pytest
 
-from autotile import database, first_call, kernels, model, select, survey
-from autotile.cache import CacheWarning, Record, TuningCache
-from autotile.device import PROFILES
+from autotile.codegen import kernels
+from autotile.codegen.limits import PROFILES
+from autotile.codegen.problem import ProblemKey
+from autotile.dispatch import database, first_call, model, select
+from autotile.dispatch.cache import CacheWarning, Record, TuningCache
 from autotile.errors import CacheError
-from autotile.problem import ProblemKey
+from autotile.tuning import at_first_call, survey
 
 H100 = PROFILES["h100"]
 
@@ -148,7 +150,7 @@ def test_worth_timing_splits_only_on_under_filled_shapes():
 
 def _record(shape, config, time_ms, baseline_ms, implementation="generated") -> Record:
     spec = kernels.get("matmul")
-    from autotile import build
+    from autotile.codegen import build
 
     env = {"source_sha": kernels.source_hash(spec.render(config, "float32", "row")),
            "compiler": build.compiler_version(), "compile_options": list(build.COMPILE_OPTIONS)}
@@ -225,7 +227,7 @@ def test_portfolio_is_feasible_unique_and_has_splits_and_short_rows():
         configs = [c for _, c in items]
         assert len(set(configs)) == len(configs) and len({n for n, _ in items}) == len(items)
         space = kernels.get(kernel).space
-        from autotile.space import Problem
+        from autotile.codegen.space import Problem
 
         assert all(space.is_feasible(c, Problem(H100, "float32", layout)) for c in configs)
         assert not any(n.startswith("seed-") for n, _ in items)
@@ -253,11 +255,11 @@ def test_first_call_switch(monkeypatch):
 def test_first_call_candidates_come_from_the_database(tmp_path):
     cache = TuningCache(root=tmp_path, shipped_root=None)
     database.save(cache, _synthetic_db())
-    picks = first_call.candidates(ProblemKey("matmul", "float32", "row", (3000, 3000, 3000)), H100, cache)
+    picks = at_first_call.candidates(ProblemKey("matmul", "float32", "row", (3000, 3000, 3000)), H100, cache)
     assert picks[0].implementation == "cublas"
     space = kernels.get("matmul").space
     assert picks[1].config == space.named("tf32x3-128")  # the best predicted first
-    assert len(picks) <= first_call.MAX_CANDIDATES + 1
+    assert len(picks) <= at_first_call.MAX_CANDIDATES + 1
 
 
 def test_first_call_failure_warns_and_keeps_the_chosen(monkeypatch, tmp_path):
@@ -266,20 +268,20 @@ def test_first_call_failure_warns_and_keeps_the_chosen(monkeypatch, tmp_path):
     def boom(*args):
         raise RuntimeError("no GPU here")
 
-    monkeypatch.setattr(first_call, "_tune", boom)
+    monkeypatch.setattr(at_first_call, "_tune", boom)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        got = first_call.tune_here(ProblemKey("matmul", "float32", "row", (5, 6, 7)), H100,
+        got = at_first_call.tune_here(ProblemKey("matmul", "float32", "row", (5, 6, 7)), H100,
                                    TuningCache(root=tmp_path, shipped_root=None), fallback)
     assert got is fallback
-    assert any(issubclass(w.category, first_call.FirstCallWarning) and "no GPU here" in str(w.message)
+    assert any(issubclass(w.category, at_first_call.FirstCallWarning) and "no GPU here" in str(w.message)
                for w in caught)
 
 
 # -- the command ----------------------------------------------------------------------------------------
 
 def test_survey_command_refuses_bad_options(capsys):
-    from autotile.cli import main
+    from autotile.cli.main import main
 
     assert main(["survey", "--kernels", "conv"]) == 2
     assert "--kernels 'conv'" in capsys.readouterr().err
@@ -289,7 +291,7 @@ def test_survey_command_refuses_bad_options(capsys):
 
 
 def test_survey_check_reports_the_shipped_databases(capsys, monkeypatch, tmp_path):
-    from autotile.cli import main
+    from autotile.cli.main import main
 
     monkeypatch.setenv("AUTOTILE_CACHE_DIR", str(tmp_path))  # an empty user cache: the shipped files count
     assert main(["survey", "--check", "--device", "h100"]) == 0
@@ -306,8 +308,8 @@ def test_shipped_databases_are_valid_and_current():
     candidates only, the one template that change altered; while one has, the test ends as an expected
     failure after every other check. tools/retime.py re-times the records, not the databases: a re-survey
     (or a re-time of their candidates) brings those back."""
-    from autotile import resources
-    from autotile.space import Problem
+    from autotile.codegen import resources
+    from autotile.codegen.space import Problem
 
     root = resources.shipped_cache_dir()
     assert root is not None
@@ -376,9 +378,9 @@ def test_first_call_times_only_what_the_setting_allows(tmp_path):
     cache = TuningCache(root=tmp_path, shipped_root=None)
     database.save(cache, _synthetic_db())
     key = ProblemKey("matmul", "float32", "row", (3000, 3000, 3000))
-    loose = first_call.candidates(key, H100, cache)
+    loose = at_first_call.candidates(key, H100, cache)
     assert any(c.config is not None and c.config["MATH"] == "tf32x3" for c in loose)
-    strict = first_call.candidates(key, H100, cache, "highest")
+    strict = at_first_call.candidates(key, H100, cache, "highest")
     assert strict[0].implementation == "cublas"
     assert [c.config["MATH"] for c in strict[1:]] == ["simt"]
     assert all(c.precision == "highest" for c in strict)
@@ -388,8 +390,8 @@ def test_first_call_times_only_what_the_setting_allows(tmp_path):
     bare.put(_record((4096, 4096, 4096), space.named("tf32x3-128"), 1.0, 2.0))
     bare.put(_record((2048, 2048, 2048), space.named("regtile-128"), 1.0, 2.0))
     maths = lambda picks: sorted(c.config["MATH"] for c in picks if c.config is not None)  # noqa: E731
-    assert maths(first_call.candidates(key, H100, bare)) == ["simt", "tf32x3"]
-    assert maths(first_call.candidates(key, H100, bare, "highest")) == ["simt"]
+    assert maths(at_first_call.candidates(key, H100, bare)) == ["simt", "tf32x3"]
+    assert maths(at_first_call.candidates(key, H100, bare, "highest")) == ["simt"]
 
 
 def test_first_call_checks_the_setting_before_tuning(tmp_path):
@@ -397,14 +399,14 @@ def test_first_call_checks_the_setting_before_tuning(tmp_path):
 
     fallback = select.Selection(None, "model", None, None, "cublas")
     with pytest.raises(InvalidValueError, match="'low'"):
-        first_call.tune_here(ProblemKey("matmul", "float32", "row", (5, 6, 7)), H100,
+        at_first_call.tune_here(ProblemKey("matmul", "float32", "row", (5, 6, 7)), H100,
                              TuningCache(root=tmp_path, shipped_root=None), fallback, "low")
 
 
 def test_survey_extension_keeps_previous_times_and_scales_new_columns():
     """A kept row: the previous survey's times stay as measured (cuBLAS's included); a new column's time,
     measured now with cuBLAS, is scaled by cuBLAS then / cuBLAS now (2.0 / 1.0 here)."""
-    from autotile import survey
+    from autotile.tuning import survey
 
     old = [2.0, 1.5, survey._UNTIMED, None, survey._UNTIMED]
     now = [1.0, 9.9, 0.5, 9.9, None]  # the kept columns' entries are never read from `now`
@@ -415,8 +417,9 @@ def test_survey_extension_keeps_previous_times_and_scales_new_columns():
 def test_survey_extension_matches_columns_by_kernel_source():
     """A candidate keeps the previous column that timed the same kernel: same name and source hash, its
     config equal once completed with later parameters' defaults; a changed config is a new column."""
-    from autotile import kernels, survey
-    from autotile.database import Candidate, ShapeDatabase
+    from autotile.codegen import kernels
+    from autotile.dispatch.database import Candidate, ShapeDatabase
+    from autotile.tuning import survey
 
     spec = kernels.get("matmul")
     config = spec.space.named("tf32x3-64")
@@ -435,10 +438,10 @@ def test_model_learns_tma_candidates_from_shapes_of_the_query_kind():
     """A LOADER=tma candidate is two kernels (copies where every row is a multiple of 16 bytes, registers
     elsewhere): on a shape whose rows are not, it is predicted from the nearest shapes of that kind, not
     from nearer shapes where it copied."""
-    from autotile import kernels
-    from autotile.database import Candidate, ShapeDatabase
-    from autotile.device import PROFILES
-    from autotile.model import Model, ModelParams, copies_whole_rows
+    from autotile.codegen import kernels
+    from autotile.codegen.limits import PROFILES
+    from autotile.dispatch.database import Candidate, ShapeDatabase
+    from autotile.dispatch.model import Model, ModelParams, copies_whole_rows
 
     spec = kernels.get("matmul")
 

@@ -1,5 +1,5 @@
 """Many workers on one study, and the batch command: real processes on a journal file and on a throwaway
-PostgreSQL server, timing through the replay backend (`autotile.testing.ReplayBackend`: the recorded H200
+PostgreSQL server, timing through the replay backend (`autotile.tuning.testing.ReplayBackend`: the recorded H200
 table, with a pause per candidate). No GPU is needed.
 
 Every worker appends "PID PROBLEM CONFIG" to an evaluation log before it times a candidate, so the tests
@@ -26,14 +26,14 @@ import pytest
 import yaml
 from replay_space import DATA, replay_space
 
-from autotile import study as study_mod
-from autotile.batch import INDEX, read_problems
+from autotile.codegen.space import Problem
 from autotile.errors import InvalidValueError
-from autotile.space import Problem
-from autotile.testing import ReplayBackend
+from autotile.tuning import study as study_mod
+from autotile.tuning.batch import INDEX, read_problems
+from autotile.tuning.testing import ReplayBackend
 
 REPO = Path(__file__).resolve().parents[1]
-BACKEND = "autotile.testing:ReplayBackend"
+BACKEND = "autotile.tuning.testing:ReplayBackend"
 SHAPE = "1024x1024x1024"
 SEEDS = ("seed-naive", "seed-tiled16")
 
@@ -263,7 +263,7 @@ def test_judge_orders_claims_by_trial_number(tmp_path):
 
 
 def test_gpus_of_different_models_are_refused(replay):
-    from autotile.parallel import same_model
+    from autotile.tuning.gpu_workers import same_model
 
     replay()
 
@@ -281,14 +281,14 @@ def test_gpus_of_different_models_are_refused(replay):
 @pytest.mark.parametrize("text,message", [("0,x", "'x' is not a GPU index"), ("1,1", "named twice"),
                                           ("", "is not a GPU index")])
 def test_devices_are_checked(text, message):
-    from autotile.parallel import parse_devices
+    from autotile.tuning.gpu_workers import parse_devices
 
     with pytest.raises(InvalidValueError, match=message):
         parse_devices(text)
 
 
 def test_journal_storage_urls_are_checked(tmp_path):
-    from autotile import validate
+    from autotile.tuning import validate
 
     assert validate.storage_url(f"journal:{tmp_path}/s.journal") == f"journal:{tmp_path}/s.journal"
     with pytest.raises(InvalidValueError, match="names no file"):
@@ -301,7 +301,7 @@ def test_journal_storage_urls_are_checked(tmp_path):
 # -- autotune ------------------------------------------------------------------------------------------------
 
 def test_autotune_is_autotile_tune(capsys):
-    from autotile import cli
+    from autotile.cli import main as cli
 
     with pytest.raises(SystemExit):
         cli.main(["tune", "--help"])
@@ -316,7 +316,7 @@ def test_autotune_is_autotile_tune(capsys):
     import tomllib
 
     scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
-    assert scripts["autotune"] == "autotile.cli:autotune_main"
+    assert scripts["autotune"] == "autotile.cli.main:autotune_main"
 
 
 # -- batch ---------------------------------------------------------------------------------------------------
@@ -415,8 +415,8 @@ def test_problem_files_are_checked(tmp_path):
 
 
 def test_replay_evaluator_answers_an_unrecorded_config_as_a_failure():
-    from autotile.testing import ReplayEvaluator
-    from autotile.worker import COMPILE, Candidate
+    from autotile.runtime.worker import COMPILE, Candidate
+    from autotile.tuning.testing import ReplayEvaluator
 
     table = json.loads((DATA / "matmul_replay_h200.json").read_text())
     (result,) = ReplayEvaluator(table).evaluate([Candidate(1, "", "k", {}, "BM=999")])
@@ -424,7 +424,7 @@ def test_replay_evaluator_answers_an_unrecorded_config_as_a_failure():
 
 
 def test_replay_space_helper_matches_the_tests_one():
-    from autotile.testing import replay_space as library_replay_space
+    from autotile.tuning.testing import replay_space as library_replay_space
 
     narrow = yaml.safe_load((DATA / "matmul_replay_space.yaml").read_text())
     ours, theirs = library_replay_space(narrow), replay_space()

@@ -16,13 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from autotile import build, kernels
-from autotile.device import PROFILES
+from autotile.codegen import build, kernels
+from autotile.codegen.limits import PROFILES
+from autotile.codegen.space import Config, Problem
 from autotile.errors import CompileError
-from autotile.space import Config, Problem
 
-# `autotile.render` is the package's top-level function, which hides the submodule of the same name.
-render_mod = importlib.import_module("autotile.render")
+# `autotile.codegen.render` is the package's top-level function, which hides the submodule of the same name.
+render_mod = importlib.import_module("autotile.codegen.render")
 
 SPEC = kernels.get("matmul")
 DMMA = SPEC.space.restricted({"MATH": "dmma"})

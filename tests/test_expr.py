@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from autotile.codegen.expr import EXPONENT_LIMIT, INT_LIMIT, SEQUENCE_LIMIT, Expr
 from autotile.errors import SpaceDefinitionError
-from autotile.expr import EXPONENT_LIMIT, INT_LIMIT, SEQUENCE_LIMIT, Expr
 
 # Texts that would hang or exhaust memory without the guards; each fails when it is parsed, since its
 # operands are constants.

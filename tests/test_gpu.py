@@ -6,10 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from autotile import kernels
-from autotile.impl import Generated
-from autotile.problem import ProblemKey
-from autotile.space import Problem
+from autotile.codegen import kernels
+from autotile.codegen.problem import ProblemKey
+from autotile.codegen.space import Problem
+from autotile.runtime.impl import Generated
 
 pytestmark = pytest.mark.gpu
 
@@ -18,13 +18,13 @@ MATVEC_SHAPES = [(1, 1), (1, 17), (29, 1), (1031, 2053), (4099, 509)]
 
 
 def _limits():
-    from autotile.device import live_device
+    from autotile.runtime.device import live_device
 
     return live_device()
 
 
 def _run(key: ProblemKey, config, inputs, poison: bool = True):
-    """The library's own launcher (autotile.impl) on one problem; the output starts poisoned with NaN."""
+    """The library's own launcher (autotile.runtime.impl) on one problem; the output starts poisoned with NaN."""
     import cupy
 
     out = cupy.full(kernels.get(key.kernel).output_shape(key.shape), cupy.nan, dtype=key.dtype)
@@ -36,8 +36,8 @@ def _check_configs(kernel: str, dtype: str, layout: str, configs, shapes) -> lis
     """Run every config on every shape; return one line per failure."""
     import cupy
 
-    from autotile import build
-    from autotile.timing import relative_error
+    from autotile.codegen import build
+    from autotile.runtime.timing import relative_error
 
     spec = kernels.get(kernel)
     # Compile in parallel first; preparing each config below then finds its kernel memoized.
@@ -84,7 +84,7 @@ def test_matmul_tf32x3_is_as_accurate_as_sgemm():
     accumulation would show (an error growing like K), its error stays within 4x of cuBLAS SGEMM's."""
     import cupy
 
-    from autotile.timing import relative_error
+    from autotile.runtime.timing import relative_error
 
     spec = kernels.get("matmul")
     space = spec.space.restricted({"MATH": "tf32x3"})
@@ -124,7 +124,7 @@ def test_matmul_dmma_keeps_dgemm_accuracy_and_special_values():
     DBL_MAX are left out, since whether a partial sum overflows depends on the order of the sum)."""
     import cupy
 
-    from autotile.timing import relative_error
+    from autotile.runtime.timing import relative_error
 
     spec = kernels.get("matmul")
     space = spec.space.restricted({"MATH": "dmma"})
@@ -180,7 +180,7 @@ def test_small_tune_lands_in_cache_and_library_uses_it(isolated_cache):
     import cupy
 
     import autotile
-    from autotile import ops
+    from autotile.library import calls as ops
 
     result = autotile.tune("matmul", "300x257x131", trials=10, seed=3)
     assert result.trials >= 10 - 0 and result.best.median_ms > 0
@@ -275,7 +275,7 @@ extern "C" __global__ void autotile_matmul(const float* A, const float* B, float
 
 
 def test_crashing_and_hanging_candidates_are_recorded_and_the_study_completes(isolated_cache):
-    from autotile import api
+    from autotile.tuning import api
 
     spec = kernels.get("matmul")
 
@@ -351,8 +351,8 @@ def test_last_block_split_k_is_correct_deterministic_and_resets_its_tickets(kern
     arrived last). Two shapes through the same compiled kernel, interleaved, each with its own buffers."""
     import cupy
 
-    from autotile import build
-    from autotile.timing import relative_error
+    from autotile.codegen import build
+    from autotile.runtime.timing import relative_error
 
     spec = kernels.get(kernel)
     configs = _last_block_configs(kernel, layout, dtype, 8 if dtype == "float32" else 6)
@@ -389,7 +389,7 @@ def test_last_block_runner_on_two_streams_at_once():
     so both results are right and equal to a run on the default stream."""
     import cupy
 
-    from autotile.timing import relative_error
+    from autotile.runtime.timing import relative_error
 
     spec = kernels.get("matmul")
     key = ProblemKey("matmul", "float32", "row", (67, 129, 8191))

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from autotile import kernels
-from autotile.impl import Generated
-from autotile.problem import MATMUL_LAYOUTS, ProblemKey
-from autotile.space import Problem
+from autotile.codegen import kernels
+from autotile.codegen.problem import MATMUL_LAYOUTS, ProblemKey
+from autotile.codegen.space import Problem
+from autotile.runtime.impl import Generated
 
 pytestmark = pytest.mark.gpu
 
@@ -28,8 +28,8 @@ def _errors(kernel: str, dtype: str, layout: str, shapes, broadcast_b: bool = Fa
     """Named configs (every MATH family, split-K both ways) on every shape, outputs poisoned with NaN."""
     import cupy
 
-    from autotile.device import live_device
-    from autotile.timing import relative_error
+    from autotile.runtime.device import live_device
+    from autotile.runtime.timing import relative_error
 
     spec, device = kernels.get(kernel), live_device()
     failures = []

@@ -11,7 +11,7 @@ import re
 import numpy as np
 import pytest
 
-from autotile import build, kernels
+from autotile.codegen import build, kernels
 from autotile.errors import CompileError
 
 try:
@@ -94,8 +94,8 @@ def _pattern(x) -> np.ndarray:
 
 
 def _tf32x3_config():
-    from autotile.device import live_device
-    from autotile.space import Problem
+    from autotile.codegen.space import Problem
+    from autotile.runtime.device import live_device
 
     config = MATMUL.space.named("tf32x3-64")
     assert MATMUL.space.is_feasible(config, Problem(live_device(), "float32", "row"))
@@ -105,8 +105,8 @@ def _tf32x3_config():
 def _run_config(config, a, b):
     import cupy
 
-    from autotile.impl import Generated
-    from autotile.problem import ProblemKey
+    from autotile.codegen.problem import ProblemKey
+    from autotile.runtime.impl import Generated
 
     out = cupy.full((a.shape[0], b.shape[1]), cupy.nan, dtype=cupy.float32)
     key = ProblemKey("matmul", "float32", "row", (a.shape[0], b.shape[1], a.shape[1]))
@@ -137,7 +137,7 @@ def test_probes_keep_sgemm_accuracy():
     """The issue's probes (1024 x 1024 x 2048) and more: tf32x3's error is at most 2x cuBLAS SGEMM's."""
     import cupy
 
-    from autotile.timing import relative_error
+    from autotile.runtime.timing import relative_error
 
     config = _tf32x3_config()
     failures = []
@@ -213,7 +213,7 @@ def test_fuzz_matches_float64_and_sgemm_pattern(problem):
     import cupy
 
     import autotile
-    from autotile.timing import relative_error
+    from autotile.runtime.timing import relative_error
 
     kernel, dtype, shape, ea, eb, specials, layout, precision, seed = problem
     a, b = _operands(kernel, shape, ea, eb, specials, seed)

@@ -1,14 +1,14 @@
-"""How a call's operands map to a problem (`autotile.plan`): layouts from strides, batches, folding, copies."""
+"""How a call's operands map to a problem (`autotile.library.plan`): layouts from strides, batches, folding, copies."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from autotile import select
+from autotile.codegen.problem import ProblemKey
+from autotile.dispatch import select
 from autotile.errors import ArgumentError
-from autotile.plan import batch_stride, matrix_order, plan_matmul
-from autotile.problem import ProblemKey
+from autotile.library.plan import batch_stride, matrix_order, plan_matmul
 
 
 def _strides(x: np.ndarray) -> tuple[int, ...]:
@@ -115,7 +115,7 @@ def test_transposed_layouts_and_batches_borrow_the_nn_and_one_matrix_choice():
 
 
 def test_a_batch_lowers_the_k_splits_it_no_longer_needs():
-    from autotile import kernels
+    from autotile.codegen import kernels
 
     space = kernels.get("matmul").space
     config = space.named("tf32x3-64-split8")

@@ -1,4 +1,4 @@
-"""The float32 matmul precision setting (`autotile.precision`): its values, the process-wide default and
+"""The float32 matmul precision setting (`autotile.dispatch.precision`): its values, the process-wide default and
 its environment variable, what each class allows, the space it leaves the tuner, and the library's
 `precision=` argument and memo. No GPU."""
 
@@ -14,9 +14,11 @@ from pathlib import Path
 import pytest
 
 import autotile
-from autotile import kernels, ops, precision
-from autotile.device import PROFILES
+from autotile.codegen import kernels
+from autotile.codegen.limits import PROFILES
+from autotile.dispatch import precision
 from autotile.errors import AutotileError, InvalidValueError
+from autotile.library import calls as ops
 
 REPO = Path(__file__).resolve().parents[1]
 H100 = PROFILES["h100"]
@@ -174,13 +176,13 @@ def test_library_bad_precision_is_a_one_line_error_before_anything_else(monkeypa
 @pytest.fixture
 def fake_library(monkeypatch):
     """`ops._prepare` with a stand-in GPU: records what `select` was asked, prepares nothing real."""
-    import autotile.select as select_mod
+    import autotile.dispatch.select as select_mod
 
     asked: list[tuple[str, str | None]] = []
     runtime = types.SimpleNamespace(getDevice=lambda: 0)
     monkeypatch.setattr(ops, "_cupy", lambda: types.SimpleNamespace(cuda=types.SimpleNamespace(runtime=runtime)))
     monkeypatch.setattr(ops, "_device", lambda device_id: H100)
-    monkeypatch.setattr(autotile.first_call, "_enabled", False)
+    monkeypatch.setattr(autotile.dispatch.first_call, "_enabled", False)
 
     def select(key, device, cache=None, precision=None):
         asked.append((key.kernel, precision))

@@ -23,12 +23,12 @@ import jinja2
 import pytest
 
 import autotile
-from autotile import kernels
-from autotile.device import PROFILES
-from autotile.space import Problem
+from autotile.codegen import kernels
+from autotile.codegen.limits import PROFILES
+from autotile.codegen.space import Problem
 
-# `autotile.render` is the package's top-level function, which hides the submodule of the same name.
-render_mod = importlib.import_module("autotile.render")
+# `autotile.codegen.render` is the package's top-level function, which hides the submodule of the same name.
+render_mod = importlib.import_module("autotile.codegen.render")
 
 GOLDEN = Path(__file__).parent / "golden"
 UPDATE = os.environ.get("AUTOTILE_UPDATE_GOLDEN") == "1"

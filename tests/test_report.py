@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from autotile import report
+from autotile.tuning import bench_results as report
 
 DATA = Path(__file__).parent / "data" / "bench_results_h200.json"
 REPO = Path(__file__).resolve().parents[1]
@@ -48,7 +48,7 @@ def test_command_reads_files_and_rejects_a_missing_one(tmp_path, capsys):
     assert report.main([str(DATA)]) == 0
     assert "| matmul float32 M x N x K |" in capsys.readouterr().out
     assert report.main([str(tmp_path / "missing.json")]) == 2
-    assert capsys.readouterr().err == f"autotile.report: error: cannot read {tmp_path / 'missing.json'}: " \
+    assert capsys.readouterr().err == f"autotile.tuning.bench_results: error: cannot read {tmp_path / 'missing.json'}: " \
                                       "No such file or directory\n"
 
 
@@ -61,7 +61,7 @@ def _one_line_error(capsys, argv, *needles):
     assert out == ""  # no table printed for the good files before the bad one
     lines = err.splitlines()
     assert len(lines) == 1, err
-    assert lines[0].startswith("autotile.report: error: "), err
+    assert lines[0].startswith("autotile.tuning.bench_results: error: "), err
     for needle in needles:
         assert needle in lines[0], (needle, lines[0])
 
@@ -78,7 +78,7 @@ def test_bad_files_are_one_line(tmp_path, capsys):
                     "No such file or directory")
     _one_line_error(capsys, [_write(tmp_path, "text.json", "not json\n")], "cannot read", "text.json", "not JSON")
     _one_line_error(capsys, [_write(tmp_path, "list.json", [1, 2])], "list.json is not a result of python -m "
-                    "autotile.bench", "JSON list")
+                    "autotile.cli.bench", "JSON list")
     _one_line_error(capsys, [_write(tmp_path, "empty.json", {})], "empty.json", "no 'environment' object")
     results = _results()
     del results["ceilings"]["read_gbps"]
@@ -92,32 +92,32 @@ def test_bad_files_are_one_line(tmp_path, capsys):
 
 
 def test_no_file_is_one_line(capsys):
-    _one_line_error(capsys, [], "no results file given", "usage: python -m autotile.report RESULTS.json")
+    _one_line_error(capsys, [], "no results file given", "usage: python -m autotile.tuning.bench_results RESULTS.json")
 
 
 def _python_m(*argv: str, cwd: Path) -> subprocess.CompletedProcess:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    return subprocess.run([sys.executable, "-m", "autotile.report", *argv], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "autotile.tuning.bench_results", *argv], capture_output=True, text=True,
                           cwd=cwd, env=env, timeout=120)
 
 
 def test_python_m_report(tmp_path):
     proc = _python_m("--help", cwd=tmp_path)
     assert (proc.returncode, proc.stderr) == (0, "")
-    assert proc.stdout.startswith("usage: python -m autotile.report")
+    assert proc.stdout.startswith("usage: python -m autotile.tuning.bench_results")
     proc = _python_m(str(DATA), cwd=tmp_path)
     assert (proc.returncode, proc.stderr) == (0, "")
     assert "| matmul float32 M x N x K |" in proc.stdout
     proc = _python_m(_write(tmp_path, "x.json", {"rows": []}), cwd=tmp_path)
     assert proc.returncode == 2 and proc.stdout == ""
     assert len(proc.stderr.splitlines()) == 1, proc.stderr  # a traceback would be many lines
-    assert proc.stderr.startswith("autotile.report: error: ") and "x.json" in proc.stderr
+    assert proc.stderr.startswith("autotile.tuning.bench_results: error: ") and "x.json" in proc.stderr
 
 
 def test_report_needs_no_cupy(tmp_path):
     code = ("import sys; sys.modules['cupy'] = None\n"  # `import cupy` would raise ImportError
-            "from autotile import report\n"
+            "from autotile.tuning import bench_results as report\n"
             f"sys.exit(report.main([{str(DATA)!r}]))\n")
     env = dict(os.environ, PYTHONPATH=str(REPO))
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, env=env,

@@ -6,9 +6,10 @@ import statistics
 
 import pytest
 
-from autotile import cli, search_bench, sweep
+from autotile.cli import main as cli
 from autotile.errors import InvalidValueError
-from autotile.tuner import TuneOptions
+from autotile.tuning import search_bench, sweep
+from autotile.tuning.tuner import TuneOptions
 
 SWEEPS = sweep.sweeps()
 # The default search's median (20 seeds) of optimum / best found at 40 trials, on every recorded sweep.

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from autotile import build, kernels, select
-from autotile.cache import Record, TuningCache
-from autotile.device import PROFILES
-from autotile.problem import ProblemKey
-from autotile.space import Problem
+from autotile.codegen import build, kernels
+from autotile.codegen.limits import PROFILES
+from autotile.codegen.problem import ProblemKey
+from autotile.codegen.space import Problem
+from autotile.dispatch import select
+from autotile.dispatch.cache import Record, TuningCache
 
 H100 = PROFILES["h100"]
 
@@ -109,7 +110,7 @@ def test_shipped_configs_are_current_and_feasible():
     Records made before the numerics change (no compile options named: -ftz=true) await tools/retime.py on
     their GPU: that change altered the tf32x3 template only, so such a record may be stale only if it is a
     tf32x3 one. While any awaits it, the test ends as an expected failure after every other check."""
-    from autotile.resources import shipped_cache_dir
+    from autotile.codegen.resources import shipped_cache_dir
 
     cache = TuningCache(root=shipped_cache_dir(), shipped_root=None)
     entries = cache.entries()
@@ -153,11 +154,11 @@ def test_a_parameter_added_with_a_default_keeps_old_records_and_tables_readable(
     import yaml
     from replay_space import DATA, replay_space
 
+    from autotile.codegen.resources import search_space_path, shipped_cache_dir
+    from autotile.codegen.space import Space
     from autotile.errors import SpaceDefinitionError
-    from autotile.resources import search_space_path, shipped_cache_dir
-    from autotile.space import Space
-    from autotile.testing import ReplayEvaluator
-    from autotile.tuner import TuneOptions, Tuner
+    from autotile.tuning.testing import ReplayEvaluator
+    from autotile.tuning.tuner import TuneOptions, Tuner
 
     base = yaml.safe_load(search_space_path("matmul").read_text())
     extended = Space(_with_new_knob(base))
@@ -188,7 +189,7 @@ def test_a_parameter_added_with_a_default_keeps_old_records_and_tables_readable(
 
 def DeviceLimitsFromTable(table: dict):  # noqa: N802 (reads like the constructor it stands for)
     """The recorded GPU's limits."""
-    from autotile.device import DeviceLimits
+    from autotile.codegen.limits import DeviceLimits
 
     raw = table["environment"]["limits"]
     return DeviceLimits(**{k: tuple(v) if k == "compute_capability" else v for k, v in raw.items()})
@@ -303,7 +304,7 @@ def _shipped_made_current(root, device) -> TuningCache:
     test_dispatch.py's test_shipped_databases_are_valid_and_current's.)"""
     import json
 
-    from autotile.resources import shipped_cache_dir
+    from autotile.codegen.resources import shipped_cache_dir
 
     def sha(kernel, config, dtype, layout):
         spec = kernels.get(kernel)
@@ -335,7 +336,7 @@ def test_highest_never_serves_tf32x3_from_the_shipped_cache_and_databases(tmp_pa
     sure to serve the tf32x3 records and the model's tf32x3 picks that "highest" must not."""
     import numpy as np
 
-    from autotile.resources import shipped_cache_dir
+    from autotile.codegen.resources import shipped_cache_dir
 
     shipped = TuningCache(root=shipped_cache_dir(), shipped_root=None)
     current = _shipped_made_current(tmp_path / "current", H100)
@@ -367,8 +368,8 @@ def test_builtin_default_under_highest_is_simt_whatever_the_space_default(monkey
 
     import yaml
 
-    from autotile.resources import search_space_path
-    from autotile.space import Space
+    from autotile.codegen.resources import search_space_path
+    from autotile.codegen.space import Space
 
     data = yaml.safe_load(search_space_path("matmul").read_text())
     data["default"] = ["tf32x3-128"]
@@ -392,7 +393,7 @@ def test_select_checks_the_setting(tmp_path):
 
 def test_matvec_and_float64_selection_is_the_same_under_every_setting(tmp_path, monkeypatch):
     monkeypatch.setattr(select.build, "compiler_version", lambda: "nvrtc-13.0")
-    from autotile.resources import shipped_cache_dir
+    from autotile.codegen.resources import shipped_cache_dir
 
     cache = TuningCache(root=tmp_path, shipped_root=shipped_cache_dir())
     for key in (ProblemKey("matvec", "float32", "col", (16384, 16384)),

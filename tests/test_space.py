@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from autotile import resources
-from autotile.device import PROFILES
+from autotile.codegen import resources
+from autotile.codegen.expr import Expr
+from autotile.codegen.limits import PROFILES
+from autotile.codegen.space import DEVICE_CONSTRAINTS, Config, Problem, Space, load_space
 from autotile.errors import InfeasibleConfigError, InvalidValueError, SpaceDefinitionError, UnknownNameError
-from autotile.expr import Expr
-from autotile.space import DEVICE_CONSTRAINTS, Config, Problem, Space, load_space
 
 SEEDS = [("matmul", "seed-naive", "row"), ("matmul", "seed-tiled16", "row"), ("matmul", "seed-tiled32", "row"),
          ("matvec", "seed-matvec-colmajor", "col")]

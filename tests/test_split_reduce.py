@@ -13,12 +13,13 @@ import types
 import numpy as np
 import pytest
 
-from autotile import build, kernels, select
-from autotile.device import PROFILES
+from autotile.codegen import build, kernels
+from autotile.codegen.limits import PROFILES
+from autotile.codegen.problem import ProblemKey
+from autotile.codegen.space import Problem
+from autotile.dispatch import select
 from autotile.errors import CompileError
-from autotile.impl import KernelRunner, ParameterBlock
-from autotile.problem import ProblemKey
-from autotile.space import Problem
+from autotile.runtime.impl import KernelRunner, ParameterBlock
 
 # The named starting points that use last_block, with the layout they were made for.
 NAMED = [("matmul", "row", "tf32x3-64-split8"), ("matmul", "row", "tf32x3-32x64-split8"),
@@ -208,7 +209,7 @@ class _FakeStream:
 @pytest.fixture
 def fake_cupy(monkeypatch):
     """Just enough of CuPy for KernelRunner.launch: memsetAsync and streams by pointer, logged."""
-    import autotile.impl as impl
+    import autotile.runtime.impl as impl
 
     log: list = []
     cupy = types.ModuleType("cupy")

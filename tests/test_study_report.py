@@ -11,9 +11,10 @@ from replay_space import DATA
 from test_tune_api import NARROW, SHAPE
 from test_tuner import load_table
 
-from autotile import api, cli, study_report
+from autotile.cli import main as cli
 from autotile.errors import InvalidValueError, MissingDependencyError
-from autotile.testing import ReplayEvaluator
+from autotile.tuning import api, study_report
+from autotile.tuning.testing import ReplayEvaluator
 
 pytest.importorskip("matplotlib")
 
@@ -133,7 +134,7 @@ def test_tune_command_writes_the_report_with_devices(tmp_path, monkeypatch, caps
     the study on a journal file, the report read back from it."""
     from pathlib import Path
 
-    from autotile.testing import ReplayBackend
+    from autotile.tuning.testing import ReplayBackend
 
     repo = Path(__file__).resolve().parent.parent
     monkeypatch.setenv("AUTOTILE_CACHE_DIR", str(tmp_path / "cache"))
@@ -144,7 +145,7 @@ def test_tune_command_writes_the_report_with_devices(tmp_path, monkeypatch, caps
     monkeypatch.setenv(ReplayBackend.ENV_VAR, str(tmp_path / "replay.json"))
     out = tmp_path / "rep"
     code = cli.main(["tune", "matmul", "--shape", "1024x1024x1024", "--layout", "nn", "--trials", "6", "--devices",
-                     "0", "--backend", "autotile.testing:ReplayBackend", "--no-cache", "--report", str(out)])
+                     "0", "--backend", "autotile.tuning.testing:ReplayBackend", "--no-cache", "--report", str(out)])
     assert code == 0, capsys.readouterr().err
     assert f"report: {out / 'index.html'}" in capsys.readouterr().out
     _check_folder(out)

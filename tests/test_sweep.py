@@ -9,13 +9,14 @@ import json
 import pytest
 from replay_space import DATA
 
-from autotile import cli, sweep
-from autotile.device import PROFILES
+from autotile.cli import main as cli
+from autotile.codegen.limits import PROFILES
+from autotile.codegen.space import Problem
 from autotile.errors import InvalidValueError, UnknownNameError
-from autotile.space import Problem
-from autotile.testing import ReplayEvaluator
-from autotile.tuner import TuneOptions, Tuner
-from autotile.worker import OK
+from autotile.runtime.worker import OK
+from autotile.tuning import sweep
+from autotile.tuning.testing import ReplayEvaluator
+from autotile.tuning.tuner import TuneOptions, Tuner
 
 FIRST = sweep.SWEEPS_DIR / "matmul-simt-1024x1024x1024-h200.jsonl.gz"
 

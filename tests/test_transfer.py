@@ -1,4 +1,4 @@
-"""Warm starts from the cache (autotile.transfer) and the default search's local improvement
+"""Warm starts from the cache (autotile.tuning.transfer) and the default search's local improvement
 (propose.improvement), on the recorded sweeps and the shipped records."""
 
 from __future__ import annotations
@@ -7,11 +7,11 @@ import random
 
 import pytest
 
-from autotile import propose, search_bench, sweep, transfer
-from autotile.space import Problem
-from autotile.study import Ledger
-from autotile.testing import ReplayEvaluator
-from autotile.tuner import IMPROVE, IMPROVE_EVERY, PROPOSED, STARTUP, TRANSFER, TuneOptions, Tuner
+from autotile.codegen.space import Problem
+from autotile.tuning import propose, search_bench, sweep, transfer
+from autotile.tuning.study import Ledger
+from autotile.tuning.testing import ReplayEvaluator
+from autotile.tuning.tuner import IMPROVE, IMPROVE_EVERY, PROPOSED, STARTUP, TRANSFER, TuneOptions, Tuner
 
 TF32X3 = sweep.load(sweep.SWEEPS_DIR / "matmul-tf32x3-2048-h100.jsonl.gz")
 

@@ -14,12 +14,13 @@ import pytest
 import yaml
 from replay_space import DATA
 
-from autotile import api, build, kernels
-from autotile.cache import Record, TuningCache
+from autotile.codegen import build, kernels
+from autotile.codegen.problem import ProblemKey
+from autotile.dispatch.cache import Record, TuningCache
 from autotile.errors import AutotileError, DeviceUnavailableError, InvalidValueError
-from autotile.problem import ProblemKey
-from autotile.testing import ReplayEvaluator
-from autotile.worker import IsolatedRunner, Setup, WorkerError
+from autotile.runtime.worker import IsolatedRunner, Setup, WorkerError
+from autotile.tuning import api
+from autotile.tuning.testing import ReplayEvaluator
 
 REPO = Path(__file__).resolve().parent.parent
 SHAPE = (1024, 1024, 1024)
@@ -41,7 +42,7 @@ def _tune(table: dict, **kwargs):
 
 def _no_gpu(monkeypatch) -> None:
     """Make the GPU check fail as it does on a machine without one, whatever this machine has."""
-    from autotile import device
+    from autotile.runtime import device
 
     def live_device(device_id=None):
         raise DeviceUnavailableError("no usable CUDA GPU: cudaErrorNoDevice")
@@ -119,8 +120,8 @@ def test_a_retune_replaces_a_faster_entry_of_another_build(tmp_path, table, monk
     """A faster entry of the same kernel source but built with other compile options (from before the
     numerics change: -ftz=true) or another compiler is only the selection's fallback: kept, it would hide
     the new result, which the selection serves first."""
-    from autotile import select
-    from autotile.device import PROFILES
+    from autotile.codegen.limits import PROFILES
+    from autotile.dispatch import select
 
     monkeypatch.setattr(build, "compiler_version", lambda: "nvrtc-13.0")
     device = table["environment"]["device"]
@@ -162,14 +163,14 @@ def test_every_failure_reaches_the_caller_as_an_autotile_error(table):
 
 def test_the_worker_never_reruns_the_callers_script(tmp_path):
     """A script without `if __name__ == "__main__":` that starts a worker: the worker is a fresh
-    interpreter that imports autotile.worker, so the script runs once, and the worker's failure (no GPU
+    interpreter that imports autotile.runtime.worker, so the script runs once, and the worker's failure (no GPU
     here; on a GPU machine it answers) is an AutotileError, never multiprocessing's bootstrapping error."""
     script = tmp_path / "user_script.py"
     marker = tmp_path / "runs.txt"
     script.write_text(textwrap.dedent(f"""
         from pathlib import Path
-        from autotile.problem import ProblemKey
-        from autotile.worker import IsolatedRunner, Setup
+        from autotile.codegen.problem import ProblemKey
+        from autotile.runtime.worker import IsolatedRunner, Setup
         with open({str(marker)!r}, "a") as f:
             f.write("run\\n")
         runner = IsolatedRunner(Setup(ProblemKey("matmul", "float32", "row", (8, 8, 8))), setup_timeout_s=120)
@@ -189,8 +190,8 @@ def test_the_worker_never_reruns_the_callers_script(tmp_path):
 
 
 def test_results_cross_the_process_boundary():
-    """The worker's messages unpickle in the parent: its classes are autotile.worker's, not __main__'s."""
-    from autotile.worker import OK, CandidateResult
+    """The worker's messages unpickle in the parent: its classes are autotile.runtime.worker's, not __main__'s."""
+    from autotile.runtime.worker import OK, CandidateResult
 
     runner = IsolatedRunner(Setup(ProblemKey("matmul", "float32", "row", (8, 8, 8))))
     runner._spawn()
@@ -217,7 +218,7 @@ def _limits(table: dict):
 
 
 def test_highest_searches_simt_only_and_the_record_needs_what_its_winner_needs(tmp_path, table):
-    from autotile.tuner import TuneOptions, Tuner
+    from autotile.tuning.tuner import TuneOptions, Tuner
 
     full = Tuner(ProblemKey("matmul", "float32", "row", SHAPE), TuneOptions(precision="highest"))
     assert full.space.params["MATH"].choices == ("simt", "dmma")  # dmma: IEEE float64, infeasible on float32
@@ -243,7 +244,7 @@ def test_tune_takes_the_process_default(table):
 
 
 def test_default_study_names_differ_by_the_class_searched(table):
-    from autotile.tuner import TuneOptions, Tuner
+    from autotile.tuning.tuner import TuneOptions, Tuner
 
     key = ProblemKey("matmul", "float32", "row", SHAPE)
     limits = _limits(table)
@@ -268,7 +269,7 @@ def test_a_study_is_bound_to_its_precision(tmp_path, table):
 def test_a_study_bound_before_precisions_resumes_as_high(tmp_path, table):
     import optuna
 
-    from autotile.tuner import PROBLEM_ATTR
+    from autotile.tuning.tuner import PROBLEM_ATTR
 
     storage = f"sqlite:///{tmp_path / 'old.db'}"
     _tune(table, storage=storage, study_name="old", trials=4)
@@ -285,8 +286,8 @@ def test_a_study_bound_before_precisions_resumes_as_high(tmp_path, table):
 def test_warm_starts_come_from_the_cache_given_and_can_be_turned_off(table, tmp_path, warm_starts):
     """The winner's record of another shape, in a cache object passed to tune, is a warm start of the next
     tune (and none with warm_starts=0)."""
-    from autotile.cache import TuningCache
-    from autotile.tuner import PROPOSED, TRANSFER
+    from autotile.dispatch.cache import TuningCache
+    from autotile.tuning.tuner import PROPOSED, TRANSFER
 
     cache = TuningCache(root=tmp_path / "cache", shipped_root=None)
     first = _tune(table, trials=8, cache=cache)
@@ -306,6 +307,6 @@ def test_warm_starts_come_from_the_cache_given_and_can_be_turned_off(table, tmp_
     if warm_starts == 0:
         assert seen == []
     else:
-        from autotile.device import DeviceLimits
+        from autotile.codegen.limits import DeviceLimits
 
         assert seen == [f"1024x1024x1024@{DeviceLimits.from_json(first.environment['limits']).fingerprint}"]

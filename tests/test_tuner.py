@@ -18,16 +18,17 @@ import pytest
 import yaml
 from replay_space import DATA, replay_space
 
-from autotile import api, kernels
-from autotile.cache import TuningCache
-from autotile.device import DeviceLimits
+from autotile.codegen import kernels
+from autotile.codegen.limits import DeviceLimits
+from autotile.codegen.problem import ProblemKey
+from autotile.codegen.resources import search_space_path
+from autotile.codegen.space import Problem, Space
+from autotile.dispatch.cache import TuningCache
 from autotile.errors import InvalidValueError
-from autotile.problem import ProblemKey
-from autotile.resources import search_space_path
-from autotile.space import Problem, Space
-from autotile.testing import ReplayEvaluator
-from autotile.tuner import SAMPLERS, TuneOptions, Tuner, make_sampler
-from autotile.worker import COMPILE, CRASH, FAILURES, LAUNCH, OK, TIMEOUT, WRONG
+from autotile.runtime.worker import COMPILE, CRASH, FAILURES, LAUNCH, OK, TIMEOUT, WRONG
+from autotile.tuning import api, results
+from autotile.tuning.testing import ReplayEvaluator
+from autotile.tuning.tuner import SAMPLERS, TuneOptions, Tuner, make_sampler
 
 TABLE_PATH = DATA / "matmul_replay_h200.json"
 SHAPE = (1024, 1024, 1024)
@@ -498,7 +499,7 @@ def test_make_sampler_rejects_unknown_names():
 def test_winner_goes_to_the_cache_and_comes_back(isolated_cache, space, table, limits):
     evaluator, result = tune(space, table, limits, sampler="tpe", trials=16)
     compat = kernels.compat_hash("matmul")
-    record = api.to_record(result, compat)
+    record = results.to_record(result, compat)
     cache = TuningCache(root=isolated_cache, shipped_root=None)
     assert cache.put(record).written is True
 
@@ -525,7 +526,7 @@ def test_winner_goes_to_the_cache_and_comes_back(isolated_cache, space, table, l
     again = TuningCache(root=isolated_cache, shipped_root=None).get(device, KEY, compat)
     assert again == stored
     # A slower result for the same key does not replace the stored one.
-    slower = api.to_record(tune(space, table, limits, sampler="random", trials=3)[1], compat)
+    slower = results.to_record(tune(space, table, limits, sampler="random", trials=3)[1], compat)
     assert slower.time_ms > stored.time_ms
     assert cache.put(slower).written is False
 
@@ -555,9 +556,9 @@ def test_uniform_proposals_follow_the_feasible_configs_not_the_branches():
     drawn branch by branch it would take a third of all draws."""
     import random
 
-    from autotile.device import PROFILES
-    from autotile.propose import uniform
-    from autotile.space import Problem
+    from autotile.codegen.limits import PROFILES
+    from autotile.codegen.space import Problem
+    from autotile.tuning.propose import uniform
 
     space = kernels.get("matvec").space
     problem = Problem(PROFILES["h100"], "float32", "row")

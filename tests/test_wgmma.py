@@ -13,10 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from autotile import build, kernels, propose
-from autotile.device import PROFILES
+from autotile.codegen import build, kernels
+from autotile.codegen.limits import PROFILES
+from autotile.codegen.space import Problem
 from autotile.errors import CompileError
-from autotile.space import Problem
+from autotile.tuning import propose
 
 SPEC = kernels.get("matmul")
 WGMMA = SPEC.space.restricted({"MATH": "wgmma"})

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from autotile import kernels
+from autotile.codegen import kernels
 
 pytestmark = pytest.mark.gpu
 
@@ -36,8 +36,8 @@ def _run(spec, config, a, b, layout):
     """C = A B through the generated kernel; A and B given as M x K and K x N (stored per `layout`)."""
     import cupy
 
-    from autotile.impl import Generated
-    from autotile.problem import ProblemKey
+    from autotile.codegen.problem import ProblemKey
+    from autotile.runtime.impl import Generated
 
     M, K = a.shape[-2:]
     N = b.shape[-1]
@@ -128,8 +128,8 @@ def _run_stored(config, store_a, store_b, layout, shape):
     """(C, whether the launch copied with tensor maps) for operands already stored per `layout`."""
     import cupy
 
-    from autotile.impl import Generated
-    from autotile.problem import ProblemKey
+    from autotile.codegen.problem import ProblemKey
+    from autotile.runtime.impl import Generated
 
     M, N, _ = shape
     out = cupy.full((M, N), cupy.nan, dtype=cupy.float32)  # poisoned

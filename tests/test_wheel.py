@@ -78,7 +78,7 @@ def test_wheel_carries_the_package_data(wheel):
         assert name in names, name
     assert any(n.startswith("autotile/_data/cache/") for n in names), "the shipped cache folder is missing"
     assert not any(n.startswith(("tests/", "templates/", "search_spaces/")) for n in names)
-    assert "autotile = autotile.cli:main" in entry_points
+    assert "autotile = autotile.cli.main:main" in entry_points
     with zipfile.ZipFile(wheel) as z:
         assert z.read("autotile/_data/templates/matmul.cu.j2") == (REPO / "templates" / "matmul.cu.j2").read_bytes()
 
@@ -103,7 +103,7 @@ def test_installed_console_script(venv, outside):
 
 
 def test_installed_package_reads_its_data_from_site_packages(venv, outside):
-    code = ("import sysconfig, autotile, autotile.resources as r; "
+    code = ("import sysconfig, autotile, autotile.codegen.resources as r; "
             "print(sysconfig.get_paths()['purelib']); print(autotile.__file__); print(r.templates_dir()); "
             "print(r.search_spaces_dir()); print(r.shipped_cache_dir())")
     proc = _run([venv / "bin" / "python", "-c", code], outside)

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import yaml
 
-from autotile import kernels
-from autotile.sweep import SubSpace, from_table
+from autotile.codegen import kernels
+from autotile.tuning.sweep import SubSpace, from_table
 
 DATA = Path(__file__).resolve().parents[1] / "tests" / "data"
 

@@ -12,7 +12,7 @@ import time
 import cupy
 
 import autotile
-from autotile import ops
+from autotile.library import calls as ops
 
 SHAPES = [("matmul", (777, 1333, 2111)), ("matmul", (96, 5000, 3000)), ("matmul", (3001, 2999, 37)),
           ("matvec", (3333, 777)), ("matvec", (50000, 300))]

@@ -10,9 +10,9 @@ import json
 import sys
 from pathlib import Path
 
-from autotile import database
-from autotile.device import PROFILES, DeviceLimits
-from autotile.model import Model
+from autotile.codegen.limits import PROFILES, DeviceLimits
+from autotile.dispatch import database
+from autotile.dispatch.model import Model
 
 
 def device_of(db: database.ShapeDatabase) -> DeviceLimits:

@@ -48,7 +48,7 @@ def render_all(tree: Path, records: list[dict]) -> list[str | None]:
 
 
 def cubin(source: str, arch: str) -> bytes:
-    from autotile import build
+    from autotile.codegen import build
 
     return build.compile(source, arch).binary
 
@@ -59,7 +59,7 @@ def main() -> int:
     parser.add_argument("--dry-run", action="store_true")
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))
-    from autotile import kernels
+    from autotile.codegen import kernels
 
     # Records (one config each) and the shape databases' candidates (many per file), as one list of
     # (file, the dict holding `config` and the hash, where the hash lives in it).

@@ -35,11 +35,13 @@ def main(argv: list[str] | None = None) -> int:
 
     import cupy
 
-    from autotile import bench, build, kernels, timing
-    from autotile.cache import Record
-    from autotile.device import live_device
-    from autotile.impl import Cublas, Generated
-    from autotile.problem import ProblemKey
+    from autotile.cli import bench
+    from autotile.codegen import build, kernels
+    from autotile.codegen.problem import ProblemKey
+    from autotile.dispatch.cache import Record
+    from autotile.runtime import timing
+    from autotile.runtime.device import live_device
+    from autotile.runtime.impl import Cublas, Generated
 
     device = live_device()
     folder = Path(args.cache) / device.fingerprint

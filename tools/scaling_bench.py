@@ -43,7 +43,7 @@ def search_rate(storage: str, name: str) -> dict[str, Any]:
     """Runs, their span (s) and rate, and the best time, read from the study."""
     import optuna
 
-    from autotile.study import Ledger, open_storage
+    from autotile.tuning.study import Ledger, open_storage
 
     study = optuna.load_study(study_name=name, storage=open_storage(storage))
     trials = study.get_trials(deepcopy=False)
@@ -72,12 +72,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--devices", default="0,1", help="the two GPUs (default 0,1)")
     parser.add_argument("--out", default="scaling.json", help="JSON results (default scaling.json)")
     parser.add_argument("--skip-batch", action="store_true", help="only (a)")
-    # A dry run of this script without GPUs: autotile.testing:ReplayBackend, with $AUTOTILE_REPLAY set.
+    # A dry run of this script without GPUs: autotile.tuning.testing:ReplayBackend, with $AUTOTILE_REPLAY set.
     parser.add_argument("--backend", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     extra = ["--backend", args.backend] if args.backend else []
 
-    from autotile.device import live_devices
+    from autotile.runtime.device import live_devices
 
     gpus = [d.name for d in live_devices()] if not args.backend else ["replay", "replay"]
     both = args.devices.split(",")

@@ -12,12 +12,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from replay_space import replay_space  # noqa: E402
 
-from autotile.device import DeviceLimits  # noqa: E402
-from autotile.problem import ProblemKey  # noqa: E402
-from autotile.space import Problem  # noqa: E402
-from autotile.testing import record_table  # noqa: E402
-from autotile.tuner import TuneOptions, Tuner  # noqa: E402
-from autotile.worker import IsolatedRunner, Setup  # noqa: E402
+from autotile.codegen.limits import DeviceLimits  # noqa: E402
+from autotile.codegen.problem import ProblemKey  # noqa: E402
+from autotile.codegen.space import Problem  # noqa: E402
+from autotile.runtime.worker import IsolatedRunner, Setup  # noqa: E402
+from autotile.tuning.testing import record_table  # noqa: E402
+from autotile.tuning.tuner import TuneOptions, Tuner  # noqa: E402
 
 SHAPE = (1024, 1024, 1024)
 

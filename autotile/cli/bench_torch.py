@@ -1,0 +1,181 @@
+"""The PyTorch benchmark: autotile on torch tensors against PyTorch on the same tensors, in one run.
+
+    python -m autotile.cli.bench_torch [--quick] [--random N] [--seed S] [--out DIR]
+
+- `x @ W.T` (layout nt, PyTorch's linear layer) and `x @ W` (nn) on the benchmark shapes: autotile.matmul
+  against torch.matmul (cuBLAS SGEMM/DGEMM, TF32 off), both with `out=`; with the kernels autotile
+  launched for the nt call (torch.profiler: one kernel, no copy);
+- batches: torch.bmm against autotile.matmul on 3-D tensors;
+- `--random N`: N random shapes in layout nt, the distribution of the ratio;
+- the host time per call (no synchronisation) of autotile.matmul and torch.matmul on small tensors.
+
+Times: CUDA events around the launch alone, L2 flushed before each repetition, median (`autotile.runtime.timing`).
+Writes torch.md and torch.json to --out. Needs a GPU, CuPy and torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+from autotile.cli import bench
+from autotile.library import calls as ops
+from autotile.library.api import matmul
+from autotile.runtime.timing import L2Flusher, relative_error, time_launch
+
+NT_SHAPES = bench.MATMUL_SHAPES
+BMM_SHAPES = [(64, 512, 512, 512), (8, 2048, 2048, 2048), (32, 1024, 1024, 64), (128, 256, 256, 256)]
+QUICK_NT = [(4096, 4096, 4096), (4095, 4095, 4095), (1000, 3000, 500)]
+
+
+def _kernels_launched(call: Any) -> list[str]:
+    """The CUDA kernels one call launches (torch.profiler)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        call()
+        torch.cuda.synchronize()
+    return [e.name for e in prof.events() if e.device_type.name == "CUDA"]  # kernels, copies and memsets
+
+
+def _pair(torch_call: Any, mine_call: Any, flush: Any) -> tuple[float, float]:
+    """(torch ms, autotile ms), interleaved twice so that a drift of the shared GPU hits both alike."""
+    t1 = time_launch(torch_call, flush).median_ms
+    m1 = time_launch(mine_call, flush).median_ms
+    m2 = time_launch(mine_call, flush).median_ms
+    t2 = time_launch(torch_call, flush).median_ms
+    return min(t1, t2), min(m1, m2)
+
+
+def _matmul_row(shape: tuple[int, ...], layout: str, dtype: Any, flush: Any, profile: bool) -> dict[str, Any]:
+    import torch
+
+    M, N, K = shape
+    g = torch.Generator(device="cuda").manual_seed(sum(shape))
+    x = torch.rand(M, K, device="cuda", dtype=dtype, generator=g) - 0.5
+    w = torch.rand(N, K, device="cuda", dtype=dtype, generator=g) - 0.5
+    b = w.T if layout == "nt" else w.T.contiguous()
+    out_t, out_m = torch.empty(M, N, device="cuda", dtype=dtype), torch.empty(M, N, device="cuda", dtype=dtype)
+    torch_ms, mine_ms = _pair(lambda: torch.matmul(x, b, out=out_t), lambda: matmul(x, b, out=out_m), flush)
+    ref = x.double() @ b.double()
+    row = {"case": f"x @ W{'.T' if layout == 'nt' else ''}", "layout": layout, "shape": list(shape),
+           "torch_ms": torch_ms, "autotile_ms": mine_ms, "ratio": torch_ms / mine_ms,
+           "error": relative_error(out_m.double(), ref), "torch_error": relative_error(out_t.double(), ref),
+           "runs": ops.selection_for("matmul", str(dtype).replace("torch.", ""), layout, shape).explain()}
+    if profile:
+        row["kernels"] = _kernels_launched(lambda: matmul(x, b, out=out_m))
+    return row
+
+
+def _bmm_row(shape: tuple[int, ...], dtype: Any, flush: Any) -> dict[str, Any]:
+    import torch
+
+    B, M, N, K = shape
+    g = torch.Generator(device="cuda").manual_seed(sum(shape))
+    a = torch.rand(B, M, K, device="cuda", dtype=dtype, generator=g) - 0.5
+    b = torch.rand(B, K, N, device="cuda", dtype=dtype, generator=g) - 0.5
+    out_t, out_m = torch.empty(B, M, N, device="cuda", dtype=dtype), torch.empty(B, M, N, device="cuda", dtype=dtype)
+    torch_ms, mine_ms = _pair(lambda: torch.bmm(a, b, out=out_t), lambda: matmul(a, b, out=out_m), flush)
+    ref = a.double() @ b.double()
+    return {"case": "bmm", "layout": "nn", "shape": list(shape), "torch_ms": torch_ms, "autotile_ms": mine_ms,
+            "ratio": torch_ms / mine_ms, "error": relative_error(out_m.double(), ref),
+            "torch_error": relative_error(out_t.double(), ref),
+            "runs": ops.selection_for("bmm", str(dtype).replace("torch.", ""), "nn", shape).explain(),
+            "kernels": _kernels_launched(lambda: matmul(a, b, out=out_m))}
+
+
+def host_overhead(calls: int = 2000) -> dict[str, float]:
+    """Microseconds of host time per call on 64x64x64 torch tensors (no synchronisation), x @ W.T."""
+    import torch
+
+    x, w = torch.rand(64, 64, device="cuda"), torch.rand(64, 64, device="cuda")
+    out = torch.empty(64, 64, device="cuda")
+    cases = {"torch.matmul(x, w.T)": lambda: torch.matmul(x, w.T),
+             "autotile.matmul(x, w.T)": lambda: matmul(x, w.T),
+             "torch.matmul(x, w.T, out=)": lambda: torch.matmul(x, w.T, out=out),
+             "autotile.matmul(x, w.T, out=)": lambda: matmul(x, w.T, out=out)}
+    result: dict[str, float] = {}
+    for _ in range(3):  # the best of three rounds: the host is shared too
+        for name, call in cases.items():
+            for _ in range(100):
+                call()
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            for _ in range(calls):
+                call()
+            elapsed = (time.perf_counter() - start) / calls * 1e6
+            torch.cuda.synchronize()
+            result[name] = min(result.get(name, elapsed), elapsed)
+    return result
+
+
+def _markdown(rows: list[dict[str, Any]], random_rows: list[dict[str, Any]], overhead: dict[str, float],
+              env: dict[str, Any]) -> str:
+    lines = [f"## PyTorch comparison, {env['gpu']}, {env['date']}", "",
+             f"torch {env['torch']}, CuPy {env['cupy']}, TF32 off in PyTorch. Ratio = torch time / autotile time "
+             "(above 1: autotile faster), CUDA events, L2 flushed, median.", "",
+             "| case | shape | torch ms | autotile ms | ratio | error (torch's) | kernels autotile launched |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
+    for r in rows:
+        kernels = ", ".join(r.get("kernels", [])) or "-"
+        lines.append(f"| {r['case']} | {'x'.join(map(str, r['shape']))} | {r['torch_ms']:.4f} | "
+                     f"{r['autotile_ms']:.4f} | {r['ratio']:.2f} | {r['error']:.1e} ({r['torch_error']:.1e}) | "
+                     f"{kernels} |")
+    if random_rows:
+        ratios = sorted(r["ratio"] for r in random_rows)
+        q = statistics.quantiles(ratios, n=10) if len(ratios) > 1 else ratios * 9
+        lines += ["", f"`x @ W.T` on {len(ratios)} random shapes (MxNxK log-uniform, seed {env['seed']}): ratio "
+                  f"min {ratios[0]:.2f}, p10 {q[0]:.2f}, median {statistics.median(ratios):.2f}, p90 {q[-1]:.2f}, "
+                  f"max {ratios[-1]:.2f}; below 0.95: {sum(r < 0.95 for r in ratios)}."]
+    if overhead:
+        lines += ["", "Host time per call (64x64x64, no synchronisation): "
+                  + "; ".join(f"{name} {us:.1f} us" for name, us in overhead.items()) + "."]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m autotile.cli.bench_torch", description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="three nt shapes and two batches")
+    parser.add_argument("--random", type=int, default=0, metavar="N", help="also N random nt shapes")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random shapes")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "float64"])
+    parser.add_argument("--out", default="bench-results", help="folder for torch.md and torch.json")
+    args = parser.parse_args(argv)
+    import torch
+
+    from autotile.runtime.device import live_device
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    dtype = getattr(torch, args.dtype)
+    limits = live_device()
+    flush = L2Flusher(limits.l2_bytes)
+    env = {**bench.environment(limits), "torch": torch.__version__, "seed": args.seed, "dtype": args.dtype}
+    rows = []
+    for shape in (QUICK_NT if args.quick else NT_SHAPES):
+        for layout in ("nt", "nn"):
+            rows.append(_matmul_row(shape, layout, dtype, flush, profile=layout == "nt"))
+            print(f"{layout} {shape}: {rows[-1]['ratio']:.2f}x  {rows[-1]['runs']}", flush=True)
+    for batch_shape in (BMM_SHAPES[:2] if args.quick else BMM_SHAPES):
+        rows.append(_bmm_row(batch_shape, dtype, flush))
+        print(f"bmm {batch_shape}: {rows[-1]['ratio']:.2f}x  {rows[-1]['runs']}", flush=True)
+    random_rows = [_matmul_row(s, "nt", dtype, flush, profile=False)
+                   for s in bench.random_shapes("matmul", args.random, args.seed)] if args.random else []
+    overhead = host_overhead()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    text = _markdown(rows, random_rows, overhead, env)
+    (out / "torch.md").write_text(text)
+    (out / "torch.json").write_text(json.dumps({"environment": env, "rows": rows, "random": random_rows,
+                                                "host_overhead_us": overhead}, indent=1))
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

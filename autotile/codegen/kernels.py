@@ -1,0 +1,316 @@
+"""The kernel registry: for each kernel, its space, its problem shape, launch geometry, FLOP and byte
+counts, inputs and float64 reference. Host-side only (NumPy); the GPU side lives in `build` and `bench`."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Callable
+
+import numpy as np
+
+from autotile.codegen.expr import ceil_div
+from autotile.codegen.problem import KERNEL_DIMS, canonical_layout, parse_shape
+from autotile.codegen.render import render
+from autotile.codegen.space import DEVICE_DERIVED, DTYPE_SIZES, Config, Space, load_space
+from autotile.codegen.tensor_map import TensorBox
+from autotile.errors import UnknownNameError
+
+
+@dataclasses.dataclass(frozen=True)
+class Launch:
+    """Grid and block dimensions, and the dynamic shared memory in bytes, of one kernel launch; with
+    SPLIT_REDUCE=last_block, the sizes of the two buffers the launcher passes after the sizes."""
+
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    dynamic_smem_bytes: int
+    zero_output: bool  # split-K kernels with SPLIT_REDUCE=atomic add into the output, which must start at zero
+    workspace_elems: int = 0  # last_block: partial results, in elements of the output's dtype (0: none)
+    tickets: int = 0  # last_block: one unsigned int counter per output tile, zero between launches (0: none)
+    tensor_maps: tuple[TensorBox, ...] = ()  # TMA copies of the inputs (wgmma, LOADER=tma): one map each
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelSpec:
+    name: str
+    dims: tuple[str, ...]  # the shape's letters, for example ("M", "N", "K")
+    # (config, shape, geometry) -> the grid; the block and shared memory come from the geometry alone
+    grid: Callable[[Config, tuple[int, ...]], tuple[int, int, int]]
+    flops: Callable[[tuple[int, ...]], float]
+    min_bytes: Callable[[tuple[int, ...], int], float]  # each input read once, the output written once
+    # (shape, dtype, layout, generator, array module) -> inputs; NumPy or CuPy arrays alike
+    make_inputs: Callable[[tuple[int, ...], str, str, Any, Any], tuple[Any, ...]]
+    output_shape: Callable[[tuple[int, ...]], tuple[int, ...]]
+    check_shapes: tuple[tuple[int, ...], ...]  # extra verification shapes: primes, 1, nothing a tile divides
+    # (config, shape) -> (workspace elements, tickets) of a SPLIT_REDUCE=last_block launch
+    split_buffers: Callable[[Config, tuple[int, ...]], tuple[int, int]]
+    space_name: str = ""  # the search space (and template) it shares, if not its own: bmm is matmul's
+    batched: bool = False  # the kernel takes a batch of problems along grid z (render's `batched`)
+
+    def size_args(self, shape: tuple[int, ...]) -> tuple[Any, ...]:
+        """The sizes as the kernel takes them, 32-bit ints: M, N, K (a batch's count is in the grid)."""
+        return tuple(np.int32(d) for d in (shape[1:] if self.batched else shape))
+
+    def kernel_args(self, inputs: tuple[Any, ...], out: Any, shape: tuple[int, ...],
+                    buffers: tuple[Any, ...] = ()) -> tuple[Any, ...]:
+        """The launch arguments: input and output arrays, the sizes as 32-bit ints, (batched) the batch
+        strides of A and B in elements (0: one matrix for the whole batch), then (last_block only) the
+        workspace and the tickets."""
+        strides = batch_strides(inputs) if self.batched else ()
+        return (*inputs, out, *self.size_args(shape), *strides, *buffers)
+
+    @staticmethod
+    def reference(inputs: tuple[Any, ...]) -> Any:
+        """The float64 result of the same inputs (NumPy or CuPy arrays: the product runs where they are)."""
+        a, b = inputs
+        return to_float64(a) @ to_float64(b)
+
+    @property
+    def space(self) -> Space:
+        return _space(self.space_name or self.name)
+
+    def geometry(self, config: Config, dtype: str = "float32", layout: str | None = None) -> dict[str, Any]:
+        """The space's derived values for a config (threads, block_x, block_y, smem_bytes, tile strides,
+        ...): the one source of the numbers that both the template and the launcher use."""
+        return dict(_geometry(self.space_name or self.name, config, dtype, self.layout(layout)))
+
+    def layout(self, layout: str | None) -> str:
+        """The layout under its current name (None: the kernel's default, nn or row)."""
+        return canonical_layout(self.name, layout) if layout is not None else self.space.layouts[0]
+
+    def render(self, config: Config, dtype: str = "float32", layout: str | None = None) -> str:
+        layout = self.layout(layout)
+        return render(self.space.template, self.name, config, dtype, layout, self.space.source_key(config),
+                      _geometry(self.space_name or self.name, config, dtype, layout), batched=self.batched)
+
+    def launch(self, config: Config, shape: tuple[int, ...], dtype: str = "float32", layout: str | None = None
+               ) -> Launch:
+        """Grid, block and dynamic shared memory of one launch of `config` on `shape`."""
+        g = _geometry(self.space_name or self.name, config, dtype, self.layout(layout))
+        dynamic = int(g["smem_bytes"]) if config["smem"] == "dynamic" else 0
+        grid, block = self.grid(config, shape), (int(g["block_x"]), int(g["block_y"]), 1)
+        maps = _tensor_boxes(config, shape[-3:], self.layout(layout)) if config.get("LOADER") == "tma" else ()
+        if config["SPLIT_K"] > 1 and config.get("SPLIT_REDUCE", "atomic") == "last_block":
+            workspace, tickets = self.split_buffers(config, shape)
+            return Launch(grid, block, dynamic, False, workspace, tickets, maps)
+        return Launch(grid, block, dynamic, config["SPLIT_K"] > 1, tensor_maps=maps)
+
+    def parse_shape(self, text: str | tuple[int, ...]) -> tuple[int, ...]:
+        """'4096x4096x4096' -> (4096, 4096, 4096); see `problem.parse_shape`."""
+        return parse_shape(self.name, text)
+
+
+@functools.lru_cache(maxsize=None)
+def _space(name: str) -> Space:
+    return load_space(name)
+
+
+_DEVICE_DERIVED_NAMES = frozenset(name for name, _ in DEVICE_DERIVED)
+
+
+@functools.lru_cache(maxsize=4096)
+def _geometry(kernel: str, config: Config, dtype: str, layout: str) -> dict[str, Any]:
+    from autotile.codegen.limits import DEFAULT_OFFLINE_PROFILE, PROFILES
+    from autotile.codegen.space import Problem
+
+    space = _space(kernel)
+    # The space's own derived values read no device limit, so any profile gives the same numbers; the
+    # occupancy figures the device model adds are left out.
+    derived = space.derive(config, Problem(PROFILES[DEFAULT_OFFLINE_PROFILE], dtype, layout))
+    return {name: value for name, value in derived.items() if name not in _DEVICE_DERIVED_NAMES}
+
+
+def _random(shape: tuple[int, ...], dtype: str, rng: Any) -> Any:
+    """Uniform in [-1, 1): no zeros to hide unwritten outputs. `rng` is a NumPy or CuPy Generator."""
+    return (rng.random(shape, dtype="float64") * 2.0 - 1.0).astype(dtype)
+
+
+# -- matmul ------------------------------------------------------------------------------------------
+
+def _matmul_grid(config: Config, shape: tuple[int, ...]) -> tuple[int, int, int]:
+    M, N, _ = shape
+    tiles_m, tiles_n = ceil_div(M, config["BM"]), ceil_div(N, config["BN"])
+    if config["SWIZZLE"] > 1:  # one line of blocks, ordered by the kernel (tile_origin in matmul_parts.j2)
+        return (tiles_m * tiles_n, 1, config["SPLIT_K"])
+    return (tiles_n, tiles_m, config["SPLIT_K"])
+
+
+def _tensor_boxes(config: Config, shape: tuple[int, ...], layout: str) -> tuple[TensorBox, TensorBox]:
+    """The TMA copies of a wgmma LOADER=tma kernel (matmul_wgmma.cu.j2): A, then B, as stored; each copy 32
+    elements (128 bytes) along the contiguous dimension, by the tile's other extent (BK along K; BM or
+    BN along M or N)."""
+    M, N, K = shape
+    BM, BN, BK = config["BM"], config["BN"], config["BK"]
+    a = TensorBox(0, M, K, 32, BK) if layout in ("tn", "tt") else TensorBox(0, K, M, 32, BM)
+    b = TensorBox(1, K, N, 32, BN) if layout in ("nt", "tt") else TensorBox(1, N, K, 32, BK)
+    return a, b
+
+
+def _matmul_split_buffers(config: Config, shape: tuple[int, ...]) -> tuple[int, int]:
+    """SPLIT_K slices of M x N, indexed like C (the kernel stores and reads them in C's pattern; whole
+    tiles would cost a short M up to BM / M times the traffic), and one ticket per output tile."""
+    M, N, _ = shape
+    return config["SPLIT_K"] * M * N, ceil_div(M, config["BM"]) * ceil_div(N, config["BN"])
+
+
+def stored_transposed(x: Any, xp: Any) -> Any:
+    """`x` (a matrix or a batch of matrices) with each matrix stored transposed: the same values, the last
+    two dimensions column-major (what `W.T` of a row-major W gives)."""
+    return xp.ascontiguousarray(x.swapaxes(-1, -2)).swapaxes(-1, -2)
+
+
+def _matmul_inputs(shape, dtype, layout, rng, xp=np):
+    *batch, M, N, K = shape
+    a, b = _random((*batch, M, K), dtype, rng), _random((*batch, K, N), dtype, rng)
+    layout = canonical_layout("bmm" if batch else "matmul", layout)
+    return (stored_transposed(a, xp) if layout[0] == "t" else a,
+            stored_transposed(b, xp) if layout[1] == "t" else b)
+
+
+def batch_strides(inputs: tuple[Any, ...]) -> tuple[Any, ...]:
+    """Elements between one matrix of each operand and the next, as 64-bit ints: 0 for a 2-D operand
+    (one matrix for the whole batch)."""
+    return tuple(np.int64(x.strides[0] // x.itemsize if x.ndim == 3 else 0) for x in inputs)
+
+
+# -- bmm: matmul over a batch, along grid z -------------------------------------------------------------
+
+def _bmm_grid(config: Config, shape: tuple[int, ...]) -> tuple[int, int, int]:
+    x, y, z = _matmul_grid(config, shape[1:])
+    return x, y, z * shape[0]
+
+
+def _bmm_split_buffers(config: Config, shape: tuple[int, ...]) -> tuple[int, int]:
+    workspace, tickets = _matmul_split_buffers(config, shape[1:])
+    return shape[0] * workspace, shape[0] * tickets
+
+
+# -- matvec ------------------------------------------------------------------------------------------
+
+def _matvec_grid(config: Config, shape: tuple[int, ...]) -> tuple[int, int, int]:
+    return (ceil_div(shape[0], config["ROWS"]), config["SPLIT_K"], 1)
+
+
+def _matvec_split_buffers(config: Config, shape: tuple[int, ...]) -> tuple[int, int]:
+    """SPLIT_K slices of M partial sums, and one ticket per block of ROWS rows (blockIdx.x)."""
+    return config["SPLIT_K"] * shape[0], ceil_div(shape[0], config["ROWS"])
+
+
+def _matvec_inputs(shape, dtype, layout, rng, xp=np):
+    M, K = shape
+    a = _random((M, K), dtype, rng)
+    if layout == "col":
+        a = xp.asfortranarray(a)
+    return a, _random((K,), dtype, rng)
+
+
+KERNELS: dict[str, KernelSpec] = {
+    "matmul": KernelSpec(
+        name="matmul", dims=KERNEL_DIMS["matmul"], grid=_matmul_grid,
+        flops=lambda s: 2.0 * s[0] * s[1] * s[2],
+        min_bytes=lambda s, size: float(s[0] * s[2] + s[2] * s[1] + s[0] * s[1]) * size,
+        make_inputs=_matmul_inputs,
+        output_shape=lambda s: (s[0], s[1]),
+        check_shapes=((131, 67, 257), (1, 97, 33), (61, 1, 7)),
+        split_buffers=_matmul_split_buffers),
+    "bmm": KernelSpec(
+        name="bmm", dims=KERNEL_DIMS["bmm"], grid=_bmm_grid,
+        flops=lambda s: 2.0 * s[0] * s[1] * s[2] * s[3],
+        min_bytes=lambda s, size: float(s[0] * (s[1] * s[3] + s[3] * s[2] + s[1] * s[2])) * size,
+        make_inputs=_matmul_inputs,
+        output_shape=lambda s: (s[0], s[1], s[2]),
+        check_shapes=((3, 131, 67, 257), (2, 1, 97, 33), (5, 61, 1, 7)),
+        split_buffers=_bmm_split_buffers, space_name="matmul", batched=True),
+    "matvec": KernelSpec(
+        name="matvec", dims=KERNEL_DIMS["matvec"], grid=_matvec_grid,
+        flops=lambda s: 2.0 * s[0] * s[1],
+        min_bytes=lambda s, size: float(s[0] * s[1] + s[1] + s[0]) * size,
+        make_inputs=_matvec_inputs,
+        output_shape=lambda s: (s[0],),
+        check_shapes=((1031, 2053), (1, 17), (29, 1)),
+        split_buffers=_matvec_split_buffers),
+}
+
+
+_WIDEN_SOURCE = r"""
+extern "C" __global__ void autotile_widen(const float* __restrict__ x, double* __restrict__ y, long long n) {
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
+        y[i] = (double)x[i];
+}
+"""
+
+
+def to_float64(x: Any) -> Any:
+    """`x` as float64, denormals kept: NumPy's astype for host arrays; for a float32 CuPy array a kernel
+    built with autotile's own options, because CuPy compiles its elementwise kernels (astype among them)
+    with -ftz=true, which reads float32 denormals as zero, and a reference made that way is wrong exactly
+    where the numerics are delicate."""
+    if isinstance(x, np.ndarray) or str(x.dtype) != "float32":
+        return x.astype("float64")
+    import cupy
+
+    from autotile.codegen import build
+
+    src = cupy.ascontiguousarray(x)
+    out = cupy.empty(src.shape, dtype=cupy.float64)
+    if src.size:
+        blocks = min((src.size + 255) // 256, 65535)
+        build.compile_kernel(_WIDEN_SOURCE, "autotile_widen")((blocks,), (256,), (src, out, np.int64(src.size)))
+    return out
+
+
+def get(kernel: str) -> KernelSpec:
+    try:
+        return KERNELS[kernel]
+    except KeyError:
+        raise UnknownNameError(f"unknown kernel {kernel!r}; kernels: {', '.join(KERNELS)}") from None
+
+
+def tolerance(dtype: str, k: int) -> float:
+    """Largest accepted ||out - ref|| / ||ref|| for a reduction of length `k` (the last dimension of both
+    kernels' shapes, MxNxK and MxK): rounding grows about like sqrt(K) ulps for random data;
+    the bound leaves a wide margin over that and stays far below what a wrong index gives (order 1)."""
+    eps = float(np.finfo(dtype).eps)
+    return max(64.0, 8.0 * float(np.sqrt(k))) * eps
+
+
+def compat_hash(kernel: str, space: Space | None = None) -> str:
+    """The part of a cache key that says whether a stored config can still be read: the kernel and the
+    names of its parameters (those without a default). Two finer checks are made per record by the
+    selection chain (select.py): whether the config still renders the kernel that was timed
+    (`source_hash`, kept in the record: a template change that leaves a config's source alone keeps its
+    entry, one that changes it retires the entry), and whether it was tuned with the same compiler and
+    compile options (preferred; a record from another compiler is the fallback, as the kernel is the
+    same and only its speed may differ)."""
+    import hashlib
+
+    space = space or get(kernel).space
+    # Parameters with a default were added later; records made before them still read, so they stay out.
+    required = [name for name, p in space.params.items() if not p.has_default]
+    text = kernel + "\0" + ",".join(required)
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def compiler_major(compiler: str) -> str:
+    """'nvrtc-13.0' -> 'nvrtc-13'."""
+    return compiler.split(".")[0]
+
+
+def source_hash(source: str) -> str:
+    """A short hash of a rendered kernel, kept with a tuned record to tell when the template changed."""
+    import hashlib
+
+    return hashlib.sha256(source.encode()).hexdigest()[:16]
+
+
+def metric(kernel: str, shape: tuple[int, ...], dtype: str, time_ms: float) -> tuple[float, str]:
+    """GFLOP/s for matmul and bmm (compute-bound), GB/s of the minimum traffic for matvec (memory-bound)."""
+    spec = get(kernel)
+    if kernel in ("matmul", "bmm"):
+        return spec.flops(shape) / (time_ms * 1e-3) / 1e9, "GFLOP/s"
+    return spec.min_bytes(shape, DTYPE_SIZES[dtype]) / (time_ms * 1e-3) / 1e9, "GB/s"
+
+
+__all__ = ["KERNELS", "KernelSpec", "Launch", "compat_hash", "get", "metric", "source_hash", "to_float64",
+           "tolerance", "DTYPE_SIZES"]

@@ -1,0 +1,49 @@
+"""Config -> CUDA source. One jinja2 Environment with StrictUndefined; `render` is a pure function."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+from typing import Any
+
+import jinja2
+
+from autotile.codegen.resources import templates_dir
+from autotile.codegen.space import DTYPE_SIZES
+
+CTYPES = {"float32": "float", "float64": "double"}
+
+
+@functools.lru_cache(maxsize=1)
+def environment() -> jinja2.Environment:
+    """The one template environment: a missing variable is an error, never an empty string."""
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(templates_dir())),
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+        autoescape=False,
+    )
+
+
+def kernel_function_name(kernel: str) -> str:
+    """The extern "C" name of the generated kernel."""
+    return f"autotile_{kernel}"
+
+
+def render(template: str, kernel: str, config: Mapping[str, Any], dtype: str = "float32",
+           layout: str = "row", config_key: str | None = None, geometry: Mapping[str, Any] | None = None,
+           batched: bool = False) -> str:
+    """The CUDA source of `kernel` for one config. Same inputs, same text. `config_key` is the config's
+    line in the source's header comment (every name=value when None); `geometry` holds the space's derived
+    values (threads, block shape, tile strides, ...), which the template uses as they are, so that the
+    kernel and its launcher read the same numbers. `batched`: the kernel computes a batch of problems
+    along grid z (bmm)."""
+    key = config_key if config_key is not None else ",".join(f"{k}={v}" for k, v in config.items())
+    context = dict(geometry or {})
+    context.update(config)
+    context.update(kernel_name=kernel_function_name(kernel), dtype=dtype, ctype=CTYPES[dtype],
+                   dtype_size=DTYPE_SIZES[dtype], layout=layout, config_key=key, batched=batched,
+                   vec_type=lambda n: f"{CTYPES[dtype]}{n}")
+    return environment().get_template(template).render(**context)

@@ -1,0 +1,42 @@
+"""The library's entry points: `autotile.matmul` and `autotile.matvec`.
+
+`matmul` routes tensors that need a gradient through the differentiable PyTorch operator
+(`autotile.library.torch_ops`); everything else, and every repeated call, runs `autotile.library.calls`.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from autotile.errors import ArgumentError
+from autotile.library.calls import matmul_no_autograd, matvec
+
+
+def matmul(A: Any, B: Any, out: Any = None, precision: str | None = None, stream: Any = None) -> Any:
+    """C = A @ B for float32 or float64 CuPy arrays or torch CUDA tensors; returns C in their framework.
+
+    A is (..., M, K), B is (..., K, N), C is (..., M, N): 2-D matrices, or batches (the batch dimensions of
+    both equal, or one operand a single matrix, broadcast). Each matrix may be row- or column-major (`W.T`):
+    read in place. `out`: the result's C-contiguous array (no allocation). `precision`: "highest" (IEEE FP32
+    only), "high" (also the FP32-level tf32x3 tensor-core kernels) or "medium" (as "high"); None takes the
+    process-wide setting; float64 is IEEE under every setting. `stream`: a torch or CuPy stream, or a
+    pointer; None is the inputs' framework's current stream. Tensors that need a gradient go through the
+    differentiable operator (`autotile.torch`)."""
+    if _needs_grad(A, B):
+        if out is not None or stream is not None:
+            raise ArgumentError("matmul with out= or stream= does not support autograd (an input requires grad); "
+                                "call it under torch.no_grad()")
+        from autotile.library.torch_ops import matmul as differentiable_matmul  # imports torch, which the caller has
+
+        return differentiable_matmul(A, B, precision)
+    return matmul_no_autograd(A, B, out, precision, stream)
+
+
+def _needs_grad(*arrays: Any) -> bool:
+    torch = sys.modules.get("torch")
+    return (torch is not None and any(isinstance(x, torch.Tensor) and x.requires_grad for x in arrays)
+            and torch.is_grad_enabled())
+
+
+__all__ = ["matmul", "matmul_no_autograd", "matvec"]

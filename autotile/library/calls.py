@@ -1,0 +1,354 @@
+"""The tuned-kernel library: `matmul(A, B)` and `matvec(A, x)` on CuPy arrays and PyTorch CUDA tensors.
+
+What a call runs (a generated config, or cuBLAS) is chosen by the selection chain (`autotile.dispatch.select`:
+exact tuned shape, the shape database's model, nearest tuned shape, the device's default, the built-in
+default) and prepared through the one implementation interface (`autotile.runtime.impl`). Everything a call needs
+after the first (the selection, the compiled kernel, its launch geometry) is memoized per device and
+problem, so the host work per call is reading the operands, a dictionary lookup and one launch.
+
+Same type in and out: torch tensors give a torch tensor, CuPy arrays a CuPy array (`autotile.runtime.operands`
+reads both without conversion; other CUDA arrays go through CuPy). A call runs on the current stream of its
+inputs' framework (torch's for tensors, CuPy's for arrays) or on `stream=`. With `out=` given, a call
+neither allocates nor synchronises (a SPLIT_REDUCE=last_block kernel allocates its workspace on its first
+call on a stream: warm up before a CUDA-graph capture, as for any library), so it can be captured in a CUDA
+graph; split-K's zeroing runs on the same stream. Under torch.compile, use `autotile.torch`'s custom
+operators.
+
+Operands are read where they lie when each matrix is packed row-major or column-major (`autotile.library.plan`:
+`x @ W.T` is layout nt, no copy); batches (3-D and more) run as one batched launch, a 2-D operand broadcast.
+Other strided views are copied to row-major first (one extra pass over the data); `out` must be
+C-contiguous, as the kernel writes it directly.
+
+Float32 matmul runs under a precision setting, in PyTorch's words (`autotile.dispatch.precision`): a call's
+``precision=`` ("highest", "high" or "medium"), else the process-wide setting
+(`autotile.set_float32_matmul_precision`, ``$AUTOTILE_FLOAT32_MATMUL_PRECISION``, else "high"). Under
+"highest" only IEEE FP32 arithmetic runs (SIMT kernels, cuBLAS SGEMM); "high" and "medium" also allow the
+FP32-level tf32x3 tensor-core kernels. For float64 and matvec every kernel is IEEE: the setting is checked
+and changes nothing. cuBLAS runs without TF32 whatever PyTorch's `allow_tf32` says.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import threading
+from typing import TYPE_CHECKING, Any
+
+from autotile.codegen.problem import MAX_DIM, ProblemKey, canonical_layout
+from autotile.dispatch import events, first_call
+from autotile.dispatch import precision as precision_mod
+from autotile.errors import ArgumentError
+from autotile.library.plan import matrix_order, plan_matmul
+from autotile.runtime.impl import CublasRunner, Runner
+from autotile.runtime.operands import Framework, Operand, as_framework, framework_of, stream_pointer
+
+if TYPE_CHECKING:  # the selection chain reads the cache (filelock, platformdirs): imported on first call
+    from autotile.dispatch.select import Selection
+
+_SUPPORTED = ("float32", "float64")
+MAX_GRID_Z = 65535  # CUDA's limit on gridDim.z, where a batch's matrices (times their K splits) go
+
+
+@dataclasses.dataclass
+class _Prepared:
+    runner: Runner
+    selection: Selection
+    cublas: bool
+    key: ProblemKey | None = None
+    capture_runner: Any = None  # where cuBLAS won: the generated kernel a CuPy graph capture runs instead
+
+    def call(self, framework: Framework, inputs: tuple[Any, ...], out: Any, out_nbytes: int, dtype: str,
+             stream_ptr: int, batch_strides: tuple[int, ...] = ()) -> None:
+        """Compute `out` (`out_nbytes` bytes of `dtype`) from `inputs`, arrays of `framework`, on the stream
+        `stream_ptr`."""
+        runner: Any = self.runner
+        if self.cublas:
+            if not _cupy_cublas_captured(framework, stream_ptr):
+                _cublas(framework, inputs, out, stream_ptr)
+                return
+            runner = self._capture_runner()
+        pointer = framework.pointer
+        runner.launch(tuple(pointer(x) for x in inputs), pointer(out), out_nbytes, dtype, stream_ptr, batch_strides,
+                      framework.allocate)
+
+    def _capture_runner(self) -> Any:
+        """CuPy refuses cuBLAS calls during a stream capture: there the best generated config runs (the one
+        the record timed against cuBLAS, else the built-in default)."""
+        if self.capture_runner is None:
+            from autotile.dispatch.select import builtin_default, record_config
+            from autotile.runtime.impl import Generated
+
+            assert self.key is not None
+            config = record_config(self.selection.record) if self.selection.record is not None else None
+            if config is None:
+                from autotile.dispatch.cache import TuningCache
+                from autotile.dispatch.select import Context, counts
+
+                config = builtin_default(Context(self.key, _device(_cupy().cuda.runtime.getDevice()), TuningCache(),
+                                                 counts, self.selection.precision)).config
+            assert config is not None  # the built-in default is a generated config
+            self.capture_runner = Generated(config).prepare(self.key)
+        return self.capture_runner
+
+
+def _cupy_cublas_captured(framework: Framework, stream_ptr: int) -> bool:
+    """Whether cuBLAS would go through CuPy on a stream being captured into a CUDA graph (which CuPy refuses)."""
+    if framework.name == "torch" and not framework.torch.backends.cuda.matmul.allow_tf32:  # type: ignore[attr-defined]
+        return False  # torch's matmul runs it: capturable
+    return bool(_cupy().cuda.runtime.streamIsCapturing(stream_ptr))
+
+
+_lock = threading.Lock()
+_prepared: dict[tuple[Any, ...], _Prepared] = {}
+# Calls by signature (each array's `Framework.signature`, out's, the setting) that needed no copy: what
+# they run and how, so that a repeated call only reads pointers and launches.
+_calls: dict[tuple[Any, ...], _Call] = {}
+_device_limits: dict[int, Any] = {}
+
+
+def _nbytes(op: Operand) -> int:
+    return math.prod(op.shape) * (8 if op.dtype == "float64" else 4)
+
+
+def _device(device_id: int) -> Any:
+    limits = _device_limits.get(device_id)
+    if limits is None:
+        from autotile.runtime.device import live_device
+
+        limits = _device_limits[device_id] = live_device(device_id)
+    return limits
+
+
+def _prepare(kernel: str, dtype: str, layout: str, shape: tuple[int, ...], setting: str | None = None,
+             device_id: int | None = None) -> _Prepared:
+    """What runs `kernel` on this problem under the precision `setting` (resolved by the caller; None: the
+    process-wide one) on `device_id` (None: CuPy's current device), prepared once."""
+    # The per-call path: a dictionary lookup on plain values (a ProblemKey, which validates, is made only on
+    # the first call of a problem).
+    if setting is None:
+        setting = precision_mod.get_float32_matmul_precision()
+    if device_id is None:
+        device_id = _cupy().cuda.runtime.getDevice()
+    memo_key = (device_id, kernel, dtype, layout, shape, setting)
+    prepared = _prepared.get(memo_key)
+    if prepared is not None:
+        return prepared
+    if max(shape) > MAX_DIM:
+        raise ArgumentError(f"size {max(shape)} exceeds the 32-bit index range of the generated kernels "
+                            f"({MAX_DIM})")
+    from autotile.dispatch.select import select
+
+    key = ProblemKey(kernel, dtype, layout, shape)
+    device = _device(device_id)
+    selection = select(key, device, precision=setting)
+    tune_here = first_call.tuner() if first_call.enabled() and selection.source != "exact" else None
+    if tune_here is not None:  # plugged in by the tuning layer (autotile/__init__.py)
+        from autotile.dispatch.cache import TuningCache
+
+        selection = tune_here(key, device, TuningCache(), selection, setting)
+    runner = selection.implementation_object().prepare(key)  # cuBLAS takes the operands as the caller gave them
+    launch = getattr(runner, "geometry", None)
+    if launch is not None and launch.grid[2] > MAX_GRID_Z:
+        raise ArgumentError(f"a batch of {shape[0]} matrices times {launch.grid[2] // shape[0]} K split(s) exceeds "
+                            f"CUDA's {MAX_GRID_Z} blocks along grid z; split the batch")
+    prepared = _Prepared(runner, selection, isinstance(runner, CublasRunner), key)
+    with _lock:
+        _prepared[memo_key] = prepared
+    return prepared
+
+
+def _cupy() -> Any:
+    from autotile.runtime.operands import _cupy as import_cupy
+
+    return import_cupy()
+
+
+def _cublas(framework: Framework, inputs: tuple[Any, ...], out: Any, stream_ptr: int) -> None:
+    """cuBLAS on the arrays as the caller gave them (batches and transposes are cuBLAS's own arguments),
+    without TF32: torch's matmul where PyTorch's TF32 switch is off (its default), CuPy's otherwise."""
+    if framework.name == "torch":
+        torch = framework.torch  # type: ignore[attr-defined]
+        if not torch.backends.cuda.matmul.allow_tf32:
+            if stream_ptr == framework.current_stream(out.get_device()):
+                torch.matmul(*inputs, out=out)
+            else:
+                with torch.cuda.stream(torch.cuda.ExternalStream(stream_ptr)):
+                    torch.matmul(*inputs, out=out)
+            return
+    from autotile.runtime.impl import cupy_stream
+
+    cupy = _cupy()
+    with cupy_stream(stream_ptr):
+        cupy.matmul(*(framework.cupy_view(framework.operand(x, "A")) for x in inputs),
+                    out=framework.cupy_view(framework.operand(out, "out")))
+
+
+def _check_dtypes(names: str, *ops: Operand) -> str:
+    for name, op in zip(names, ops, strict=True):
+        if op.dtype not in _SUPPORTED:
+            raise ArgumentError(f"{name} has dtype {op.dtype}; autotile supports {', '.join(_SUPPORTED)}")
+    if len({op.dtype for op in ops}) > 1:
+        raise ArgumentError(" and ".join(f"{name} is {op.dtype}" for name, op in zip(names, ops, strict=True))
+                            + "; all must have the same dtype")
+    if len({op.device for op in ops}) > 1:
+        raise ArgumentError(" and ".join(f"{name} is on GPU {op.device}" for name, op in zip(names, ops, strict=True))
+                            + "; all must be on the same GPU")
+    return ops[0].dtype
+
+
+def _output(framework: Framework, out: Any, shape: tuple[int, ...], dtype: str, device: int) -> Operand:
+    """The caller's `out`, checked, or a new array of the inputs' framework."""
+    if out is None:
+        return framework.operand(framework.empty(shape, dtype, device), "out")
+    op = as_framework(framework, out, "out")
+    if op.shape != shape or op.dtype != dtype:
+        raise ArgumentError(f"out has shape {op.shape} and dtype {op.dtype}; expected {shape} {dtype}")
+    if op.device != device:
+        raise ArgumentError(f"out is on GPU {op.device} and the inputs on GPU {device}")
+    expected = tuple(math.prod(shape[i + 1:]) for i in range(len(shape)))
+    if any(n > 1 and s != e for n, s, e in zip(shape, op.strides, expected, strict=True)):
+        raise ArgumentError("out must be C-contiguous: the kernel writes it in place")
+    return op
+
+
+def _zeros(framework: Framework, out: Any, shape: tuple[int, ...], dtype: str, device: int) -> Any:
+    if out is None:
+        return framework.zeros(shape, dtype, device)
+    op = _output(framework, out, shape, dtype, device)
+    framework.fill_zero(op.obj)
+    return op.obj
+
+
+def _stream(framework: Framework, stream: Any, device: int) -> int:
+    return framework.current_stream(device) if stream is None else stream_pointer(stream)
+
+
+_runtime: Any = None  # CuPy's CUDA runtime module, imported by the first call
+
+
+def _current_device() -> int:
+    global _runtime
+    if _runtime is None:
+        _runtime = _cupy().cuda.runtime
+    return int(_runtime.getDevice())
+
+
+def _device_of(device: int) -> Any:
+    """A context in which the CUDA runtime's current device is `device` (a kernel compiled and loaded there
+    belongs to it)."""
+    return contextlib.nullcontext() if _current_device() == device else _cupy().cuda.Device(device)
+
+
+def _launch_on(device: int, prepared: _Prepared, *args: Any) -> None:
+    """`prepared.call(*args)` with the CUDA runtime's current device set to `device` (the compiled kernel
+    belongs to it), where it is not already: the common case costs one runtime query."""
+    if _current_device() == device:
+        prepared.call(*args)
+    else:
+        with _cupy().cuda.Device(device):
+            prepared.call(*args)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Call:
+    """A call signature that needed no copy, checked, planned and prepared once: what a repeated call runs
+    (everything but the arrays' pointers and the stream)."""
+
+    prepared: _Prepared
+    out_shape: tuple[int, ...]
+    out_nbytes: int
+    dtype: str
+    device: int
+    batch_strides: tuple[int, ...]
+
+    def run(self, framework: Framework, inputs: tuple[Any, ...], out: Any, stream: Any) -> Any:
+        c = out if out is not None else framework.empty(self.out_shape, self.dtype, self.device)
+        stream_ptr = framework.current_stream(self.device) if stream is None else stream_pointer(stream)
+        _launch_on(self.device, self.prepared, framework, inputs, c, self.out_nbytes, self.dtype, stream_ptr,
+                   self.batch_strides)
+        return c
+
+
+def matmul_no_autograd(A: Any, B: Any, out: Any = None, precision: str | None = None, stream: Any = None) -> Any:
+    """`autotile.matmul` without the autograd check (`autotile.library.api.matmul` says what it takes): what
+    the PyTorch operator runs."""
+    setting = precision_mod.resolve(precision)  # checked first: a bad value is an error whatever the arrays
+    framework = framework_of(A, B)
+    # The per-call path: a repeated call of a known signature reads its arrays' signatures and pointers and
+    # launches; everything else was checked and prepared by its first call.
+    signature = (framework.signature(A), framework.signature(B), None if out is None else framework.signature(out),
+                 setting)
+    known = _calls.get(signature)
+    if known is not None:
+        return known.run(framework, (A, B), out, stream)
+    a, b = as_framework(framework, A, "A"), as_framework(framework, B, "B")
+    dtype = _check_dtypes("AB", a, b)
+    plan = plan_matmul(a.shape, a.strides, b.shape, b.strides)
+    copied = plan.copy_a or plan.copy_b
+    if copied:
+        if plan.copy_a:
+            a = framework.operand(framework.row_major(a.obj), "A")
+        if plan.copy_b:
+            b = framework.operand(framework.row_major(b.obj), "B")
+        plan = plan_matmul(a.shape, a.strides, b.shape, b.strides)
+    if not plan.kernel:
+        return _zeros(framework, out, plan.out_shape, dtype, a.device)
+    c = _output(framework, out, plan.out_shape, dtype, a.device)
+    stream_ptr = _stream(framework, stream, a.device)
+    with _device_of(a.device):
+        prepared = _prepare(plan.kernel, dtype, plan.layout, plan.shape, setting, a.device)
+    call = _Call(prepared, plan.out_shape, _nbytes(c), dtype, a.device, plan.batch_strides)
+    _launch_on(a.device, prepared, framework, (a.obj, b.obj), c.obj, call.out_nbytes, dtype, stream_ptr,
+               plan.batch_strides)
+    if not copied and None not in signature[:2] and (out is None or signature[2] is not None):
+        with _lock:  # only signatures of the framework's own arrays: others are converted on every call
+            _calls[signature] = call
+    return c.obj
+
+
+def matvec(A: Any, x: Any, out: Any = None, precision: str | None = None, stream: Any = None) -> Any:
+    """y = A @ x for a 2-D A (M x K, row- or column-major) and a 1-D x (K), CuPy arrays or torch CUDA
+    tensors; returns y (M) in their framework. `out` and `stream` as `matmul`'s.
+
+    `precision` is checked as `matmul`'s is, and changes nothing: every matvec kernel is IEEE."""
+    setting = precision_mod.resolve(precision)
+    framework = framework_of(A, x)
+    a, v = as_framework(framework, A, "A"), as_framework(framework, x, "x")
+    if len(a.shape) != 2 or len(v.shape) != 1:
+        raise ArgumentError(f"matvec takes a 2-D A and a 1-D x; got {len(a.shape)}-D and {len(v.shape)}-D")
+    M, K = a.shape
+    if v.shape[0] != K:
+        raise ArgumentError(f"matvec shapes do not match: A is {M}x{K}, x has {v.shape[0]} elements")
+    dtype = _check_dtypes("Ax", a, v)
+    if min(M, K) == 0:
+        return _zeros(framework, out, (M,), dtype, a.device)
+    order = matrix_order(M, K, *a.strides)
+    if order is None:
+        a, order = framework.operand(framework.row_major(a.obj), "A"), "n"
+    if K > 1 and v.strides[0] != 1:
+        v = framework.operand(framework.row_major(v.obj), "x")
+    y = _output(framework, out, (M,), dtype, a.device)
+    stream_ptr = _stream(framework, stream, a.device)
+    with _device_of(a.device):
+        prepared = _prepare("matvec", dtype, "row" if order == "n" else "col", (M, K), setting, a.device)
+    _launch_on(a.device, prepared, framework, (a.obj, v.obj), y.obj, _nbytes(y), dtype, stream_ptr)
+    return y.obj
+
+
+def selection_for(kernel: str, dtype: str, layout: str, shape: tuple[int, ...],
+                  precision: str | None = None) -> Selection:
+    """Which config the library runs for a problem on the current GPU under the precision setting (None:
+    the process-wide one), preparing it as a call would."""
+    layout = canonical_layout(kernel, layout)
+    return _prepare(kernel, dtype, layout, tuple(shape), precision_mod.resolve(precision)).selection
+
+
+def forget() -> None:
+    """Drop memoized kernels and selections (after tuning in the same process)."""
+    with _lock:
+        _prepared.clear()
+        _calls.clear()
+
+
+events.on_records_changed(forget)  # a record tuned in this process is served from the next call on

@@ -1,0 +1,285 @@
+"""What runs a problem: one interface for a generated kernel and for cuBLAS.
+
+An `Implementation` is prepared once for a problem (compile, launch geometry, the dynamic shared-memory
+opt-in) and gives a `Runner`; `Runner.run(arrays, out, stream)` then only launches. The tuner's worker, the
+library, the benchmark and the GPU tests all run kernels through this, so "zero the output of a split-K
+kernel, then launch" (or "pass this stream's split-K workspace") is written once, and cuBLAS is one more
+implementation a caller can time or pick.
+
+Needs CuPy and a GPU when preparing and running; importing this module needs neither.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import threading
+from typing import Any, Callable, Protocol
+
+import numpy as np
+
+from autotile.codegen import kernels
+from autotile.codegen.problem import ProblemKey
+from autotile.codegen.space import Config
+from autotile.codegen.tensor_map import MAP_BYTES, TensorMapCache
+
+
+class Runner(Protocol):
+    """A prepared implementation for one problem: `run` launches it and does nothing else."""
+
+    def run(self, arrays: tuple[Any, ...], out: Any, stream: Any = None) -> None:
+        """Compute `out` from the input arrays on `stream` (CuPy's current stream when None)."""
+
+
+class Implementation(Protocol):
+    """Something that can compute a problem: `prepare` does the one-time work and returns a runner."""
+
+    @property
+    def name(self) -> str: ...
+
+    def prepare(self, key: ProblemKey) -> Runner: ...
+
+
+def _stream_ptr(stream: Any) -> int:
+    import cupy
+
+    return int((stream if stream is not None else cupy.cuda.get_current_stream()).ptr)
+
+
+_external_streams: dict[int, Any] = {}
+
+
+def cupy_stream(ptr: int) -> Any:
+    """A CuPy stream object for the CUDA stream `ptr` (another framework's, such as torch's), made once."""
+    stream = _external_streams.get(ptr)
+    if stream is None:
+        import warnings
+
+        import cupy
+
+        with warnings.catch_warnings():  # CuPy 14 prefers Stream.from_external, which needs an object, not a pointer
+            warnings.simplefilter("ignore", DeprecationWarning)
+            stream = _external_streams.setdefault(ptr, cupy.cuda.ExternalStream(ptr))
+    return stream
+
+
+# (elements, dtype, stream pointer) -> (an object that owns the memory, its device pointer)
+Allocator = Callable[[int, str, int], tuple[Any, int]]
+
+
+def cupy_allocator(elems: int, dtype: str, stream_ptr: int) -> tuple[Any, int]:
+    """Memory from CuPy's pool, told it belongs to the stream `stream_ptr`."""
+    import cupy
+
+    with cupy_stream(stream_ptr):
+        array = cupy.empty(elems, dtype=dtype)
+    return array, int(array.data.ptr)
+
+
+class ParameterBlock:
+    """A kernel's launch parameters in one host buffer that every launch reuses.
+
+    CuPy's kernel call converts a tuple of Python arguments on every launch (microseconds of host time, the
+    bulk of a small call's cost); here each parameter has a fixed slot, the driver's array of pointers to
+    the slots is built once, and a launch writes only the slots that change. `types` names each
+    parameter's C type: "ptr", "int32" or "int64" (an 8-byte slot: the driver reads as many bytes as the
+    type has, and a 32-bit int is the slot's low half on these little-endian hosts) or "tensormap" (a
+    128-byte `CUtensorMap` passed by value, in a slot 64-byte aligned like the type). The driver copies
+    the values during the launch call, so the buffer is free again when the call returns.
+    """
+
+    def __init__(self, types: tuple[str, ...]):
+        self.types = types
+        self.offsets: list[int] = []  # bytes from the buffer's start
+        size = 0
+        for kind in types:
+            if kind == "tensormap":
+                size = (size + 63) // 64 * 64
+                self.offsets.append(size)
+                size += MAP_BYTES
+            else:
+                self.offsets.append(size)
+                size += 8
+        self._storage = (ctypes.c_uint8 * (size + 64))()
+        self._base = (ctypes.addressof(self._storage) + 63) // 64 * 64
+        self._pointers = (ctypes.c_void_p * len(types))(*(self._base + o for o in self.offsets))
+        self.address = ctypes.addressof(self._pointers)  # what cuLaunchKernel takes as kernelParams
+        self.lock = threading.Lock()  # held from filling the slots to the end of the launch call
+
+    def set(self, index: int, value: int) -> None:
+        """An integer or pointer parameter (a negative int64 as its two's complement)."""
+        ctypes.c_uint64.from_address(self._base + self.offsets[index]).value = int(value) & 0xFFFFFFFFFFFFFFFF
+
+    def set_bytes(self, index: int, value: bytes) -> None:
+        """A "tensormap" parameter: its 128 bytes."""
+        if self.types[index] != "tensormap" or len(value) != MAP_BYTES:
+            raise ValueError(f"parameter {index} is a {self.types[index]}, not {len(value)} bytes")
+        ctypes.memmove(self._base + self.offsets[index], value, MAP_BYTES)
+
+    def arguments(self) -> tuple[Any, ...]:
+        """The slots as typed NumPy scalars, as `cupy.RawKernel` would take them, and tensor maps as bytes
+        (for tests and messages)."""
+        kinds = {"ptr": np.uint64, "int32": np.int32, "int64": np.int64}
+        values: list[Any] = []
+        for kind, offset in zip(self.types, self.offsets, strict=True):
+            if kind == "tensormap":
+                values.append(ctypes.string_at(self._base + offset, MAP_BYTES))
+            else:
+                word = ctypes.c_uint64.from_address(self._base + offset).value
+                values.append(np.uint64(word).astype(kinds[kind]))
+        return tuple(values)
+
+
+class KernelRunner:
+    """A compiled kernel and its launch geometry for one shape.
+
+    `launch` takes device pointers, so that CuPy arrays and other frameworks' tensors go through the same
+    code without a conversion; `run` is the same for CuPy arrays. A batched kernel (bmm) also takes the
+    batch strides of A and B, in elements (0: one matrix for the whole batch).
+
+    A SPLIT_REDUCE=last_block kernel also takes a workspace for its partial results and a ticket counter
+    per output tile (sizes in `launch`): allocated on a stream's first run and kept for that stream,
+    tickets zeroed once then (the kernel resets each one it uses). One pair per stream, because two
+    streams running this runner at the same time must not count into, or sum, each other's partials;
+    launches on one stream are ordered, so they can share. The first run on a stream allocates (through
+    the caller's allocator: inside a torch CUDA-graph capture, torch's graph pool), every later one does
+    not.
+
+    A kernel that copies its tiles with the tensor memory accelerator (wgmma, LOADER=tma) takes, last, a
+    flag and one tensor map per operand: encoded here for the operands' addresses (and cached by them);
+    where an operand cannot be described (misaligned, rows not a multiple of 16 bytes) or the kernel is
+    batched, the flag is 0 and the kernel loads through registers instead, with the same results.
+    """
+
+    def __init__(self, kernel: Any, launch: kernels.Launch, sizes: tuple[Any, ...], batched: bool = False,
+                 inputs: int = 2):
+        from autotile.codegen import build
+
+        self.kernel = kernel
+        self.geometry = launch
+        self.sizes = sizes  # the kernel's size arguments (`KernelSpec.size_args`)
+        self.batched = batched
+        self._buffers: dict[int, tuple[Any, int, int]] = {}  # stream pointer -> (owners, workspace, tickets)
+        # The parameters, in the kernels' order: inputs, output, sizes, (batched) batch strides of the
+        # inputs, (last_block) workspace and tickets. The sizes never change: written once here.
+        types = ("ptr",) * (inputs + 1) + tuple(str(np.asarray(s).dtype) for s in sizes)
+        types += ("int64",) * (inputs if batched else 0) + (("ptr", "ptr") if launch.tickets else ())
+        self._first_map = len(types)  # (tensor maps) the flag's slot; the maps follow it
+        types += ("int32",) + ("tensormap",) * len(launch.tensor_maps) if launch.tensor_maps else ()
+        # Batched kernels take a batch's matrices at offsets a 2-D map cannot follow: registers there.
+        self._tensor_maps = TensorMapCache(launch.tensor_maps) if launch.tensor_maps and not batched else None
+        self.parameters = ParameterBlock(types)
+        for i, size in enumerate(sizes):
+            self.parameters.set(inputs + 1 + i, int(size))
+        self._first_stride = inputs + 1 + len(sizes)
+        build.allow_dynamic_smem(kernel, launch.dynamic_smem_bytes)
+
+    def launch(self, pointers: tuple[int, ...], out_ptr: int, out_nbytes: int, dtype: str, stream_ptr: int,
+               batch_strides: tuple[int, ...] = (), allocate: Allocator = cupy_allocator) -> None:
+        """Compute the output at `out_ptr` (`out_nbytes` bytes of `dtype`) from the inputs at `pointers`, on
+        the CUDA stream `stream_ptr`. Allocates only on a last_block kernel's first run on a stream."""
+        launch = self.geometry
+        buffers = None
+        if launch.zero_output:
+            # Split-K blocks add their partial sums into the output: it starts at zero, on the same stream
+            # as the launch so that the two stay ordered for any caller (and inside a graph capture).
+            import cupy
+
+            cupy.cuda.runtime.memsetAsync(out_ptr, 0, out_nbytes, stream_ptr)
+        elif launch.tickets:
+            buffers = self._buffers.get(stream_ptr)
+            if buffers is None:
+                buffers = self._allocate(dtype, stream_ptr, allocate)
+        parameters = self.parameters
+        with parameters.lock:
+            for i, pointer in enumerate(pointers):
+                parameters.set(i, pointer)
+            parameters.set(len(pointers), out_ptr)
+            slot = self._first_stride
+            for stride in batch_strides:
+                parameters.set(slot, stride)
+                slot += 1
+            if buffers is not None:
+                parameters.set(slot, buffers[1])
+                parameters.set(slot + 1, buffers[2])
+            if launch.tensor_maps:
+                maps = self._tensor_maps.maps(pointers) if self._tensor_maps is not None else None
+                parameters.set(self._first_map, maps is not None)
+                for i, tensor_map in enumerate(maps or ()):
+                    parameters.set_bytes(self._first_map + 1 + i, tensor_map)
+            self.kernel.launch_packed(launch.grid, launch.block, launch.dynamic_smem_bytes, stream_ptr, parameters)
+
+    def uses_tensor_maps(self, pointers: tuple[int, ...]) -> bool:
+        """Whether a launch with the inputs at `pointers` copies its tiles with tensor maps (LOADER=tma and
+        every operand describable), rather than loading them through registers."""
+        return self._tensor_maps is not None and self._tensor_maps.maps(pointers) is not None
+
+    def run(self, arrays: tuple[Any, ...], out: Any, stream: Any = None) -> None:
+        """`launch` for CuPy arrays, on `stream` (CuPy's current stream when None)."""
+        from autotile.codegen.kernels import batch_strides
+
+        strides = tuple(int(s) for s in batch_strides(arrays)) if self.batched else ()
+        self.launch(tuple(int(a.data.ptr) for a in arrays), int(out.data.ptr), int(out.nbytes), str(out.dtype),
+                    _stream_ptr(stream), strides)
+
+    def _allocate(self, dtype: str, stream_ptr: int, allocate: Allocator) -> tuple[Any, int, int]:
+        """The workspace (uninitialized: every split stores its slice before any block reads it) and the
+        tickets (zeroed on the stream, so the zeroing is ordered before this stream's first launch)."""
+        import cupy
+
+        workspace, workspace_ptr = allocate(self.geometry.workspace_elems, dtype, stream_ptr)
+        tickets, tickets_ptr = allocate(self.geometry.tickets, "uint32", stream_ptr)
+        cupy.cuda.runtime.memsetAsync(tickets_ptr, 0, 4 * self.geometry.tickets, stream_ptr)
+        # Two threads may allocate for one stream at once: both zeroed their own, one pair is kept.
+        return self._buffers.setdefault(stream_ptr, ((workspace, tickets), workspace_ptr, tickets_ptr))
+
+
+@dataclasses.dataclass(frozen=True)
+class Generated:
+    """A config of a kernel's search space, rendered and compiled with the library's options."""
+
+    config: Config
+    source: str | None = None  # the rendered source when the caller has it already (the worker does)
+
+    @property
+    def name(self) -> str:
+        return "generated"
+
+    def prepare(self, key: ProblemKey) -> KernelRunner:
+        from autotile.codegen import build
+
+        spec = kernels.get(key.kernel)
+        source = self.source if self.source is not None else spec.render(self.config, key.dtype, key.layout)
+        kernel = build.compile_kernel(source, "autotile_" + spec.name)
+        return KernelRunner(kernel, spec.launch(self.config, key.shape, key.dtype, key.layout),
+                            spec.size_args(key.shape), spec.batched)
+
+
+class CublasRunner:
+    """cuBLAS through CuPy (SGEMM/DGEMM for matmul, SGEMV/DGEMV for matvec), the baseline of every ratio."""
+
+    def run(self, arrays: tuple[Any, ...], out: Any, stream: Any = None) -> None:
+        import cupy
+
+        a, b = arrays
+        if stream is None:
+            cupy.matmul(a, b, out=out)
+        else:
+            with stream:
+                cupy.matmul(a, b, out=out)
+
+
+@dataclasses.dataclass(frozen=True)
+class Cublas:
+    """cuBLAS as an implementation: nothing to compile."""
+
+    @property
+    def name(self) -> str:
+        return "cublas"
+
+    def prepare(self, key: ProblemKey) -> CublasRunner:
+        return CublasRunner()
+
+
+__all__ = ["Allocator", "Cublas", "CublasRunner", "Generated", "Implementation", "KernelRunner", "Runner",
+           "cupy_allocator", "cupy_stream"]

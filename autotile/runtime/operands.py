@@ -1,0 +1,259 @@
+"""The arrays a library call takes, whatever their framework, read without conversion or copy.
+
+CuPy arrays and PyTorch CUDA tensors are read natively: pointer, shape, strides (in elements), dtype and
+device, so that a call costs no DLPack exchange and no wrapper object. Anything else CuPy takes without a
+copy (``__cuda_array_interface__``, DLPack) becomes a CuPy array first. A call answers in its inputs'
+framework (`Framework.empty`), runs on that framework's current stream (`Framework.current_stream`), and
+allocates what a kernel needs through it (`Framework.allocate`: inside a torch CUDA-graph capture, from the
+graph's pool).
+
+Importing this module imports neither CuPy nor torch: each is imported when an array of its kind arrives.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, NamedTuple
+
+from autotile.errors import ArgumentError, DeviceUnavailableError
+
+
+class Operand(NamedTuple):
+    """One array as a kernel sees it: `obj` is the framework's own array."""
+
+    obj: Any
+    ptr: int
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]  # elements, not bytes
+    dtype: str
+    device: int
+
+
+class Framework:
+    """What a library call needs from the framework its arrays come from."""
+
+    name = ""
+
+    def operand(self, x: Any, name: str) -> Operand:
+        raise NotImplementedError
+
+    def signature(self, x: Any) -> tuple[Any, ...] | None:
+        """What a call's plan depends on (shape, strides, dtype, device), cheap to read and hashable, for an
+        array of this framework; None for anything else (which the full path reads and converts)."""
+        raise NotImplementedError
+
+    def current_stream(self, device: int) -> int:
+        """The framework's current CUDA stream on `device`, as a pointer."""
+        raise NotImplementedError
+
+    def pointer(self, x: Any) -> int:
+        """The device address of an array of this framework."""
+        raise NotImplementedError
+
+    def empty(self, shape: tuple[int, ...], dtype: str, device: int) -> Any:
+        raise NotImplementedError
+
+    def zeros(self, shape: tuple[int, ...], dtype: str, device: int) -> Any:
+        raise NotImplementedError
+
+    def fill_zero(self, x: Any) -> None:
+        raise NotImplementedError
+
+    def row_major(self, x: Any) -> Any:
+        """A C-contiguous copy of `x` (on the current stream)."""
+        raise NotImplementedError
+
+    def allocate(self, elems: int, dtype: str, stream_ptr: int) -> tuple[Any, int]:
+        """Device memory for `elems` elements of `dtype`, for use on `stream_ptr`: (owner, pointer)."""
+        raise NotImplementedError
+
+    def cupy_view(self, op: Operand) -> Any:
+        """`op` as a CuPy array sharing its memory (for cuBLAS through CuPy)."""
+        raise NotImplementedError
+
+
+_DTYPES = ("float32", "float64")
+
+
+class CupyFramework(Framework):
+    name = "cupy"
+
+    def __init__(self, cupy: Any) -> None:
+        self.cupy = cupy
+
+    def operand(self, x: Any, name: str) -> Operand:
+        if not isinstance(x, self.cupy.ndarray):
+            x = as_cupy(self.cupy, x, name)
+        itemsize = x.itemsize
+        return Operand(x, x.data.ptr, x.shape, tuple(s // itemsize for s in x.strides), x.dtype.name, x.device.id)
+
+    def signature(self, x: Any) -> tuple[Any, ...] | None:
+        if not isinstance(x, self.cupy.ndarray):
+            return None
+        return x.shape, x.strides, x.dtype, x.device.id
+
+    def current_stream(self, device: int) -> int:
+        return self.cupy.cuda.get_current_stream(device).ptr
+
+    def pointer(self, x: Any) -> int:
+        return int(x.data.ptr)
+
+    def empty(self, shape: tuple[int, ...], dtype: str, device: int) -> Any:
+        with self.cupy.cuda.Device(device):
+            return self.cupy.empty(shape, dtype=dtype)
+
+    def zeros(self, shape: tuple[int, ...], dtype: str, device: int) -> Any:
+        with self.cupy.cuda.Device(device):
+            return self.cupy.zeros(shape, dtype=dtype)
+
+    def fill_zero(self, x: Any) -> None:
+        x.fill(0)
+
+    def row_major(self, x: Any) -> Any:
+        return self.cupy.ascontiguousarray(x)
+
+    def allocate(self, elems: int, dtype: str, stream_ptr: int) -> tuple[Any, int]:
+        from autotile.runtime.impl import cupy_allocator
+
+        return cupy_allocator(elems, dtype, stream_ptr)
+
+    def cupy_view(self, op: Operand) -> Any:
+        return op.obj
+
+
+class TorchFramework(Framework):
+    name = "torch"
+
+    def __init__(self, torch: Any) -> None:
+        self.torch = torch
+        self.dtype_names = {torch.float32: "float32", torch.float64: "float64"}
+        self.torch_dtypes = {name: dtype for dtype, name in self.dtype_names.items()}
+        self.torch_dtypes["uint32"] = torch.int32  # the split-K tickets: only their bytes matter
+        # The raw current-stream query (what torch.compile's generated code calls) skips the Stream object.
+        raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+        self._raw_stream = raw if callable(raw) else None
+        self._devices: dict[int, Any] = {}  # index -> torch.device: a string such as "cuda:0" is parsed per use
+
+    def operand(self, x: Any, name: str) -> Operand:
+        if x.device.type != "cuda":
+            raise ArgumentError(f"{name} is a torch tensor on {x.device}; pass a CUDA tensor ({name}.cuda() copies it "
+                                "to the GPU)")
+        dtype = self.dtype_names.get(x.dtype)
+        if dtype is None:
+            raise ArgumentError(f"{name} has dtype {x.dtype}; autotile supports {', '.join(_DTYPES)}")
+        return Operand(x, x.data_ptr(), tuple(x.shape), x.stride(), dtype, x.device.index)
+
+    def signature(self, x: Any) -> tuple[Any, ...] | None:
+        if not isinstance(x, self.torch.Tensor):
+            return None
+        return x.shape, x.stride(), x.dtype, x.get_device()  # get_device: no torch.device object made
+
+    def current_stream(self, device: int) -> int:
+        if self._raw_stream is not None:
+            return int(self._raw_stream(device))
+        return int(self.torch.cuda.current_stream(device).cuda_stream)
+
+    def pointer(self, x: Any) -> int:
+        return int(x.data_ptr())
+
+    def _device(self, index: int) -> Any:
+        device = self._devices.get(index)
+        if device is None:
+            device = self._devices[index] = self.torch.device("cuda", index)
+        return device
+
+    def empty(self, shape: tuple[int, ...], dtype: str, device: int) -> Any:
+        return self.torch.empty(shape, dtype=self.torch_dtypes[dtype], device=self._device(device))
+
+    def zeros(self, shape: tuple[int, ...], dtype: str, device: int) -> Any:
+        return self.torch.zeros(shape, dtype=self.torch_dtypes[dtype], device=self._device(device))
+
+    def fill_zero(self, x: Any) -> None:
+        x.zero_()
+
+    def row_major(self, x: Any) -> Any:
+        return x.contiguous()
+
+    def allocate(self, elems: int, dtype: str, stream_ptr: int) -> tuple[Any, int]:
+        # torch's caching allocator: inside a CUDA-graph capture this memory comes from the graph's pool
+        # (kept alive by the runner, as the graph's replays use it). The block belongs to the current stream,
+        # which is the launch stream unless the caller named another `stream=`.
+        tensor = self.torch.empty(elems, dtype=self.torch_dtypes[dtype], device="cuda")  # once per stream
+        return tensor, tensor.data_ptr()
+
+    def cupy_view(self, op: Operand) -> Any:
+        import cupy
+
+        size = op.obj.element_size()
+        span = 1 + sum((n - 1) * s for n, s in zip(op.shape, op.strides, strict=True)) if all(op.shape) else 0
+        memory = cupy.cuda.UnownedMemory(op.ptr, span * size, op.obj, op.device)
+        return cupy.ndarray(op.shape, dtype=op.dtype, memptr=cupy.cuda.MemoryPointer(memory, 0),
+                            strides=tuple(s * size for s in op.strides))
+
+
+_frameworks: dict[str, Framework] = {}
+
+
+def _cupy() -> Any:
+    try:
+        import cupy
+    except ImportError as exc:
+        raise DeviceUnavailableError(
+            f"autotile.matmul/matvec need CuPy ({exc}); install autotile[cuda12] or autotile[cuda13]") from None
+    return cupy
+
+
+def is_torch_tensor(x: Any) -> bool:
+    """Whether `x` is a torch tensor (without importing torch: a program that has none never has one)."""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(x, torch.Tensor)
+
+
+def framework_of(*arrays: Any) -> Framework:
+    """The framework a call answers in: torch if any input is a torch tensor, CuPy otherwise."""
+    key = "torch" if any(is_torch_tensor(x) for x in arrays) else "cupy"
+    found = _frameworks.get(key)
+    if found is None:
+        cupy = _cupy()  # the kernels are compiled and launched through CuPy either way
+        found = _frameworks[key] = TorchFramework(sys.modules["torch"]) if key == "torch" else CupyFramework(cupy)
+    return found
+
+
+def as_cupy(cupy: Any, value: Any, name: str) -> Any:
+    """`value` as a CuPy array sharing its memory; `ArgumentError` for host data."""
+    if isinstance(value, cupy.ndarray):
+        return value
+    if hasattr(value, "__cuda_array_interface__"):
+        return cupy.asarray(value)  # shares the memory
+    if hasattr(value, "__dlpack__") and hasattr(value, "__dlpack_device__"):
+        device_type = value.__dlpack_device__()[0]
+        if device_type in (2, 13):  # kDLCUDA, kDLCUDAManaged
+            return cupy.from_dlpack(value)
+    kind = type(value).__module__.split(".")[0] + "." + type(value).__name__
+    raise ArgumentError(f"{name} is a {kind} on the host; pass a CuPy array (cupy.asarray({name}) copies it "
+                        "to the GPU) or a CUDA tensor")
+
+
+def as_framework(framework: Framework, value: Any, name: str) -> Operand:
+    """`value` read as an operand of `framework` (a CuPy array among torch tensors becomes a tensor sharing
+    its memory, and the reverse)."""
+    if framework.name == "torch" and not is_torch_tensor(value):
+        torch = sys.modules["torch"]
+        value = torch.as_tensor(as_cupy(_cupy(), value, name), device="cuda")  # shares the memory
+    return framework.operand(value, name)
+
+
+def stream_pointer(stream: Any) -> int:
+    """A stream given as `stream=`: a CuPy or torch stream, or a raw pointer (int)."""
+    if isinstance(stream, int) and not isinstance(stream, bool):
+        return stream
+    for attribute in ("cuda_stream", "ptr"):  # torch.cuda.Stream, cupy.cuda.Stream
+        ptr = getattr(stream, attribute, None)
+        if isinstance(ptr, int):
+            return ptr
+    raise ArgumentError(f"stream {stream!r} is not a CUDA stream: pass a torch.cuda.Stream, a cupy.cuda.Stream or "
+                        "a stream pointer (int)")
+
+
+__all__ = ["CupyFramework", "Framework", "Operand", "TorchFramework", "as_cupy", "as_framework", "framework_of",
+           "is_torch_tensor", "stream_pointer"]

@@ -1,0 +1,145 @@
+"""Verify, then time one kernel launch on the GPU: CUDA events, warm-up, L2 flushed, median and spread.
+
+The function to time is a parameter, so the loop works for generated kernels and for cuBLAS alike.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import numpy as np
+
+
+@dataclasses.dataclass(frozen=True)
+class Timing:
+    """Times in milliseconds of one launch: median and quartiles over `reps` repetitions."""
+
+    median_ms: float
+    p25_ms: float
+    p75_ms: float
+    min_ms: float
+    reps: int
+
+    @property
+    def spread(self) -> float:
+        """Interquartile range over the median (0.02 = 2 %)."""
+        return (self.p75_ms - self.p25_ms) / self.median_ms if self.median_ms > 0 else 0.0
+
+    @classmethod
+    def from_samples(cls, samples: list[float]) -> "Timing":
+        q = np.percentile(samples, [25, 50, 75])
+        return cls(float(q[1]), float(q[0]), float(q[2]), float(min(samples)), len(samples))
+
+    def to_json(self) -> dict[str, float]:
+        return dataclasses.asdict(self) | {"spread": self.spread}
+
+
+# Kernels of the timing harness itself.
+#
+# read_all reads a buffer with 16-byte loads: the flush. Reading (not writing) a buffer twice the size of
+# L2 evicts the inputs of the kernel under test and leaves L2 clean; a written buffer would leave L2 full
+# of dirty lines, whose write-back then competes with the next kernel's reads (on an H100 that added
+# 4-7 us to a 27 us matvec: timed with Nsight Compute, which starts every kernel on clean caches, cuBLAS
+# and autotile took the same 27 us there). The test on the sum is never true, but keeps the loads.
+#
+# hold spins one thread for a given number of nanoseconds of the GPU's global timer. Enqueued before the
+# start event, it keeps the GPU busy while the host enqueues the event and the launch, so the events
+# time the kernel and not the host's launch path (cupy.matmul takes tens of microseconds of host time
+# per call, longer than a small matvec runs on the GPU).
+HARNESS_SOURCE = r"""
+extern "C" __global__ void read_all(const float4* __restrict__ p, unsigned long long n4, float* out) {
+    float s = 0.0f;
+    const unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;
+#pragma unroll 4
+    for (unsigned long long i = blockIdx.x * blockDim.x + threadIdx.x; i < n4; i += stride) {
+        const float4 v = p[i];
+        s += (v.x + v.y) + (v.z + v.w);
+    }
+    if (s == 12345.678f) out[0] = s;
+}
+
+extern "C" __global__ void hold(unsigned long long ns) {
+    unsigned long long start, now;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+    do {
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+    } while (now - start < ns);
+}
+"""
+
+HOLD_US = 300.0  # longer than the host takes to enqueue one cuBLAS or autotile launch
+
+
+def _harness_kernel(name: str) -> Any:
+    from autotile.codegen import build
+
+    return build.compile_kernel(HARNESS_SOURCE, name)
+
+
+class L2Flusher:
+    """Reads a buffer twice the size of L2 (at least 8 MiB), so that every repetition reads its inputs
+    from device memory and starts with no dirty lines in L2."""
+
+    def __init__(self, l2_bytes: int):
+        import cupy
+
+        n4 = max(2 * l2_bytes, 8 << 20) // 16
+        self._buffer = cupy.ones(4 * n4, dtype=cupy.float32)
+        self._sink = cupy.zeros(1, dtype=cupy.float32)
+        self._args = (self._buffer, np.uint64(n4), self._sink)
+        self._grid = (4 * cupy.cuda.Device().attributes["MultiProcessorCount"],)
+        self._kernel = _harness_kernel("read_all")
+
+    def __call__(self) -> None:
+        self._kernel(self._grid, (256,), self._args)
+
+
+def hold_gpu(microseconds: float = HOLD_US) -> None:
+    """Enqueue a kernel that keeps the GPU busy for `microseconds` (see HARNESS_SOURCE)."""
+    _harness_kernel("hold")((1,), (1,), (np.uint64(int(microseconds * 1e3)),))
+
+
+def time_launch(launch: Callable[[], Any], flush: Callable[[], None] | None, *, warmup: int = 3,
+                min_reps: int = 10, max_reps: int = 200, target_ms: float = 200.0) -> Timing:
+    """Time `launch` with CUDA events around it alone: the flush and then a hold kernel run before the
+    start event, so the interval holds the launched work and neither the flush nor the host's launch
+    path.
+
+    Repeats until `target_ms` of kernel time or `max_reps`, at least `min_reps`: short kernels get more
+    repetitions, so their median is as stable as a long kernel's.
+    """
+    import cupy
+
+    for _ in range(warmup):
+        launch()
+    hold_gpu(1.0)  # compiles the hold kernel outside the timed loop
+    cupy.cuda.Device().synchronize()
+    start, stop = cupy.cuda.Event(), cupy.cuda.Event()
+    samples: list[float] = []
+    total = 0.0
+    while len(samples) < min_reps or (total < target_ms and len(samples) < max_reps):
+        if flush is not None:
+            flush()
+        hold_gpu()
+        start.record()
+        launch()
+        stop.record()
+        stop.synchronize()
+        ms = cupy.cuda.get_elapsed_time(start, stop)
+        samples.append(ms)
+        total += ms
+    return Timing.from_samples(samples)
+
+
+def relative_error(out: Any, ref: Any) -> float:
+    """||out - ref|| / ||ref|| in float64 (NaN or inf when the output holds them)."""
+    import cupy
+
+    from autotile.codegen.kernels import to_float64
+
+    out64 = to_float64(cupy.asarray(out))  # CuPy's own astype would read float32 denormals as zero
+    ref64 = to_float64(cupy.asarray(ref))
+    num = float(cupy.linalg.norm((out64 - ref64).ravel()))
+    den = float(cupy.linalg.norm(ref64.ravel()))
+    return num / den if den > 0 else num

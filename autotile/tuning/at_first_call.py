@@ -1,0 +1,138 @@
+"""Tuning at first call (opt-in): the first library call on a shape with no tuned record times a short
+portfolio and cuBLAS in-process, runs the winner, and stores it in the cache for every later process.
+
+Off by default; the switch, and the slot this tuner is plugged into, are `autotile.dispatch.first_call`.
+Only configs that already passed
+verification on this device are timed (the candidates of its shape database, which `autotile survey`
+verified, and the configs tuned on it), so no candidate can crash or hang the caller's process and no
+isolation is needed. Where a database exists, the model's best-ranked candidates are timed, not all. Only
+candidates the float32 matmul precision setting allows are timed (`autotile.dispatch.precision`: under "highest",
+no tf32x3 config); cuBLAS always is.
+
+Cost: one compile per candidate not yet compiled in this process, plus about `REPS` timed runs of each
+on scratch inputs of the call's shape (the caller's arrays are never written but by the final run).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+import warnings
+from typing import TYPE_CHECKING, Any
+
+from autotile.codegen import kernels
+from autotile.codegen.limits import DeviceLimits
+from autotile.codegen.problem import ProblemKey
+from autotile.dispatch import precision as precision_mod
+
+if TYPE_CHECKING:  # the selection chain reads the cache (filelock): imported where it is used
+    from autotile.dispatch.select import Selection
+
+MAX_CANDIDATES = 6  # generated candidates timed per shape, besides cuBLAS
+_flusher: Any = None
+
+
+class FirstCallWarning(UserWarning):
+    """Tuning at first call failed; the call went on with the selection chain's choice."""
+
+
+def candidates(key: ProblemKey, device: DeviceLimits, cache: Any, precision: str | None = None) -> list[Selection]:
+    """What is timed: the model's ranking of the database's usable candidates (at most MAX_CANDIDATES) or,
+    without a database, the configs tuned on this device; and cuBLAS. Only what the precision setting
+    allows (None: the process-wide setting)."""
+    from autotile.dispatch import database
+    from autotile.dispatch.model import model_for, worth_timing
+    from autotile.dispatch.select import Selection, is_current, record_config
+
+    setting = precision_mod.resolve(precision)
+    spec = kernels.get(key.kernel)
+    found: dict[Any, Selection] = {}
+    db = database.load(cache, device.fingerprint, key.kernel, key.dtype, key.layout)
+    if db is not None and db.shapes:
+        m = model_for(db, device)
+        for j in m.rank(key.shape, setting=setting)[:MAX_CANDIDATES]:
+            config = m.configs[j]
+            found.setdefault(config, Selection(config, "first call", None,
+                                               why=f"survey candidate {db.candidates[j].name}", precision=setting))
+    else:
+        from autotile.codegen.space import Problem
+
+        problem = Problem(device, key.dtype, key.layout)
+        for _, record in cache.entries(device.fingerprint, include_shipped=True):
+            if (record.kernel, record.dtype, record.layout) != (key.kernel, key.dtype, key.layout):
+                continue
+            config = record_config(record)
+            if (config is not None and is_current(record) and spec.space.is_feasible(config, problem)
+                    and precision_mod.allows(setting, precision_mod.needed(key.kernel, key.dtype, config))
+                    and worth_timing(key.kernel, config, key.shape, device.sm_count)):
+                found.setdefault(config, Selection(config, "first call", None,
+                                                   why="tuned on " + "x".join(map(str, record.shape)),
+                                                   precision=setting))
+    return ([Selection(None, "first call", None, None, "cublas", precision=setting)]
+            + list(found.values())[:MAX_CANDIDATES])
+
+
+def tune_here(key: ProblemKey, device: DeviceLimits, cache: Any, fallback: Selection,
+              precision: str | None = None) -> Selection:
+    """Time the candidates the precision setting allows (None: the process-wide one) on scratch inputs of
+    `key`'s shape, store the winner, return it. Any failure warns and returns `fallback`: the user's call
+    never fails because tuning did."""
+    setting = precision_mod.resolve(precision)  # a bad setting is the caller's error, not a tuning failure
+    try:
+        return _tune(key, device, cache, setting)
+    except Exception as exc:  # never the caller's problem: run what the chain chose
+        warnings.warn(FirstCallWarning(f"tuning {key.kernel} {key.dtype} {key.layout} "
+                                       f"{'x'.join(map(str, key.shape))} at first call failed ({exc}); "
+                                       f"running {fallback.explain()}"), stacklevel=3)
+        return fallback
+
+
+def _tune(key: ProblemKey, device: DeviceLimits, cache: Any, setting: str) -> Selection:
+    import cupy
+
+    from autotile.runtime.timing import L2Flusher, relative_error, time_launch
+    from autotile.tuning.results import save_timed_config
+
+    global _flusher
+    started = time.monotonic()
+    spec = kernels.get(key.kernel)
+    rng = cupy.random.default_rng(0)
+    inputs = spec.make_inputs(key.shape, key.dtype, key.layout, rng, cupy)
+    ref = spec.reference(inputs)
+    out = cupy.empty(spec.output_shape(key.shape), dtype=key.dtype)
+    tol = kernels.tolerance(key.dtype, key.shape[-1])
+    if _flusher is None:
+        _flusher = L2Flusher(device.l2_bytes)
+    timed: list[tuple[float, Selection]] = []
+    for sel in candidates(key, device, cache, setting):
+        try:
+            runner = sel.implementation_object().prepare(key)
+
+            def run(runner: Any = runner) -> None:
+                runner.run(inputs, out)
+
+            out.fill(float("nan"))
+            run()
+            if not relative_error(out, ref) <= tol:
+                continue
+            ms = time_launch(run, _flusher, warmup=1, min_reps=3, max_reps=10, target_ms=10.0).median_ms
+        except Exception:  # a candidate that cannot run here is skipped, not fatal
+            continue
+        timed.append((ms, sel))
+    if not timed:
+        raise RuntimeError("no candidate ran correctly")
+    cublas_ms = next((ms for ms, s in timed if s.implementation == "cublas"), None)
+    best_ms, best = min(timed, key=lambda t: t[0])
+    generated = [(ms, s) for ms, s in timed if s.config is not None]
+    seconds = time.monotonic() - started
+    if generated and cublas_ms is not None:
+        gen_ms, gen = min(generated, key=lambda t: t[0])
+        save_timed_config(key, gen.config, gen_ms, cublas_ms, cache, device,
+                     {"tuned_by": "first call", "candidates": len(timed), "seconds": round(seconds, 3),
+                      "precision_setting": setting})
+    why = f"timed {len(timed)} candidates at first call in {seconds:.2f} s: {best_ms:.4f} ms" + (
+        f", cuBLAS {cublas_ms:.4f} ms" if cublas_ms is not None else "")
+    return dataclasses.replace(best, why=why)
+
+
+__all__ = ["FirstCallWarning", "MAX_CANDIDATES", "candidates", "tune_here"]

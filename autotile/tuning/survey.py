@@ -1,0 +1,409 @@
+"""`autotile survey` / `python -m autotile.tuning.survey`: build the shape database of this GPU (needs a GPU).
+
+For each kernel, dtype and layout asked for: a portfolio of candidates (cuBLAS; the space's named starting
+points; every config tuned on this device; K-split and short-row variants of them) is compiled once (a
+kernel takes its sizes as arguments, so one compile serves every shape), then every candidate is
+verified against a float64 reference (output poisoned first) and timed (CUDA events, L2 flushed, median)
+on a grid of shapes: log-spaced sizes in every combination (square, skinny in each dimension, long K,
+tiny K) and log-uniform random ones (odd sizes). The result goes to the user cache (or `--root`), where
+the selection model reads it; `autotile survey --check` prints the model's held-out (leave-one-out) check.
+
+Long surveys are saved as they go and resume where they stopped: a run cut short by `--budget` or
+killed keeps every shape it finished.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from autotile.codegen import build, kernels
+from autotile.codegen.limits import DeviceLimits
+from autotile.codegen.problem import ProblemKey
+from autotile.codegen.space import Config, Problem
+
+if TYPE_CHECKING:  # the cache needs filelock: imported where used, so that `autotile render` needs none
+    from autotile.dispatch.cache import TuningCache
+    from autotile.dispatch.database import Candidate, ShapeDatabase
+
+# Sizes of the grid, log-spaced (a factor of about 2.8 apart), every combination, and as many random
+# shapes again (log-uniform, odd sizes) drawn with a seed of their own: the benchmark's random shapes
+# (`python -m autotile.cli.bench --random`) are drawn from other seeds, so they stay held out.
+GRID = {"matmul": (16, 45, 128, 362, 1024, 2896, 8192), "matvec": (64, 174, 472, 1283, 3487, 9474, 25746, 65536)}
+RANDOM_RANGE = {"matmul": (16, 12288), "matvec": (64, 65536)}
+RANDOM_SHAPES = {"matmul": 80, "matvec": 40}
+MAX_MATMUL_WORK = 1 << 37  # M*N*K: the benchmark's bound, about 10 ms of an H100's FP32 work
+MAX_MATVEC_ELEMENTS = 1 << 31  # M*K: 8 GiB of float32 (16 GiB of float64) for A, and its float64 reference
+SURVEY_SEED = 20261122
+SPLITS = {"matmul": (2, 4, 8, 16, 32, 64), "matvec": (2, 4, 8, 16, 32)}
+SAVE_EVERY_S = 30.0
+
+
+def grid(kernel: str, seed: int = SURVEY_SEED, random_shapes: int | None = None) -> list[tuple[int, ...]]:
+    """The survey's shapes: the grid's combinations, then log-uniform random ones (deterministic)."""
+    sizes = GRID[kernel]
+    shapes: list[tuple[int, ...]]
+    if kernel == "matmul":
+        shapes = [(m, n, k) for m in sizes for n in sizes for k in sizes if m * n * k <= MAX_MATMUL_WORK]
+    else:
+        shapes = [(m, k) for m in sizes for k in sizes if m * k <= MAX_MATVEC_ELEMENTS]
+    rng = np.random.default_rng(seed)
+    lo, hi = RANDOM_RANGE[kernel]
+    want = RANDOM_SHAPES[kernel] if random_shapes is None else random_shapes
+    dims = len(shapes[0])
+    seen: set[tuple[int, ...]] = set(shapes)
+    while want > 0:
+        shape = tuple(int(round(math.exp(v))) for v in rng.uniform(math.log(lo), math.log(hi), dims))
+        if shape in seen or math.prod(shape) > (MAX_MATMUL_WORK if kernel == "matmul" else MAX_MATVEC_ELEMENTS):
+            continue
+        seen.add(shape)
+        shapes.append(shape)
+        want -= 1
+    return shapes
+
+
+def portfolio(kernel: str, dtype: str, layout: str, device: DeviceLimits,
+              cache: TuningCache | None = None) -> list[tuple[str, Config]]:
+    """The generated candidates (name, config), feasible on `device`, without duplicates: the space's named
+    configs (not the seeds: they are baselines, never fast), the configs tuned on this device for any
+    shape, and variants of them: K splits for shapes that leave the GPU under-filled, and for row-major
+    matvec several short rows per warp."""
+    from autotile.dispatch.cache import TuningCache
+
+    spec = kernels.get(kernel)
+    space = spec.space
+    problem = Problem(device, dtype, layout)
+    found: dict[Config, str] = {}
+
+    def add(name: str, config: Config) -> None:
+        if config not in found and space.is_feasible(config, problem):
+            found[config] = name
+
+    for name, config in space.named_configs.items():
+        # wgmma with LOADER=registers is left out: its LOADER=tma twin loads through registers itself
+        # wherever a tensor map cannot describe an operand, and copies faster everywhere else.
+        if config.get("MATH") == "wgmma" and config.get("LOADER") == "registers":
+            continue
+        if not name.startswith("seed-") and space.named_layouts.get(name, layout) == layout:
+            add(name, config)
+    from autotile.dispatch.select import record_config
+
+    for _, record in (cache or TuningCache()).entries(device.fingerprint, include_shipped=True):
+        if (record.kernel, record.dtype, record.layout) == (kernel, dtype, layout):
+            tuned = record_config(record)
+            if tuned is not None:
+                add("tuned-" + "x".join(map(str, record.shape)), tuned)
+    if kernel == "matvec" and layout == "row":
+        vec = 4 if dtype == "float32" else 2
+        for lanes in (2, 4, 8, 16):
+            add(f"rows-{lanes}-lanes", space.config({
+                "smem": "none", "ROWS": 256 // lanes, "THREADS_K": lanes, "VEC": vec, "X_SHARED": False,
+                "STAGE_A": False, "TILE_K": 16, "SPLIT_K": 1, "UNROLL": 4, "BATCH": True}))
+    # K-split variants of the named starting points (not of every tuned config: those are mostly the same
+    # tiles again, and each variant costs survey time on every under-filled shape).
+    # Large matmul tiles are left unsplit: a shape small enough to need splits is better served by a small
+    # tile split (measured on an H100: every split winner had a tile of 128 x 64 or less).
+    bases = [(config, name) for config, name in found.items()
+             if not name.startswith("tuned-") and (kernel != "matmul" or config["BM"] * config["BN"] <= 128 * 64)]
+    for config, name in bases:
+        for split in SPLITS[kernel]:
+            if split == config["SPLIT_K"]:
+                continue
+            overrides: dict[str, Any] = {"SPLIT_K": split}
+            if "SPLIT_REDUCE" in space.params and split > 1:
+                overrides["SPLIT_REDUCE"] = "last_block"  # no zeroing launch, no atomics on the output
+            try:
+                add(f"{name}/split{split}", space.with_overrides(config, overrides))
+            except Exception:  # a variant the space refuses (a constraint on SPLIT_K): not a candidate
+                continue
+    return [(name, config) for config, name in found.items()]
+
+
+def survey(kernel: str, dtype: str, layout: str, device: DeviceLimits, shapes: list[tuple[int, ...]],
+           configs: list[tuple[str, Config]], *, previous: ShapeDatabase | None = None,
+           save: Callable[[ShapeDatabase], Any] | None = None, budget_s: float | None = None,
+           log: Callable[[str], None] = print) -> ShapeDatabase:
+    """Verify and time every candidate on every shape; returns the database (also passed to `save` every
+    SAVE_EVERY_S and at the end).
+
+    What `previous` timed is kept, not timed again: each of its candidates that is still a candidate (same
+    name, config and kernel source) keeps its column. A candidate it lacks (a new named config, a newly
+    tuned one) is timed on its shapes together with cuBLAS, and its times are scaled by cuBLAS's then
+    over cuBLAS's now, so that each row's ratios to cuBLAS stay same-run ratios (clocks and neighbours
+    move absolute times on a shared GPU by a few percent between runs)."""
+    import cupy
+
+    from autotile.dispatch.database import Candidate, ShapeDatabase
+    from autotile.dispatch.model import Model, worth_timing
+    from autotile.runtime.impl import Cublas, Generated
+    from autotile.runtime.timing import L2Flusher, relative_error, time_launch
+
+    spec = kernels.get(kernel)
+    candidates = [Candidate("cublas", "cublas")] + [
+        Candidate(name, "generated", dict(config), kernels.source_hash(spec.render(config, dtype, layout)))
+        for name, config in configs]
+    implementations = [Cublas()] + [Generated(config) for _, config in configs]
+    done: dict[tuple[int, ...], list[float | None]] = {}
+    # previous's rows, by shape, re-indexed to today's candidates (_UNTIMED where a column is new)
+    kept: dict[tuple[int, ...], list[float | None | str]] = {}
+    env = _environment(device)
+    env["failures"] = {}
+    if previous is not None:
+        where = [_column_of(c, previous, spec.space) for c in candidates]
+        # Columns a budget stopped before they were timed on some shapes (saved as None there).
+        pending = previous.environment.get("pending", {})
+        pending_names = set(pending.get("candidates", []))
+        pending_shapes = {tuple(p) for p in pending.get("shapes", [])}
+        for shape, old_row in zip(previous.shapes, previous.times_ms, strict=True):
+            kept_row: list[float | None | str] = [
+                _UNTIMED if j is None or (tuple(shape) in pending_shapes and c.name in pending_names) else old_row[j]
+                for c, j in zip(candidates, where, strict=True)]
+            if _UNTIMED in kept_row:
+                kept[tuple(shape)] = kept_row
+            else:
+                done[tuple(shape)] = [t for t in kept_row if not isinstance(t, str)]
+        names = {c.name for c, j in zip(candidates, where, strict=True) if j is not None}
+        env["failures"] = {n: why for n, why in previous.environment.get("failures", {}).items() if n in names}
+        env["extended"] = list(previous.environment.get("extended", []))
+        added = [c.name for c, j in zip(candidates, where, strict=True) if j is None or c.name in pending_names]
+        if kept and added:
+            env["extended"].append({"date": env["date"], "candidates": added, "over": previous.environment.get(
+                "date", "?"), "scaled_by": "cuBLAS timed in the same run"})
+
+    def database() -> ShapeDatabase:
+        # Kept rows not completed yet are saved too, their new columns None and listed as pending, so that
+        # the next run times them (and nothing the previous survey measured is dropped meanwhile).
+        unfinished = [s for s in shapes if s in kept and s not in done]
+        rows = {**{s: [None if isinstance(t, str) else t for t in kept[s]] for s in unfinished}, **done}
+        order = [s for s in shapes if s in rows]
+        untimed = sorted({candidates[j].name for s in unfinished for j, t in enumerate(kept[s]) if isinstance(t, str)})
+        environment = {**env, "pending": {"candidates": untimed, "shapes": [list(s) for s in unfinished]}} \
+            if unfinished else {k: v for k, v in env.items() if k != "pending"}
+        return ShapeDatabase(kernel, dtype, layout, device.fingerprint, tuple(candidates), tuple(order),
+                             tuple(tuple(rows[s]) for s in order), environment)
+
+    # One compile per candidate, all in parallel before the first shape.
+    futures = build.compile_many(((spec.render(c, dtype, layout), "autotile_" + spec.name) for _, c in configs),
+                                 workers=8)
+    for (name, _), future in zip(configs, futures, strict=True):
+        try:
+            future.result()
+        except Exception as exc:
+            env["failures"][name] = f"compile: {' '.join(str(exc).split())[:200]}"
+    flush = L2Flusher(device.l2_bytes)
+    rng = cupy.random.default_rng(SURVEY_SEED)
+    start = last_save = time.monotonic()
+    # In a seeded random order, so that a survey stopped by its budget still covers the whole range.
+    todo = [s for s in shapes if s not in done]
+    todo = [todo[i] for i in np.random.default_rng(SURVEY_SEED).permutation(len(todo))]
+    log(f"survey {kernel} {dtype} {layout}: {len(candidates)} candidates, {len(todo)} shapes to time "
+        f"({len(done)} kept)")
+    for n, shape in enumerate(todo):
+        if budget_s is not None and time.monotonic() - start > budget_s:
+            log(f"survey {kernel} {dtype} {layout}: stopped by the budget after {n} of {len(todo)} shapes; "
+                "run again to continue")
+            break
+        key = ProblemKey(kernel, dtype, layout, shape)
+        inputs = spec.make_inputs(shape, dtype, layout, rng, cupy)
+        ref = spec.reference(inputs)
+        out = cupy.empty(spec.output_shape(shape), dtype=dtype)
+        tol = kernels.tolerance(dtype, shape[-1])
+        old = kept.get(shape)
+        row: list[float | None] = []
+        for j, (cand, implementation) in enumerate(zip(candidates, implementations, strict=True)):
+            before = old[j] if old is not None else _UNTIMED
+            if not isinstance(before, str) and not (j == 0 and before is not None):
+                row.append(before)  # timed before (cuBLAS, column 0, is timed again: the scale)
+                continue
+            if cand.name in env["failures"] or (
+                    cand.config is not None
+                    and not worth_timing(kernel, spec.space.config(cand.config), shape, device.sm_count)):
+                row.append(None)
+                continue
+            try:
+                runner = implementation.prepare(key)
+
+                def run(runner: Any = runner, inputs: Any = inputs, out: Any = out) -> None:
+                    runner.run(inputs, out)
+
+                out.fill(float("nan"))
+                run()
+                err = relative_error(out, ref)
+                if not err <= tol:  # NaN fails too
+                    env["failures"][cand.name] = f"wrong result on {'x'.join(map(str, shape))}: error {err:.2e}"
+                    row.append(None)
+                    continue
+                row.append(time_launch(run, flush, warmup=2, min_reps=5, max_reps=15, target_ms=15.0).median_ms)
+            except Exception as exc:  # one bad candidate never ends the survey
+                env["failures"][cand.name] = f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
+                row.append(None)
+        if old is not None:
+            row = _rescaled(row, old)
+        done[shape] = row
+        del inputs, ref, out
+        if save is not None and time.monotonic() - last_save > SAVE_EVERY_S:
+            save(database())
+            last_save = time.monotonic()
+        if (n + 1) % 25 == 0:
+            log(f"  {n + 1}/{len(todo)} shapes, {time.monotonic() - start:.0f} s")
+    db = database()
+    if db.shapes:
+        model = Model(db, device)
+        params, held_out = model.fit()
+        env["model"] = {"neighbours": params.neighbours, "margin": params.margin, "floor": params.floor,
+                        "leave_one_out": held_out}
+        db = database()
+    if save is not None:
+        save(db)
+    return db
+
+
+_UNTIMED = "untimed"  # a kept row's column that the previous survey did not have
+
+
+def _column_of(candidate: Candidate, previous: ShapeDatabase, space: Any) -> int | None:
+    """The column of `previous` that timed this very candidate: same name and implementation, the same
+    config once completed with the defaults of parameters added since, and the same kernel source."""
+    for j, old in enumerate(previous.candidates):
+        if (old.name, old.implementation, old.source_sha) != (candidate.name, candidate.implementation,
+                                                              candidate.source_sha):
+            continue
+        if old.config is None or candidate.config is None:
+            return j if old.config is None and candidate.config is None else None
+        try:
+            same = space.config(old.config) == space.config(candidate.config)
+        except Exception:  # a parameter or value the space no longer has: not this candidate
+            same = False
+        return j if same else None
+    return None
+
+
+def _rescaled(row: list[float | None], old: list[float | None | str]) -> list[float | None]:
+    """A kept row completed: the previous times where it had them, the new columns' times (timed now, with
+    cuBLAS in column 0) scaled by cuBLAS's previous time over its time now; unscaled where either cuBLAS
+    time is missing."""
+    then, now = old[0], row[0]
+    scale = then / now if isinstance(then, (int, float)) and now is not None and now > 0 else 1.0
+    out: list[float | None] = []
+    for j, t in enumerate(row):
+        previous = old[j]
+        if j == 0 or not isinstance(previous, str):
+            out.append(previous if not isinstance(previous, str) else t)  # what the previous survey measured
+        else:
+            out.append(None if t is None else t * scale)
+    return out
+
+
+def _environment(device: DeviceLimits) -> dict[str, Any]:
+    import cupy
+
+    rt = cupy.cuda.runtime
+    return {"gpu": device.name, "date": time.strftime("%Y-%m-%d"), "driver": rt.driverGetVersion(),
+            "cuda_runtime": rt.runtimeGetVersion(), "cupy": cupy.__version__,
+            "compiler": build.compiler_version(), "compile_options": list(build.COMPILE_OPTIONS)}
+
+
+def check_report(db: ShapeDatabase, device: DeviceLimits) -> str:
+    """The model's leave-one-out check on a database, as text: the distribution of measured speed-ups
+    over cuBLAS of what the model chose for each held-out shape, and the worst shapes."""
+    from autotile.dispatch.model import Model, params_of, summary
+
+    model = Model(db, device)
+    params = params_of(db)
+    rows = model.cross_validate(params)
+    s = summary([r for _, _, r, _ in rows])
+    oracle = summary([b for _, _, _, b in rows])
+    lines = [f"{db.kernel} {db.dtype} {db.layout} on {db.environment.get('gpu', db.device)}: "
+             f"{len(db.shapes)} shapes, {len(db.candidates)} candidates; model {params}",
+             f"  leave-one-out, {s.get('n', 0)} shapes: min {s.get('min', 0):.2f} p10 {s.get('p10', 0):.2f} "
+             f"median {s.get('median', 0):.2f} geomean {s.get('geomean', 0):.2f}, "
+             f">=1.0x {100 * s.get('at_least_1', 0):.0f}%, >=0.97x {100 * s.get('at_least_097', 0):.0f}%",
+             f"  best candidate per shape (the oracle): geomean {oracle.get('geomean', 0):.2f}"]
+    for shape, name, ratio, best in sorted(rows, key=lambda r: r[2])[:5]:
+        lines.append(f"  worst: {'x'.join(map(str, shape))} ran {name} at {ratio:.2f}x (best there {best:.2f}x)")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="autotile survey", description=(__doc__ or "").splitlines()[0])
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--kernels", default="matmul,matvec", help="comma-separated, from matmul, matvec")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "float64"],
+                        help="element type (default float32)")
+    parser.add_argument("--layouts", default="row,col",
+                        help="matvec layouts (matmul: nn only; its other layouts borrow nn's database)")
+    parser.add_argument("--root", default=None, help="cache root to write to (default: the user cache)")
+    parser.add_argument("--budget", type=float, default=None, metavar="SECONDS",
+                        help="stop each kernel's survey after this long (it resumes on the next run)")
+    parser.add_argument("--random-shapes", type=int, default=None, metavar="N",
+                        help="random shapes besides the grid (default 80 matmul, 40 matvec)")
+    parser.add_argument("--check", action="store_true",
+                        help="only print the model's leave-one-out check of the databases there are")
+    parser.add_argument("--device", default=None,
+                        help="with --check: an offline profile (h100, h200, ...) instead of the live GPU")
+
+
+def run(args: argparse.Namespace) -> int:
+    from autotile.dispatch import database
+    from autotile.dispatch.cache import TuningCache
+    from autotile.errors import AutotileError, InvalidValueError
+    from autotile.tuning import validate
+
+    try:
+        chosen = [k.strip() for k in args.kernels.split(",") if k.strip()]
+        bad = [k for k in chosen if k not in GRID]
+        if bad or not chosen:
+            raise InvalidValueError(f"--kernels {args.kernels!r}: choose from matmul, matvec (comma-separated)")
+        layouts = [v.strip() for v in args.layouts.split(",") if v.strip()]
+        if not layouts or any(v not in ("row", "col") for v in layouts):
+            raise InvalidValueError(f"--layouts {args.layouts!r}: choose from row, col (comma-separated)")
+        budget = validate.seconds(args.budget, name="--budget", allow_none=True)
+        if args.random_shapes is not None:
+            validate.count(args.random_shapes, name="--random-shapes", minimum=0)
+        root = Path(validate.writable_folder(args.root, name="--root")) if args.root else None
+        from autotile.runtime.device import live_device, resolve
+
+        if args.device is not None and not args.check:
+            raise InvalidValueError("--device works only with --check (a survey times the live GPU)")
+        device = resolve(args.device) if args.device is not None else live_device()
+        cache = TuningCache(root=root) if root else TuningCache()
+        # A survey resumes only its own root's database: the shipped one is for reading, not continuing.
+        own = TuningCache(root=cache.root, shipped_root=None)
+        for kernel in chosen:
+            for layout in (layouts if kernel == "matvec" else ["nn"]):
+                previous = database.load(cache if args.check else own, device.fingerprint, kernel, args.dtype,
+                                         layout)
+                if args.check:
+                    if previous is None:
+                        print(f"{kernel} {args.dtype} {layout}: no shape database for {device.name}")
+                    else:
+                        print(check_report(previous, device))
+                    continue
+                configs = portfolio(kernel, args.dtype, layout, device, cache)
+                db = survey(kernel, args.dtype, layout, device, grid(kernel, random_shapes=args.random_shapes),
+                            configs, previous=previous, save=lambda d: database.save(cache, d),
+                            budget_s=budget, log=lambda m: print(m, flush=True))
+                print(f"wrote {database.path_in(cache.root, device.fingerprint, kernel, args.dtype, layout)}")
+                print(check_report(db, device), flush=True)
+    except AutotileError as exc:
+        print(f"autotile survey: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("autotile survey: interrupted (the shapes timed so far are saved)", file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

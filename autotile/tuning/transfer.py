@@ -1,0 +1,98 @@
+"""Warm starts for a search: the winners the cache holds for other shapes and other GPUs of the same kernel,
+dtype and layout, projected onto the space being searched, run right after the seeds and named configs.
+
+Why: a tuned config rarely stays the best from one shape to the next, but it lands in the right region (tile
+sizes that fill the GPU, the loads the layout wants), which TPE otherwise spends its first draws finding.
+The record of the very problem on this device is left out: that is the config in use, which a re-tune
+already runs as a starting point (`TuneOptions.start`), and in the search benchmark it would be the answer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+from autotile.codegen.problem import ProblemKey
+from autotile.codegen.space import Config, Problem, Space
+from autotile.errors import AutotileError
+from autotile.tuning.propose import settle
+
+WARM_STARTS = 4  # configs taken from the cache, at most (each costs one trial)
+
+
+def project(space: Space, values: dict[str, Any]) -> Config | None:
+    """`values` (a config of the full space) as a config of `space`: a parameter `space` fixes to one value
+    takes it, a parameter `values` lacks takes its first choice; None where a value is outside a parameter
+    that `space` lets vary (that config lies outside the space)."""
+    out: dict[str, Any] = {}
+    for name, param in space.params.items():
+        value = values.get(name, param.choices[0])
+        if len(param.choices) == 1:
+            value = param.choices[0]
+        out[name] = value
+    try:
+        return settle(space, space.config(out))
+    except AutotileError:
+        return None
+
+
+def _from_records(key: ProblemKey, device: str, cache: Any) -> list[tuple[str, dict[str, Any]]]:
+    """The cache's records of `key`'s kernel, dtype and layout as (where, config values): this device's
+    first, then other devices', nearer shapes first; the record of `key` itself on `device` left out."""
+    from autotile.dispatch.select import log_distance
+
+    records = []
+    with contextlib.suppress(OSError, AutotileError):
+        records = [r for _, r in cache.entries(include_shipped=True)]
+    mine = [r for r in records if (r.kernel, r.dtype, r.layout) == (key.kernel, key.dtype, key.layout)
+            and len(r.shape) == len(key.shape) and not (r.device == device and tuple(r.shape) == tuple(key.shape))]
+    mine.sort(key=lambda r: (r.device != device, log_distance(r.shape, key.shape), r.device))
+    return [(f"{'x'.join(map(str, r.shape))}@{r.device}", r.config) for r in mine]
+
+
+def _from_portfolio(key: ProblemKey, device: str, cache: Any) -> list[tuple[str, dict[str, Any]]]:
+    """The candidates of this device's shape database (`autotile.dispatch.database`, the dispatch portfolio), fastest
+    first on the database shape nearest to `key`'s (`key`'s own shape left out), as (where, config)."""
+    from autotile.dispatch import database
+    from autotile.dispatch.select import log_distance
+
+    db = None
+    with contextlib.suppress(OSError, AutotileError):
+        db = database.load(cache, device, key.kernel, key.dtype, key.layout)
+    if db is None:
+        return []
+    rows = [(i, log_distance(s, key.shape)) for i, s in enumerate(db.shapes)
+            if len(s) == len(key.shape) and tuple(s) != tuple(key.shape)]
+    if not rows:
+        return []
+    nearest = min(rows, key=lambda r: r[1])[0]
+    timed = sorted((t, j) for j, t in enumerate(db.times_ms[nearest]) if t is not None)
+    shape = "x".join(map(str, db.shapes[nearest]))
+    own = "tuned-" + "x".join(map(str, key.shape))  # the survey's copy of `key`'s own record: left out
+    return [(f"portfolio {db.candidates[j].name} on {shape}@{device}", db.candidates[j].config or {})
+            for _, j in timed if db.candidates[j].config is not None and db.candidates[j].name != own]
+
+
+def warm_starts(key: ProblemKey, device: str, space: Space, problem: Problem, cache: Any,
+                limit: int = WARM_STARTS) -> list[tuple[str, Config]]:
+    """Up to `limit` distinct feasible configs, as (where it came from, config), taken in turn from the
+    dispatch portfolio's fastest on the nearest database shape and from the cache's records of other shapes
+    and GPUs (`_from_portfolio`, `_from_records`)."""
+    sources = [_from_portfolio(key, device, cache), _from_records(key, device, cache)]
+    found: list[tuple[str, Config]] = []
+    seen: set[str] = set()
+    while len(found) < limit and any(sources):
+        for source in sources:
+            while source:
+                where, values = source.pop(0)
+                config = project(space, values)
+                if config is not None and config.key() not in seen and space.is_feasible(config, problem):
+                    seen.add(config.key())
+                    found.append((where, config))
+                    break
+            if len(found) >= limit:
+                break
+    return found
+
+
+__all__ = ["WARM_STARTS", "project", "warm_starts"]
