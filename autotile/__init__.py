@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from autotile.dispatch.select import Selection
     from autotile.tuning.api import tune
 
-__version__ = "0.1.0"
+from autotile.version import __version__ as __version__
 
 __all__ = [
     "AutotileError", "ArgumentError", "CacheError", "CompileError", "Config", "DeviceLimits",

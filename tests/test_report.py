@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from autotile.cli import report as report_cli
 from autotile.tuning import bench_results as report
 
 DATA = Path(__file__).parent / "data" / "bench_results_h200.json"
@@ -45,23 +46,23 @@ def test_a_wrong_result_is_marked_not_hidden():
 
 
 def test_command_reads_files_and_rejects_a_missing_one(tmp_path, capsys):
-    assert report.main([str(DATA)]) == 0
+    assert report_cli.main([str(DATA)]) == 0
     assert "| matmul float32 M x N x K |" in capsys.readouterr().out
-    assert report.main([str(tmp_path / "missing.json")]) == 2
-    assert capsys.readouterr().err == f"autotile.tuning.bench_results: error: cannot read {tmp_path / 'missing.json'}: " \
+    assert report_cli.main([str(tmp_path / "missing.json")]) == 2
+    assert capsys.readouterr().err == f"autotile.cli.report: error: cannot read {tmp_path / 'missing.json'}: " \
                                       "No such file or directory\n"
 
 
 # -- the command: one line and exit status 2 for anything it cannot read ---------------------------------
 
 def _one_line_error(capsys, argv, *needles):
-    rc = report.main(argv)
+    rc = report_cli.main(argv)
     out, err = capsys.readouterr()
     assert rc == 2, (rc, out, err)
     assert out == ""  # no table printed for the good files before the bad one
     lines = err.splitlines()
     assert len(lines) == 1, err
-    assert lines[0].startswith("autotile.tuning.bench_results: error: "), err
+    assert lines[0].startswith("autotile.cli.report: error: "), err
     for needle in needles:
         assert needle in lines[0], (needle, lines[0])
 
@@ -92,32 +93,32 @@ def test_bad_files_are_one_line(tmp_path, capsys):
 
 
 def test_no_file_is_one_line(capsys):
-    _one_line_error(capsys, [], "no results file given", "usage: python -m autotile.tuning.bench_results RESULTS.json")
+    _one_line_error(capsys, [], "no results file given", "usage: python -m autotile.cli.report RESULTS.json")
 
 
 def _python_m(*argv: str, cwd: Path) -> subprocess.CompletedProcess:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    return subprocess.run([sys.executable, "-m", "autotile.tuning.bench_results", *argv], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "autotile.cli.report", *argv], capture_output=True, text=True,
                           cwd=cwd, env=env, timeout=120)
 
 
 def test_python_m_report(tmp_path):
     proc = _python_m("--help", cwd=tmp_path)
     assert (proc.returncode, proc.stderr) == (0, "")
-    assert proc.stdout.startswith("usage: python -m autotile.tuning.bench_results")
+    assert proc.stdout.startswith("usage: python -m autotile.cli.report")
     proc = _python_m(str(DATA), cwd=tmp_path)
     assert (proc.returncode, proc.stderr) == (0, "")
     assert "| matmul float32 M x N x K |" in proc.stdout
     proc = _python_m(_write(tmp_path, "x.json", {"rows": []}), cwd=tmp_path)
     assert proc.returncode == 2 and proc.stdout == ""
     assert len(proc.stderr.splitlines()) == 1, proc.stderr  # a traceback would be many lines
-    assert proc.stderr.startswith("autotile.tuning.bench_results: error: ") and "x.json" in proc.stderr
+    assert proc.stderr.startswith("autotile.cli.report: error: ") and "x.json" in proc.stderr
 
 
 def test_report_needs_no_cupy(tmp_path):
     code = ("import sys; sys.modules['cupy'] = None\n"  # `import cupy` would raise ImportError
-            "from autotile.tuning import bench_results as report\n"
+            "from autotile.cli import report\n"
             f"sys.exit(report.main([{str(DATA)!r}]))\n")
     env = dict(os.environ, PYTHONPATH=str(REPO))
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, env=env,

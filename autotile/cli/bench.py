@@ -332,8 +332,9 @@ def random_results_markdown(rows: list[RandomRow], summaries: dict[str, dict[str
     lines = [f"## Random shapes: {env['gpu']}, {env['date']}",
              "",
              f"CuPy {env['cupy']}, CUDA runtime {env['cuda_runtime']}, driver {env['driver']}, {env['compiler']}. "
-             f"{env['n']} shapes per kernel, {env['dtype']}, seed {env['seed']} (`python -m autotile.cli.bench --random "
-             f"{env['n']} --seed {env['seed']}`), sizes log-uniform ({ranges}); matvec timed in both layouts. "
+             f"{env['n']} shapes per kernel, {env['dtype']}, seed {env['seed']} "
+             f"(`python -m autotile.cli.bench --random {env['n']} --seed {env['seed']}`), "
+             f"sizes log-uniform ({ranges}); matvec timed in both layouts. "
              "Ratio = cuBLAS time / autotile time, both timed in this run the same way (L2 flushed, median of "
              f"{RANDOM_TIMING['min_reps']}..{RANDOM_TIMING['max_reps']} launches); autotile is what the library runs "
              "for the shape. Rel. error is ||out - ref|| / ||ref|| against a float64 product.",

@@ -155,7 +155,7 @@ def cmd_report_study(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from autotile import __version__
+    from autotile.version import __version__
 
     parser = argparse.ArgumentParser(
         prog="autotile", description="Generate, tune and cache CUDA matmul/matvec kernels.")

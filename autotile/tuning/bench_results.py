@@ -1,4 +1,4 @@
-"""Summary tables of a benchmark run, as they appear in the README: `python -m autotile.tuning.bench_results results.json`.
+"""Summary tables of a benchmark run, as they appear in the docs (the command: `python -m autotile.cli.report`).
 
 Reads the JSON that `python -m autotile.cli.bench` writes (no GPU needed) and prints, per GPU, the matmul
 table (cuBLAS, the best seed, autotile, errors), the matvec table (with the ratio to the measured read
@@ -12,9 +12,7 @@ row of its own, its ratio to the cuBLAS time of the same run.
 from __future__ import annotations
 
 import json
-import os
 import re
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -217,47 +215,3 @@ def _check_random(results: dict[str, Any], what: str) -> dict[str, Any]:
         if missing:
             raise ValueError(f"{what}: row {i} lacks {', '.join(map(repr, missing))}")
     return results
-
-
-def main(argv: list[str] | None = None) -> int:
-    import argparse
-
-    parser = argparse.ArgumentParser(prog="python -m autotile.tuning.bench_results", description=(__doc__ or "").splitlines()[0])
-    # nargs="*" and a check of our own: argparse's "required" error would print the usage line too.
-    parser.add_argument("paths", nargs="*", metavar="RESULTS.json",
-                        help="results.json of python -m autotile.cli.bench, or random.json of its --random mode "
-                             "(all random.json files given make one table, printed last)")
-    args = parser.parse_args(argv)
-    if not args.paths:
-        print(f"autotile.tuning.bench_results: error: no results file given; usage: {parser.prog} RESULTS.json [RESULTS.json ...]",
-              file=sys.stderr)
-        return 2
-    tables = []
-    randoms: list[dict[str, Any]] = []
-    try:  # every file is read before any table is printed: no half report, then an error
-        for path in args.paths:
-            results = _load(path, _read(path))
-            try:
-                if _is_random(results):
-                    random_markdown([results])  # checked here, printed with the others after the loop
-                    randoms.append(results)
-                else:
-                    tables.append(summary_markdown(results))
-            except (KeyError, TypeError, ValueError, StopIteration) as exc:  # a value of the wrong kind
-                raise ValueError(f"{path}: cannot make the tables ({type(exc).__name__}: {exc})") from None
-        if randoms:
-            tables.append(random_markdown(randoms))
-    except ValueError as exc:
-        print(f"autotile.tuning.bench_results: error: {' '.join(str(exc).split())}", file=sys.stderr)
-        return 2
-    try:
-        for table in tables:
-            print(table)
-        sys.stdout.flush()
-    except BrokenPipeError:  # the reader (head, less) stopped early; nor may the flush at exit complain
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,4 +1,5 @@
-"""The worker process of `autotile tune --devices` and `autotile batch`: `python -m autotile.tuning.host_worker PAYLOAD`.
+"""The worker process of `autotile tune --devices` and `autotile batch`:
+`python -m autotile.tuning.host_worker PAYLOAD`.
 
 The payload (JSON) names the role: "tune" searches one study until its budget is spent, "batch" takes
 problems of a batch study one after another.

@@ -1,0 +1,3 @@
+"""The version of autotile (one place: the package and the commands read it)."""
+
+__version__ = "0.1.0"
