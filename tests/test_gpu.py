@@ -410,3 +410,25 @@ def test_last_block_runner_on_two_streams_at_once():
         assert relative_error(alone, ref) <= kernels.tolerance("float32", key.shape[-1]), name
         for out in outs:
             assert bool(cupy.array_equal(out, alone)), name
+
+
+def test_library_calls_load_no_tuner():
+    # The library's call path, run for real (a first call selects, compiles and launches; a second is the
+    # repeated call), loads neither optuna nor the tuning layer.
+    import subprocess
+    import sys
+
+    code = ("import sys, cupy, autotile\n"
+            "a = cupy.random.random((257, 131), dtype=cupy.float32)\n"
+            "b = cupy.random.random((131, 67), dtype=cupy.float32)\n"
+            "for _ in range(2):\n"
+            "    c = autotile.matmul(a, b)\n"
+            "    y = autotile.matvec(a, b[:, 0])\n"
+            "cupy.cuda.runtime.deviceSynchronize()\n"
+            "err = float(cupy.linalg.norm(c - a @ b) / cupy.linalg.norm(a @ b))\n"
+            "assert err < 1e-5, err\n"
+            "print(','.join(sorted(m for m in sys.modules\n"
+            "                      if m.split('.')[0] == 'optuna' or m.startswith('autotile.tuning'))))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "", out.stdout

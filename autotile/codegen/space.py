@@ -569,7 +569,32 @@ class Space:
                 f"{self.kernel} config is infeasible on {problem.device.name} ({problem.dtype}): {'; '.join(broken)}")
 
     def is_feasible(self, config: Config, problem: Problem) -> bool:
-        return not self.violations(config, problem)
+        """Whether `config` breaks no constraint (`feasibility` says how it is checked)."""
+        return self.feasibility(problem)(config)
+
+    def feasibility(self, problem: Problem) -> Callable[[Mapping[str, Any]], bool]:
+        """A check of configs (parameter -> value) for `problem`, made once for many configs. It follows the
+        enumeration's plan (each constraint checked as soon as the parameters it reads are bound) and stops
+        at the first broken constraint: a random draw is refused after a few evaluations, not all of them
+        (the samplers check hundreds of thousands)."""
+        base = dict(FUNCTIONS)
+        base.update(problem.names())
+        if not _within(base, _CONTEXT_BOUNDS):  # outside the bounds the plan's shortcuts assume: in full
+            return lambda config: not self.violations(Config(dict(config)), problem)
+        steps = list(zip(self.params, self._plan, strict=True))
+
+        def check(config: Mapping[str, Any]) -> bool:
+            scope = dict(base)
+            for param, (derived, constraints) in steps:
+                scope[param] = config[param]
+                for name, expr in derived:
+                    scope[name] = self._eval(expr, scope, name)
+                for c in constraints:
+                    if not self._holds(c, scope):
+                        return False
+            return True
+
+        return check
 
     def _eval(self, expr: Expr, scope: dict[str, Any], name: str) -> Any:
         """The value of the derived quantity `name`, checked against the size limits where it may be text."""
@@ -709,16 +734,20 @@ class Space:
         import random
 
         rng = random.Random(seed)
+        below = rng._randbelow  # what rng.choice draws with: the same configs, without its call overhead
         params = list(self.params.values())
         # experimental choices are never feasible while others remain: not drawn (the same draws as before)
-        drawable = {p.name: tuple(c for c in p.choices if c not in p.experimental) or p.choices for p in params}
+        drawable = [(p.name, tuple(c for c in p.choices if c not in p.experimental) or p.choices) for p in params]
+        feasible = self.feasibility(problem)
         seen: dict[Config, None] = {}
         for _ in range(max_draws):
             if len(seen) >= n:
                 break
-            config = Config({p.name: rng.choice(drawable[p.name]) for p in params})
-            if config not in seen and self.is_feasible(config, problem):
-                seen[config] = None
+            values = {name: choices[below(len(choices))] for name, choices in drawable}
+            if feasible(values):
+                config = Config(values)
+                if config not in seen:
+                    seen[config] = None
         return list(seen)
 
     # -- optuna --------------------------------------------------------------------------------------
