@@ -734,7 +734,7 @@ class Space:
         import random
 
         rng = random.Random(seed)
-        below = rng._randbelow  # what rng.choice draws with: the same configs, without its call overhead
+        choice = rng.choice
         params = list(self.params.values())
         # experimental choices are never feasible while others remain: not drawn (the same draws as before)
         drawable = [(p.name, tuple(c for c in p.choices if c not in p.experimental) or p.choices) for p in params]
@@ -743,7 +743,7 @@ class Space:
         for _ in range(max_draws):
             if len(seen) >= n:
                 break
-            values = {name: choices[below(len(choices))] for name, choices in drawable}
+            values = {name: choice(choices) for name, choices in drawable}
             if feasible(values):
                 config = Config(values)
                 if config not in seen:
