@@ -17,7 +17,9 @@ import pytest
 
 from autotile.codegen.problem import ProblemKey
 from autotile.dispatch import cache as cache_mod
-from autotile.dispatch.cache import CacheWarning, Record, TuningCache, default_root
+from autotile.dispatch import record as record_mod
+from autotile.dispatch.cache import CacheWarning, TuningCache, default_root
+from autotile.dispatch.record import Record
 from autotile.errors import CacheError
 
 DEV = "NVIDIA-H100-80GB-HBM3_sm_90"
@@ -570,7 +572,7 @@ def test_clear_removes_corrupt_entries_too(cache: TuningCache) -> None:
 def test_records_are_frozen() -> None:
     with pytest.raises(dataclasses.FrozenInstanceError):
         make().time_ms = 0.0  # type: ignore[misc]
-    assert cache_mod.SCHEMA == 1
+    assert record_mod.SCHEMA == 1
 
 
 # ------------------------------------------------------------------------ files that are not records

@@ -609,7 +609,8 @@ def test_cache_list_and_show_give_each_entry_its_precision(capsys, isolated_cach
     import json
 
     from autotile.codegen import kernels
-    from autotile.dispatch.cache import Record, TuningCache
+    from autotile.dispatch.cache import TuningCache
+    from autotile.dispatch.record import Record
 
     space = load_space("matmul")
     cache = TuningCache(root=isolated_cache, shipped_root=None)

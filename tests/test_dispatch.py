@@ -14,7 +14,8 @@ from autotile.codegen import kernels
 from autotile.codegen.limits import PROFILES
 from autotile.codegen.problem import ProblemKey
 from autotile.dispatch import database, first_call, model, select
-from autotile.dispatch.cache import CacheWarning, Record, TuningCache
+from autotile.dispatch.cache import CacheWarning, TuningCache
+from autotile.dispatch.record import Record
 from autotile.errors import CacheError
 from autotile.tuning import at_first_call, survey
 

@@ -9,7 +9,8 @@ from autotile.codegen.limits import PROFILES
 from autotile.codegen.problem import ProblemKey
 from autotile.codegen.space import Problem
 from autotile.dispatch import select
-from autotile.dispatch.cache import Record, TuningCache
+from autotile.dispatch.cache import TuningCache
+from autotile.dispatch.record import Record
 
 H100 = PROFILES["h100"]
 

@@ -16,7 +16,8 @@ from replay_space import DATA
 
 from autotile.codegen import build, kernels
 from autotile.codegen.problem import ProblemKey
-from autotile.dispatch.cache import Record, TuningCache
+from autotile.dispatch.cache import TuningCache
+from autotile.dispatch.record import Record
 from autotile.errors import AutotileError, DeviceUnavailableError, InvalidValueError
 from autotile.runtime.worker import IsolatedRunner, Setup, WorkerError
 from autotile.tuning import api

@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     from autotile.cli import bench
     from autotile.codegen import build, kernels
     from autotile.codegen.problem import ProblemKey
-    from autotile.dispatch.cache import Record
+    from autotile.dispatch.record import Record
     from autotile.runtime import timing
     from autotile.runtime.device import live_device
     from autotile.runtime.impl import Cublas, Generated

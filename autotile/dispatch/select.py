@@ -37,7 +37,8 @@ from autotile.codegen.limits import DeviceLimits
 from autotile.codegen.problem import ProblemKey
 from autotile.codegen.space import Config, Problem
 from autotile.dispatch import precision as precision_mod
-from autotile.dispatch.cache import Record, TuningCache
+from autotile.dispatch.cache import TuningCache
+from autotile.dispatch.record import Record
 from autotile.errors import UnknownNameError
 from autotile.runtime.impl import Cublas, Generated, Implementation
 

@@ -19,7 +19,7 @@ from autotile.tuning.tuner import TuneResult
 
 def to_record(result: TuneResult, compat: str, source: str | None = None) -> Any:
     """The cache record of a tuning result; `source` is the winner's CUDA source (rendered if None)."""
-    from autotile.dispatch.cache import Record
+    from autotile.dispatch.record import Record
 
     if source is None:
         source = kernels.get(result.kernel).render(result.best.config, result.dtype, result.layout)
@@ -68,7 +68,7 @@ def save_timed_config(key: ProblemKey, config: Any, time_ms: float, baseline_ms:
     faster. Returns the cache's `PutOutcome`."""
     import time
 
-    from autotile.dispatch.cache import Record
+    from autotile.dispatch.record import Record
     from autotile.dispatch.select import counts
 
     spec = kernels.get(key.kernel)
