@@ -40,6 +40,7 @@ from autotile.dispatch import events, first_call
 from autotile.dispatch import precision as precision_mod
 from autotile.errors import ArgumentError
 from autotile.library.plan import matrix_order, plan_matmul
+from autotile.runtime.cublas import CublasCall
 from autotile.runtime.impl import CublasRunner, Runner
 from autotile.runtime.operands import Framework, Operand, as_framework, framework_of, stream_pointer
 
@@ -57,18 +58,25 @@ class _Prepared:
     cublas: bool
     key: ProblemKey | None = None
     capture_runner: Any = None  # where cuBLAS won: the generated kernel a CuPy graph capture runs instead
+    # where cuBLAS won: its routine called on pointers; inside a CUDA-graph capture the frameworks' own
+    # capturable paths run instead (cuBLAS may allocate its workspace when first used on a stream)
+    direct: CublasCall | None = None
 
     def call(self, framework: Framework, inputs: tuple[Any, ...], out: Any, out_nbytes: int, dtype: str,
              stream_ptr: int, batch_strides: tuple[int, ...] = ()) -> None:
         """Compute `out` (`out_nbytes` bytes of `dtype`) from `inputs`, arrays of `framework`, on the stream
         `stream_ptr`."""
         runner: Any = self.runner
+        pointer = framework.pointer
         if self.cublas:
+            if self.direct is not None and not _capturing(stream_ptr):
+                # cuBLAS on the pointers, no second framework's dispatch (`autotile.runtime.cublas`)
+                self.direct(tuple(pointer(x) for x in inputs), pointer(out), stream_ptr, batch_strides)
+                return
             if not _cupy_cublas_captured(framework, stream_ptr):
                 _cublas(framework, inputs, out, stream_ptr)
                 return
             runner = self._capture_runner()
-        pointer = framework.pointer
         runner.launch(tuple(pointer(x) for x in inputs), pointer(out), out_nbytes, dtype, stream_ptr, batch_strides,
                       framework.allocate)
 
@@ -90,6 +98,11 @@ class _Prepared:
             assert config is not None  # the built-in default is a generated config
             self.capture_runner = Generated(config).prepare(self.key)
         return self.capture_runner
+
+
+def _capturing(stream_ptr: int) -> bool:
+    """Whether the CUDA stream `stream_ptr` is being captured into a graph."""
+    return bool(_cupy().cuda.runtime.streamIsCapturing(stream_ptr))
 
 
 def _cupy_cublas_captured(framework: Framework, stream_ptr: int) -> bool:
@@ -152,7 +165,8 @@ def _prepare(kernel: str, dtype: str, layout: str, shape: tuple[int, ...], setti
     if launch is not None and launch.grid[2] > MAX_GRID_Z:
         raise ArgumentError(f"a batch of {shape[0]} matrices times {launch.grid[2] // shape[0]} K split(s) exceeds "
                             f"CUDA's {MAX_GRID_Z} blocks along grid z; split the batch")
-    prepared = _Prepared(runner, selection, isinstance(runner, CublasRunner), key)
+    cublas = isinstance(runner, CublasRunner)
+    prepared = _Prepared(runner, selection, cublas, key, direct=CublasCall(key, device_id) if cublas else None)
     with _lock:
         _prepared[memo_key] = prepared
     return prepared
@@ -314,6 +328,12 @@ def matvec(A: Any, x: Any, out: Any = None, precision: str | None = None, stream
     `precision` is checked as `matmul`'s is, and changes nothing: every matvec kernel is IEEE."""
     setting = precision_mod.resolve(precision)
     framework = framework_of(A, x)
+    # The per-call path, as matmul's: a repeated call of a known signature reads pointers and launches.
+    signature = ("matvec", framework.signature(A), framework.signature(x),
+                 None if out is None else framework.signature(out), setting)
+    known = _calls.get(signature)
+    if known is not None:
+        return known.run(framework, (A, x), out, stream)
     a, v = as_framework(framework, A, "A"), as_framework(framework, x, "x")
     if len(a.shape) != 2 or len(v.shape) != 1:
         raise ArgumentError(f"matvec takes a 2-D A and a 1-D x; got {len(a.shape)}-D and {len(v.shape)}-D")
@@ -326,13 +346,17 @@ def matvec(A: Any, x: Any, out: Any = None, precision: str | None = None, stream
     order = matrix_order(M, K, *a.strides)
     if order is None:
         a, order = framework.operand(framework.row_major(a.obj), "A"), "n"
+    copied = v.obj is not x or a.obj is not A
     if K > 1 and v.strides[0] != 1:
-        v = framework.operand(framework.row_major(v.obj), "x")
+        v, copied = framework.operand(framework.row_major(v.obj), "x"), True
     y = _output(framework, out, (M,), dtype, a.device)
     stream_ptr = _stream(framework, stream, a.device)
     with _device_of(a.device):
         prepared = _prepare("matvec", dtype, "row" if order == "n" else "col", (M, K), setting, a.device)
     _launch_on(a.device, prepared, framework, (a.obj, v.obj), y.obj, _nbytes(y), dtype, stream_ptr)
+    if not copied and None not in signature[1:3] and (out is None or signature[3] is not None):
+        with _lock:  # only signatures of the framework's own arrays that needed no copy
+            _calls[signature] = _Call(prepared, (M,), _nbytes(y), dtype, a.device, ())
     return y.obj
 
 

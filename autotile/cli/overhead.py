@@ -1,0 +1,142 @@
+"""The host's cost per library call: `python -m autotile.cli.overhead` (needs a GPU and torch).
+
+A model calls the library back to back; a problem whose GPU work is shorter than the host's work per call
+runs at the host's pace. For each entry point (matmul, matvec, bmm, `x @ W.T`, column-major gemv) this
+times, on torch tensors and on CuPy arrays, the call the user would make instead (torch's, CuPy's) and
+autotile's, repeated on the same arrays:
+
+- enqueue: microseconds of host time per call, without synchronising (the median over rounds of
+  `--calls` calls; the GPU's queue never fills at these sizes);
+- back to back: microseconds per call including the GPU's work (the same rounds, synchronised at the end),
+  as a model's layer runs them; the ratio is the other call's time over autotile's (above 1: autotile
+  faster).
+
+Also an empty kernel launched through CuPy (the floor of any launch from Python). Prints one table;
+`--json PATH` writes the numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from typing import Any, Callable
+
+
+def _time(call: Callable[[], Any], sync: Callable[[], None], calls: int, rounds: int) -> tuple[float, float]:
+    """(enqueue, back-to-back) microseconds per call: medians over `rounds` rounds of `calls` calls."""
+    for _ in range(20):
+        call()
+    sync()
+    enqueue, total = [], []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        for _ in range(calls):
+            call()
+        queued = time.perf_counter()
+        sync()
+        done = time.perf_counter()
+        enqueue.append((queued - start) / calls * 1e6)
+        total.append((done - start) / calls * 1e6)
+    return statistics.median(enqueue), statistics.median(total)
+
+
+Case = tuple[str, Callable[[], Any], Callable[[], Any], tuple[str, str, tuple[int, ...]]]
+
+
+def cases(torch: Any, cupy: Any, autotile: Any) -> list[Case]:
+    """(name, the other call, autotile's call, what autotile runs) for every entry point."""
+    def t(*shape: int) -> Any:
+        return torch.rand(*shape, device="cuda") - 0.5
+
+    def c(*shape: int) -> Any:
+        return cupy.random.random(shape, dtype=cupy.float32) - 0.5
+
+    a, b, x = t(64, 64), t(64, 64), t(64)
+    a3, b3 = t(8, 64, 64), t(8, 64, 64)
+    w, xs = t(4096, 4096), t(16, 4096)
+    gemv_a, gemv_x = t(3000, 3000).T, t(3000)  # column-major A: about 9 million elements
+    ca, cb, cx = c(64, 64), c(64, 64), c(64)
+    out = {"mm": torch.empty(64, 64, device="cuda"), "cmm": cupy.empty((64, 64), dtype=cupy.float32)}
+    found: list[Case] = [
+        ("torch matmul 64x64x64", lambda: torch.matmul(a, b), lambda: autotile.matmul(a, b),
+         ("matmul", "nn", (64, 64, 64))),
+        ("torch matmul 64x64x64, out=", lambda: torch.matmul(a, b, out=out["mm"]),
+         lambda: autotile.matmul(a, b, out=out["mm"]), ("matmul", "nn", (64, 64, 64))),
+        ("torch matvec 64x64", lambda: torch.mv(a, x), lambda: autotile.matvec(a, x), ("matvec", "row", (64, 64))),
+        ("torch bmm 8 x 64x64x64", lambda: torch.bmm(a3, b3), lambda: autotile.matmul(a3, b3),
+         ("bmm", "nn", (8, 64, 64, 64))),
+        ("torch x @ W.T 64x64x64", lambda: torch.matmul(a, b.T), lambda: autotile.matmul(a, b.T),
+         ("matmul", "nt", (64, 64, 64))),
+        ("torch x @ W.T 16x4096x4096", lambda: torch.matmul(xs, w.T), lambda: autotile.matmul(xs, w.T),
+         ("matmul", "nt", (16, 4096, 4096))),
+        ("torch gemv column-major 3000x3000", lambda: torch.mv(gemv_a, gemv_x),
+         lambda: autotile.matvec(gemv_a, gemv_x), ("matvec", "col", (3000, 3000))),
+        ("cupy matmul 64x64x64", lambda: cupy.matmul(ca, cb), lambda: autotile.matmul(ca, cb),
+         ("matmul", "nn", (64, 64, 64))),
+        ("cupy matmul 64x64x64, out=", lambda: cupy.matmul(ca, cb, out=out["cmm"]),
+         lambda: autotile.matmul(ca, cb, out=out["cmm"]), ("matmul", "nn", (64, 64, 64))),
+        ("cupy matvec 64x64", lambda: cupy.matmul(ca, cx), lambda: autotile.matvec(ca, cx),
+         ("matvec", "row", (64, 64))),
+    ]
+    return found
+
+
+def _runs(problem: tuple[str, str, tuple[int, ...]]) -> str:
+    """What the library runs for a problem: cuBLAS, or a generated config (and the selection step)."""
+    from autotile.library.calls import selection_for
+
+    kernel, layout, shape = problem
+    selection = selection_for(kernel, "float32", layout, shape)
+    return "cuBLAS" if selection.implementation == "cublas" else f"generated ({selection.source})"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m autotile.cli.overhead",
+                                     description=(__doc__ or "").split("\n")[0])
+    parser.add_argument("--calls", type=int, default=100, help="calls per round (default 100)")
+    parser.add_argument("--rounds", type=int, default=30, help="rounds; the median is reported (default 30)")
+    parser.add_argument("--json", default=None, metavar="PATH", help="write the numbers as JSON")
+    args = parser.parse_args(argv)
+    if args.calls < 1 or args.rounds < 1:
+        print(f"{parser.prog}: error: --calls and --rounds must be at least 1", file=sys.stderr)
+        return 2
+    try:
+        import cupy
+        import torch
+    except ImportError as exc:
+        print(f"{parser.prog}: error: needs CuPy and torch ({exc})", file=sys.stderr)
+        return 2
+    from autotile.library import api as autotile
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    rows = []
+    sync_torch, sync_cupy = torch.cuda.synchronize, cupy.cuda.runtime.deviceSynchronize
+    empty = cupy.RawKernel('extern "C" __global__ void empty() {}', "empty")
+    floor, _ = _time(lambda: empty((1,), (32,), ()), sync_cupy, args.calls, args.rounds)
+    for name, theirs, mine, problem in cases(torch, cupy, autotile):
+        sync = sync_torch if name.startswith("torch") else sync_cupy
+        their_enqueue, their_total = _time(theirs, sync, args.calls, args.rounds)
+        my_enqueue, my_total = _time(mine, sync, args.calls, args.rounds)
+        rows.append({"case": name, "other_enqueue_us": their_enqueue, "autotile_enqueue_us": my_enqueue,
+                     "other_us": their_total, "autotile_us": my_total, "ratio": their_total / my_total,
+                     "autotile_runs": _runs(problem)})
+    device = torch.cuda.get_device_name()
+    print(f"## Host cost per call, {device}, {time.strftime('%Y-%m-%d')} (torch {torch.__version__}, "
+          f"CuPy {cupy.__version__}, TF32 off)\n")
+    print(f"An empty kernel launched through CuPy: {floor:.1f} us to enqueue.\n")
+    print("| call | autotile runs | enqueue: theirs us | autotile us | back to back: theirs us | autotile us | ratio |")
+    print("| --- | --- | ---: | ---: | ---: | ---: | ---: |")
+    for r in rows:
+        print(f"| {r['case']} | {r['autotile_runs']} | {r['other_enqueue_us']:.1f} | {r['autotile_enqueue_us']:.1f} | "
+              f"{r['other_us']:.1f} | {r['autotile_us']:.1f} | {r['ratio']:.2f} |")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"device": device, "empty_kernel_us": floor, "rows": rows}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,127 @@
+"""cuBLAS called directly on pointers (`autotile.runtime.cublas`), and the library's calls that select cuBLAS:
+every layout, batches (one operand broadcast), matvec in both layouts, float32 and float64, on shapes that are
+no multiple of any tile, against a float64 reference, the output poisoned first. Skipped without a GPU."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from autotile.codegen.problem import ProblemKey
+
+pytestmark = pytest.mark.gpu
+
+SHAPES = [(1, 1, 1), (1, 97, 33), (61, 1, 7), (131, 67, 257), (257, 263, 1)]
+
+
+def _matrix(cupy, rows: int, cols: int, order: str, dtype: str, batch: int = 0):
+    """A random (batch x) rows x cols matrix, stored row-major ("n") or column-major ("t")."""
+    shape = (batch, rows, cols) if batch else (rows, cols)
+    x = cupy.random.standard_normal(shape).astype(dtype)
+    if order == "t":
+        x = cupy.ascontiguousarray(x.swapaxes(-1, -2)).swapaxes(-1, -2)
+    return x
+
+
+def _error(out, ref) -> float:
+    out64 = np.asarray(out.get(), dtype=np.float64)
+    return float(np.linalg.norm(out64 - ref) / max(np.linalg.norm(ref), 1e-300))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("layout", ["nn", "nt", "tn", "tt"])
+def test_gemm_on_pointers_matches_the_reference(layout, dtype):
+    import cupy
+
+    from autotile.runtime.cublas import CublasCall
+
+    stream = cupy.cuda.Stream(non_blocking=True)
+    for M, N, K in SHAPES:
+        a, b = _matrix(cupy, M, K, layout[0], dtype), _matrix(cupy, K, N, layout[1], dtype)
+        out = cupy.full((M, N), cupy.nan, dtype=dtype)
+        call = CublasCall(ProblemKey("matmul", dtype, layout, (M, N, K)), cupy.cuda.Device().id)
+        call((a.data.ptr, b.data.ptr), out.data.ptr, stream.ptr)
+        stream.synchronize()
+        ref = a.get().astype(np.float64) @ b.get().astype(np.float64)
+        assert _error(out, ref) < (1e-6 if dtype == "float32" else 1e-14), (layout, M, N, K)
+
+
+@pytest.mark.parametrize("broadcast", ["none", "a", "b"])
+@pytest.mark.parametrize("layout", ["nn", "tt"])
+def test_strided_batched_gemm_with_a_broadcast_operand(layout, broadcast):
+    import cupy
+
+    from autotile.runtime.cublas import CublasCall
+
+    batch, M, N, K = 5, 37, 19, 23
+    a = _matrix(cupy, M, K, layout[0], "float32", 0 if broadcast == "a" else batch)
+    b = _matrix(cupy, K, N, layout[1], "float32", 0 if broadcast == "b" else batch)
+    out = cupy.full((batch, M, N), cupy.nan, dtype=cupy.float32)
+    call = CublasCall(ProblemKey("bmm", "float32", layout, (batch, M, N, K)), cupy.cuda.Device().id)
+    strides = (0 if broadcast == "a" else M * K, 0 if broadcast == "b" else K * N)
+    call((a.data.ptr, b.data.ptr), out.data.ptr, cupy.cuda.get_current_stream().ptr, strides)
+    ref = np.matmul(a.get().astype(np.float64), b.get().astype(np.float64))
+    assert _error(out, ref) < 1e-6
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("layout", ["row", "col"])
+def test_gemv_on_pointers_matches_the_reference(layout, dtype):
+    import cupy
+
+    from autotile.runtime.cublas import CublasCall
+
+    for M, K in [(1, 1), (1, 17), (29, 1), (1031, 2053)]:
+        a = _matrix(cupy, M, K, "n" if layout == "row" else "t", dtype)
+        x = cupy.random.standard_normal(K).astype(dtype)
+        y = cupy.full(M, cupy.nan, dtype=dtype)
+        CublasCall(ProblemKey("matvec", dtype, layout, (M, K)), cupy.cuda.Device().id)(
+            (a.data.ptr, x.data.ptr), y.data.ptr, cupy.cuda.get_current_stream().ptr)
+        ref = a.get().astype(np.float64) @ x.get().astype(np.float64)
+        assert _error(y, ref) < (1e-6 if dtype == "float32" else 1e-14), (layout, M, K)
+
+
+def test_library_calls_that_select_cublas_run_it_on_pointers(monkeypatch):
+    # Every problem selects cuBLAS here: the repeated call runs the direct routine, on CuPy arrays and torch
+    # tensors, with and without out=, and matvec too; special values pass through as cuBLAS's own do.
+    import cupy
+
+    from autotile.dispatch import select as select_mod
+    from autotile.library import calls
+    from autotile.runtime import cublas as cublas_mod
+
+    calls.forget()
+    monkeypatch.setattr(select_mod, "select", lambda key, device, cache=None, precision=None: select_mod.Selection(
+        None, "exact", None, None, "cublas", precision=precision))
+    used = []
+    original = cublas_mod.CublasCall.__call__
+
+    def spy(self, *args, **kwargs):
+        used.append(self)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(cublas_mod.CublasCall, "__call__", spy)
+    try:
+        a, b = cupy.random.standard_normal((131, 67)).astype(cupy.float32), cupy.random.standard_normal(
+            (67, 257)).astype(cupy.float32)
+        a[3, 5], b[7, 11] = cupy.inf, cupy.nan
+        for _ in range(2):
+            c = calls.matmul_no_autograd(a, b)
+            out = cupy.full((131, 257), cupy.nan, dtype=cupy.float32)
+            calls.matmul_no_autograd(a, b.T.copy().T, out=out)
+            y = calls.matvec(a, b[:, 0].copy())
+        for got, expected in ((c, cupy.matmul(a, b)), (out, cupy.matmul(a, b)), (y, cupy.matmul(a, b[:, 0]))):
+            assert bool(cupy.array_equal(cupy.isnan(got), cupy.isnan(expected)))
+            assert bool(cupy.array_equal(cupy.isinf(got), cupy.isinf(expected)))
+            finite = cupy.isfinite(expected)
+            assert float(cupy.abs(got[finite] - expected[finite]).max()) < 1e-3
+        assert len(used) >= 6
+        torch = pytest.importorskip("torch")
+        ta, tb = torch.randn(33, 65, device="cuda"), torch.randn(65, 17, device="cuda")
+        for _ in range(2):
+            tc = calls.matmul_no_autograd(ta, tb.T.contiguous().T)
+        assert isinstance(tc, torch.Tensor)
+        ref = ta.double() @ tb.double()
+        assert float((tc.double() - ref).norm() / ref.norm()) < 1e-6
+    finally:
+        calls.forget()
