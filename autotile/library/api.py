@@ -33,9 +33,12 @@ def matmul(A: Any, B: Any, out: Any = None, precision: str | None = None, stream
     return matmul_no_autograd(A, B, out, precision, stream)
 
 
-def _needs_grad(*arrays: Any) -> bool:
-    torch = sys.modules.get("torch")
-    return (torch is not None and any(isinstance(x, torch.Tensor) and x.requires_grad for x in arrays)
+def _needs_grad(a: Any, b: Any) -> bool:
+    torch = sys.modules.get("torch")  # no torch imported: no tensor can need a gradient
+    if torch is None:
+        return False
+    tensor = torch.Tensor
+    return (((isinstance(a, tensor) and a.requires_grad) or (isinstance(b, tensor) and b.requires_grad))
             and torch.is_grad_enabled())
 
 

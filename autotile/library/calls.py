@@ -42,7 +42,7 @@ from autotile.errors import ArgumentError
 from autotile.library.plan import matrix_order, plan_matmul
 from autotile.runtime.cublas import CublasCall
 from autotile.runtime.impl import CublasRunner, Runner
-from autotile.runtime.operands import Framework, Operand, as_framework, framework_of, stream_pointer
+from autotile.runtime.operands import Framework, Operand, as_framework, framework_by_type, stream_pointer
 
 if TYPE_CHECKING:  # the selection chain reads the cache (filelock, platformdirs): imported on first call
     from autotile.dispatch.select import Selection
@@ -71,13 +71,13 @@ class _Prepared:
         if self.cublas:
             if self.direct is not None and not _capturing(stream_ptr):
                 # cuBLAS on the pointers, no second framework's dispatch (`autotile.runtime.cublas`)
-                self.direct(tuple(pointer(x) for x in inputs), pointer(out), stream_ptr, batch_strides)
+                self.direct(tuple(map(pointer, inputs)), pointer(out), stream_ptr, batch_strides)
                 return
             if not _cupy_cublas_captured(framework, stream_ptr):
                 _cublas(framework, inputs, out, stream_ptr)
                 return
             runner = self._capture_runner()
-        runner.launch(tuple(pointer(x) for x in inputs), pointer(out), out_nbytes, dtype, stream_ptr, batch_strides,
+        runner.launch(tuple(map(pointer, inputs)), pointer(out), out_nbytes, dtype, stream_ptr, batch_strides,
                       framework.allocate)
 
     def _capture_runner(self) -> Any:
@@ -275,20 +275,41 @@ class _Call:
     dtype: str
     device: int
     batch_strides: tuple[int, ...]
+    # What runs without a detour: a plain generated kernel's runner (`KernelRunner.launch_plain`), or cuBLAS
+    # on pointers; None where the launch needs more (zeroing, a workspace, tensor maps, a capture check).
+    plain: Any = None
+    direct: CublasCall | None = None
 
     def run(self, framework: Framework, inputs: tuple[Any, ...], out: Any, stream: Any) -> Any:
         c = out if out is not None else framework.empty(self.out_shape, self.dtype, self.device)
         stream_ptr = framework.current_stream(self.device) if stream is None else stream_pointer(stream)
+        if _current_device() == self.device:
+            pointer = framework.pointer
+            if self.plain is not None:
+                self.plain.launch_plain(tuple(map(pointer, inputs)), pointer(c), stream_ptr, self.batch_strides)
+                return c
+            if self.direct is not None and not _capturing(stream_ptr):
+                self.direct(tuple(map(pointer, inputs)), pointer(c), stream_ptr, self.batch_strides)
+                return c
         _launch_on(self.device, self.prepared, framework, inputs, c, self.out_nbytes, self.dtype, stream_ptr,
                    self.batch_strides)
         return c
+
+
+def _call(prepared: _Prepared, out_shape: tuple[int, ...], out_nbytes: int, dtype: str, device: int,
+          batch_strides: tuple[int, ...]) -> _Call:
+    """The repeated call of a signature, with its shortest launch found once."""
+    runner = prepared.runner
+    plain = runner if not prepared.cublas and getattr(runner, "plain", False) else None
+    return _Call(prepared, out_shape, out_nbytes, dtype, device, batch_strides, plain,
+                 prepared.direct if prepared.cublas else None)
 
 
 def matmul_no_autograd(A: Any, B: Any, out: Any = None, precision: str | None = None, stream: Any = None) -> Any:
     """`autotile.matmul` without the autograd check (`autotile.library.api.matmul` says what it takes): what
     the PyTorch operator runs."""
     setting = precision_mod.resolve(precision)  # checked first: a bad value is an error whatever the arrays
-    framework = framework_of(A, B)
+    framework = framework_by_type(A, B)
     # The per-call path: a repeated call of a known signature reads its arrays' signatures and pointers and
     # launches; everything else was checked and prepared by its first call.
     signature = (framework.signature(A), framework.signature(B), None if out is None else framework.signature(out),
@@ -312,7 +333,7 @@ def matmul_no_autograd(A: Any, B: Any, out: Any = None, precision: str | None = 
     stream_ptr = _stream(framework, stream, a.device)
     with _device_of(a.device):
         prepared = _prepare(plan.kernel, dtype, plan.layout, plan.shape, setting, a.device)
-    call = _Call(prepared, plan.out_shape, _nbytes(c), dtype, a.device, plan.batch_strides)
+    call = _call(prepared, plan.out_shape, _nbytes(c), dtype, a.device, plan.batch_strides)
     _launch_on(a.device, prepared, framework, (a.obj, b.obj), c.obj, call.out_nbytes, dtype, stream_ptr,
                plan.batch_strides)
     if not copied and None not in signature[:2] and (out is None or signature[2] is not None):
@@ -327,7 +348,7 @@ def matvec(A: Any, x: Any, out: Any = None, precision: str | None = None, stream
 
     `precision` is checked as `matmul`'s is, and changes nothing: every matvec kernel is IEEE."""
     setting = precision_mod.resolve(precision)
-    framework = framework_of(A, x)
+    framework = framework_by_type(A, x)
     # The per-call path, as matmul's: a repeated call of a known signature reads pointers and launches.
     signature = ("matvec", framework.signature(A), framework.signature(x),
                  None if out is None else framework.signature(out), setting)
@@ -356,7 +377,7 @@ def matvec(A: Any, x: Any, out: Any = None, precision: str | None = None, stream
     _launch_on(a.device, prepared, framework, (a.obj, v.obj), y.obj, _nbytes(y), dtype, stream_ptr)
     if not copied and None not in signature[1:3] and (out is None or signature[3] is not None):
         with _lock:  # only signatures of the framework's own arrays that needed no copy
-            _calls[signature] = _Call(prepared, (M,), _nbytes(y), dtype, a.device, ())
+            _calls[signature] = _call(prepared, (M,), _nbytes(y), dtype, a.device, ())
     return y.obj
 
 

@@ -105,10 +105,12 @@ class ParameterBlock:
         self._pointers = (ctypes.c_void_p * len(types))(*(self._base + o for o in self.offsets))
         self.address = ctypes.addressof(self._pointers)  # what cuLaunchKernel takes as kernelParams
         self.lock = threading.Lock()  # held from filling the slots to the end of the launch call
+        # One ctypes view per 8-byte slot, made once: writing `.value` is the whole cost of a set.
+        self.words = [ctypes.c_uint64.from_address(self._base + o) for o in self.offsets]
 
     def set(self, index: int, value: int) -> None:
         """An integer or pointer parameter (a negative int64 as its two's complement)."""
-        ctypes.c_uint64.from_address(self._base + self.offsets[index]).value = int(value) & 0xFFFFFFFFFFFFFFFF
+        self.words[index].value = int(value) & 0xFFFFFFFFFFFFFFFF
 
     def set_bytes(self, index: int, value: bytes) -> None:
         """A "tensormap" parameter: its 128 bytes."""
@@ -173,12 +175,18 @@ class KernelRunner:
             self.parameters.set(inputs + 1 + i, int(size))
         self._first_stride = inputs + 1 + len(sizes)
         build.allow_dynamic_smem(kernel, launch.dynamic_smem_bytes)
+        # The common launch (`launch_plain`): only pointers and batch strides change.
+        self.plain = not (launch.zero_output or launch.tickets or launch.tensor_maps)
+        self._launch_packed = kernel.launch_packed
 
     def launch(self, pointers: tuple[int, ...], out_ptr: int, out_nbytes: int, dtype: str, stream_ptr: int,
                batch_strides: tuple[int, ...] = (), allocate: Allocator = cupy_allocator) -> None:
         """Compute the output at `out_ptr` (`out_nbytes` bytes of `dtype`) from the inputs at `pointers`, on
         the CUDA stream `stream_ptr`. Allocates only on a last_block kernel's first run on a stream."""
         launch = self.geometry
+        if self.plain:
+            self.launch_plain(pointers, out_ptr, stream_ptr, batch_strides)
+            return
         buffers = None
         if launch.zero_output:
             # Split-K blocks add their partial sums into the output: it starts at zero, on the same stream
@@ -208,6 +216,21 @@ class KernelRunner:
                 for i, tensor_map in enumerate(maps or ()):
                     parameters.set_bytes(self._first_map + 1 + i, tensor_map)
             self.kernel.launch_packed(launch.grid, launch.block, launch.dynamic_smem_bytes, stream_ptr, parameters)
+
+    def launch_plain(self, pointers: tuple[int, ...], out_ptr: int, stream_ptr: int,
+                     batch_strides: tuple[int, ...] = ()) -> None:
+        """`launch` of a plain kernel (`self.plain`: no zeroing, no workspace, no tensor maps): the pointer and
+        batch-stride slots filled, then cuLaunchKernel. The library's repeated call comes here directly."""
+        words, launch = self.parameters.words, self.geometry
+        with self.parameters.lock:
+            for i, pointer in enumerate(pointers):
+                words[i].value = pointer
+            words[len(pointers)].value = out_ptr
+            slot = self._first_stride
+            for stride in batch_strides:  # non-negative: an element count, or 0 for a broadcast operand
+                words[slot].value = stride
+                slot += 1
+            self._launch_packed(launch.grid, launch.block, launch.dynamic_smem_bytes, stream_ptr, self.parameters)
 
     def uses_tensor_maps(self, pointers: tuple[int, ...]) -> bool:
         """Whether a launch with the inputs at `pointers` copies its tiles with tensor maps (LOADER=tma and

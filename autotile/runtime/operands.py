@@ -219,6 +219,21 @@ def framework_of(*arrays: Any) -> Framework:
     return found
 
 
+_by_type: dict[type, Framework] = {}
+
+
+def framework_by_type(a: Any, b: Any) -> Framework:
+    """`framework_of(a, b)`, remembered by the arrays' type where both have the same (a call's common case:
+    one dictionary lookup)."""
+    kind = type(a)
+    if kind is type(b):
+        found = _by_type.get(kind)
+        if found is None:
+            found = _by_type[kind] = framework_of(a, b)
+        return found
+    return framework_of(a, b)
+
+
 def as_cupy(cupy: Any, value: Any, name: str) -> Any:
     """`value` as a CuPy array sharing its memory; `ArgumentError` for host data."""
     if isinstance(value, cupy.ndarray):
