@@ -25,22 +25,28 @@ import time
 from typing import Any, Callable
 
 
-def _time(call: Callable[[], Any], sync: Callable[[], None], calls: int, rounds: int) -> tuple[float, float]:
-    """(enqueue, back-to-back) microseconds per call: medians over `rounds` rounds of `calls` calls."""
-    for _ in range(20):
-        call()
-    sync()
-    enqueue, total = [], []
-    for _ in range(rounds):
-        start = time.perf_counter()
-        for _ in range(calls):
+def _time(calls: dict[str, Callable[[], Any]], sync: Callable[[], None], n: int, rounds: int
+          ) -> dict[str, tuple[float, float]]:
+    """Per call: (enqueue, back-to-back) microseconds, medians over `rounds` rounds of `n` calls each. The
+    calls take turns round by round, so a host that speeds up or slows down during the run (a shared
+    machine's does) moves them alike."""
+    for call in calls.values():
+        for _ in range(20):
             call()
-        queued = time.perf_counter()
-        sync()
-        done = time.perf_counter()
-        enqueue.append((queued - start) / calls * 1e6)
-        total.append((done - start) / calls * 1e6)
-    return statistics.median(enqueue), statistics.median(total)
+    sync()
+    enqueue: dict[str, list[float]] = {name: [] for name in calls}
+    total: dict[str, list[float]] = {name: [] for name in calls}
+    for _ in range(rounds):
+        for name, call in calls.items():
+            start = time.perf_counter()
+            for _ in range(n):
+                call()
+            queued = time.perf_counter()
+            sync()
+            done = time.perf_counter()
+            enqueue[name].append((queued - start) / n * 1e6)
+            total[name].append((done - start) / n * 1e6)
+    return {name: (statistics.median(enqueue[name]), statistics.median(total[name])) for name in calls}
 
 
 Case = tuple[str, Callable[[], Any], Callable[[], Any], tuple[str, str, tuple[int, ...]]]
@@ -115,11 +121,11 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     sync_torch, sync_cupy = torch.cuda.synchronize, cupy.cuda.runtime.deviceSynchronize
     empty = cupy.RawKernel('extern "C" __global__ void empty() {}', "empty")
-    floor, _ = _time(lambda: empty((1,), (32,), ()), sync_cupy, args.calls, args.rounds)
+    floor = _time({"empty": lambda: empty((1,), (32,), ())}, sync_cupy, args.calls, args.rounds)["empty"][0]
     for name, theirs, mine, problem in cases(torch, cupy, autotile):
         sync = sync_torch if name.startswith("torch") else sync_cupy
-        their_enqueue, their_total = _time(theirs, sync, args.calls, args.rounds)
-        my_enqueue, my_total = _time(mine, sync, args.calls, args.rounds)
+        timed = _time({"theirs": theirs, "mine": mine}, sync, args.calls, args.rounds)
+        (their_enqueue, their_total), (my_enqueue, my_total) = timed["theirs"], timed["mine"]
         rows.append({"case": name, "other_enqueue_us": their_enqueue, "autotile_enqueue_us": my_enqueue,
                      "other_us": their_total, "autotile_us": my_total, "ratio": their_total / my_total,
                      "autotile_runs": _runs(problem)})

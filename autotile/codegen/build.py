@@ -340,6 +340,20 @@ class Kernel:
         # CuPy's Function wants tuples for grid and block.
         self._function(tuple(grid), tuple(block), tuple(args), shared_mem=int(shared_mem), stream=stream)
 
+    @property
+    def function_pointer(self) -> int:
+        """The driver's handle of this kernel (CUfunction), for `launch_function`."""
+        return int(self._function.ptr)
+
+    @property
+    def launch_function(self) -> Callable[..., None]:
+        """cuLaunchKernel (CuPy's binding): (function, grid x, y, z, block x, y, z, shared memory, stream,
+        kernelParams, extra)."""
+        from cupy.cuda import driver
+
+        launch: Callable[..., None] = driver.launchKernel
+        return launch
+
     def launch_packed(self, grid: tuple[int, int, int], block: tuple[int, int, int], shared_mem: int,
                       stream_ptr: int, parameters: Any) -> None:
         """Launch with the parameters already packed (`impl.ParameterBlock`, its `address` the driver's

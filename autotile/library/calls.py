@@ -33,7 +33,7 @@ import contextlib
 import dataclasses
 import math
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from autotile.codegen.problem import MAX_DIM, ProblemKey, canonical_layout
 from autotile.dispatch import events, first_call
@@ -116,7 +116,7 @@ _lock = threading.Lock()
 _prepared: dict[tuple[Any, ...], _Prepared] = {}
 # Calls by signature (each array's `Framework.signature`, out's, the setting) that needed no copy: what
 # they run and how, so that a repeated call only reads pointers and launches.
-_calls: dict[tuple[Any, ...], _Call] = {}
+_calls: dict[tuple[Any, ...], Repeat] = {}
 _device_limits: dict[int, Any] = {}
 
 
@@ -276,24 +276,54 @@ class _Call:
     device: int
     batch_strides: tuple[int, ...]
     # What runs without a detour: a plain generated kernel's runner (`KernelRunner.launch_plain`), or cuBLAS
-    # on pointers; None where the launch needs more (zeroing, a workspace, tensor maps, a capture check).
+    # on pointers; None where the launch needs more (zeroing, a workspace, tensor maps).
     plain: Any = None
     direct: CublasCall | None = None
 
     def run(self, framework: Framework, inputs: tuple[Any, ...], out: Any, stream: Any) -> Any:
+        """The call on any device and stream, by the general path (`_repeat` makes the short one)."""
         c = out if out is not None else framework.empty(self.out_shape, self.dtype, self.device)
         stream_ptr = framework.current_stream(self.device) if stream is None else stream_pointer(stream)
-        if _current_device() == self.device:
-            pointer = framework.pointer
-            if self.plain is not None:
-                self.plain.launch_plain(tuple(map(pointer, inputs)), pointer(c), stream_ptr, self.batch_strides)
-                return c
-            if self.direct is not None and not _capturing(stream_ptr):
-                self.direct(tuple(map(pointer, inputs)), pointer(c), stream_ptr, self.batch_strides)
-                return c
         _launch_on(self.device, self.prepared, framework, inputs, c, self.out_nbytes, self.dtype, stream_ptr,
                    self.batch_strides)
         return c
+
+
+Repeat = Callable[[Any, Any, Any, Any], Any]  # (A, B or x, out, stream) -> the result
+
+
+def _repeat(framework: Framework, call: _Call) -> Repeat:
+    """A signature's repeated call as one function with everything but the arrays and the stream bound:
+    the output allocated (where no `out` is given), three pointers read, one launch. Where the current
+    device is not the arrays' (or, for cuBLAS, the stream is being captured into a graph), `call.run`."""
+    device, strides, slow = call.device, call.batch_strides, call.run
+    empty = framework.allocator(call.out_shape, call.dtype, device)
+    current_stream = framework.stream_getter(device)
+    pointer = framework.pointer_function()
+    if call.plain is not None:
+        go = call.plain.bound_launch(strides)
+
+        def run_kernel(a: Any, b: Any, out: Any, stream: Any) -> Any:
+            if _current_device() != device:
+                return slow(framework, (a, b), out, stream)
+            c = empty() if out is None else out
+            go(pointer(a), pointer(b), pointer(c), current_stream() if stream is None else stream_pointer(stream))
+            return c
+
+        return run_kernel
+    direct = call.direct
+    if direct is not None:
+
+        def run_cublas(a: Any, b: Any, out: Any, stream: Any) -> Any:
+            stream_ptr = current_stream() if stream is None else stream_pointer(stream)
+            if _current_device() != device or _capturing(stream_ptr):
+                return slow(framework, (a, b), out, stream)
+            c = empty() if out is None else out
+            direct((pointer(a), pointer(b)), pointer(c), stream_ptr, strides)
+            return c
+
+        return run_cublas
+    return lambda a, b, out, stream: slow(framework, (a, b), out, stream)
 
 
 def _call(prepared: _Prepared, out_shape: tuple[int, ...], out_nbytes: int, dtype: str, device: int,
@@ -316,7 +346,7 @@ def matmul_no_autograd(A: Any, B: Any, out: Any = None, precision: str | None = 
                  setting)
     known = _calls.get(signature)
     if known is not None:
-        return known.run(framework, (A, B), out, stream)
+        return known(A, B, out, stream)
     a, b = as_framework(framework, A, "A"), as_framework(framework, B, "B")
     dtype = _check_dtypes("AB", a, b)
     plan = plan_matmul(a.shape, a.strides, b.shape, b.strides)
@@ -338,7 +368,7 @@ def matmul_no_autograd(A: Any, B: Any, out: Any = None, precision: str | None = 
                plan.batch_strides)
     if not copied and None not in signature[:2] and (out is None or signature[2] is not None):
         with _lock:  # only signatures of the framework's own arrays: others are converted on every call
-            _calls[signature] = call
+            _calls[signature] = _repeat(framework, call)
     return c.obj
 
 
@@ -354,7 +384,7 @@ def matvec(A: Any, x: Any, out: Any = None, precision: str | None = None, stream
                  None if out is None else framework.signature(out), setting)
     known = _calls.get(signature)
     if known is not None:
-        return known.run(framework, (A, x), out, stream)
+        return known(A, x, out, stream)
     a, v = as_framework(framework, A, "A"), as_framework(framework, x, "x")
     if len(a.shape) != 2 or len(v.shape) != 1:
         raise ArgumentError(f"matvec takes a 2-D A and a 1-D x; got {len(a.shape)}-D and {len(v.shape)}-D")
@@ -377,7 +407,7 @@ def matvec(A: Any, x: Any, out: Any = None, precision: str | None = None, stream
     _launch_on(a.device, prepared, framework, (a.obj, v.obj), y.obj, _nbytes(y), dtype, stream_ptr)
     if not copied and None not in signature[1:3] and (out is None or signature[3] is not None):
         with _lock:  # only signatures of the framework's own arrays that needed no copy
-            _calls[signature] = _call(prepared, (M,), _nbytes(y), dtype, a.device, ())
+            _calls[signature] = _repeat(framework, _call(prepared, (M,), _nbytes(y), dtype, a.device, ()))
     return y.obj
 
 

@@ -178,6 +178,7 @@ class KernelRunner:
         # The common launch (`launch_plain`): only pointers and batch strides change.
         self.plain = not (launch.zero_output or launch.tickets or launch.tensor_maps)
         self._launch_packed = kernel.launch_packed
+        self._launch_function = getattr(kernel, "launch_function", None)  # cuLaunchKernel (CuPy's binding)
 
     def launch(self, pointers: tuple[int, ...], out_ptr: int, out_nbytes: int, dtype: str, stream_ptr: int,
                batch_strides: tuple[int, ...] = (), allocate: Allocator = cupy_allocator) -> None:
@@ -231,6 +232,29 @@ class KernelRunner:
                 words[slot].value = stride
                 slot += 1
             self._launch_packed(launch.grid, launch.block, launch.dynamic_smem_bytes, stream_ptr, self.parameters)
+
+    def bound_launch(self, batch_strides: tuple[int, ...] = ()) -> Callable[[int, int, int, int], None]:
+        """`launch_plain` of a two-input plain kernel as a function of (A's, B's and the output's pointers,
+        the stream), everything else bound once: the library's repeated call of one signature."""
+        assert self.plain and self._first_stride >= 3
+        words, launch, parameters = self.parameters.words, self.geometry, self.parameters
+        word_a, word_b, word_out = words[0], words[1], words[2]
+        strides = tuple(zip(words[self._first_stride:self._first_stride + len(batch_strides)], batch_strides,
+                            strict=True))
+        go = self._launch_function
+        assert go is not None, "a kernel that can launch (build.Kernel)"
+        lock, function = parameters.lock, self.kernel.function_pointer
+        (gx, gy, gz), (bx, by, bz), smem, address = launch.grid, launch.block, launch.dynamic_smem_bytes, \
+            parameters.address
+
+        def run(a_ptr: int, b_ptr: int, out_ptr: int, stream_ptr: int) -> None:
+            with lock:
+                word_a.value, word_b.value, word_out.value = a_ptr, b_ptr, out_ptr
+                for word, stride in strides:
+                    word.value = stride
+                go(function, gx, gy, gz, bx, by, bz, smem, stream_ptr, address, 0)
+
+        return run
 
     def uses_tensor_maps(self, pointers: tuple[int, ...]) -> bool:
         """Whether a launch with the inputs at `pointers` copies its tiles with tensor maps (LOADER=tma and

@@ -12,8 +12,9 @@ Importing this module imports neither CuPy nor torch: each is imported when an a
 
 from __future__ import annotations
 
+import functools
 import sys
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 from autotile.errors import ArgumentError, DeviceUnavailableError
 
@@ -71,6 +72,19 @@ class Framework:
         """`op` as a CuPy array sharing its memory (for cuBLAS through CuPy)."""
         raise NotImplementedError
 
+    def allocator(self, shape: tuple[int, ...], dtype: str, device: int) -> Callable[[], Any]:
+        """A function of no arguments that returns a new array of `shape` and `dtype` on `device` (the
+        current device when it is called): what a repeated call allocates, bound once."""
+        return lambda: self.empty(shape, dtype, device)
+
+    def stream_getter(self, device: int) -> Callable[[], int]:
+        """A function of no arguments that returns the current stream on `device`, bound once."""
+        return lambda: self.current_stream(device)
+
+    def pointer_function(self) -> Callable[[Any], int]:
+        """`pointer` as the cheapest function the framework has (one call per array and call)."""
+        return self.pointer
+
 
 _DTYPES = ("float32", "float64")
 
@@ -120,6 +134,14 @@ class CupyFramework(Framework):
     def cupy_view(self, op: Operand) -> Any:
         return op.obj
 
+    def allocator(self, shape: tuple[int, ...], dtype: str, device: int) -> Callable[[], Any]:
+        # a repeated call allocates only where `device` is current (it checks): no device switch here
+        return functools.partial(self.cupy.empty, shape, dtype)
+
+    def stream_getter(self, device: int) -> Callable[[], int]:
+        get_current_stream = self.cupy.cuda.get_current_stream
+        return lambda: get_current_stream().ptr
+
 
 class TorchFramework(Framework):
     name = "torch"
@@ -152,6 +174,18 @@ class TorchFramework(Framework):
         if self._raw_stream is not None:
             return int(self._raw_stream(device))
         return int(self.torch.cuda.current_stream(device).cuda_stream)
+
+    def allocator(self, shape: tuple[int, ...], dtype: str, device: int) -> Callable[[], Any]:
+        return functools.partial(self.torch.empty, shape, dtype=self.torch_dtypes[dtype], device=self._device(device))
+
+    def stream_getter(self, device: int) -> Callable[[], int]:
+        if self._raw_stream is not None:
+            return functools.partial(self._raw_stream, device)
+        return lambda: self.current_stream(device)
+
+    def pointer_function(self) -> Callable[[Any], int]:
+        pointer: Callable[[Any], int] = self.torch.Tensor.data_ptr
+        return pointer
 
     def pointer(self, x: Any) -> int:
         return int(x.data_ptr())
