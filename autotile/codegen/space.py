@@ -17,8 +17,7 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from autotile import safe_files
 from autotile.codegen import resources
 from autotile.codegen.expr import FUNCTIONS, Bound, Expr, check_size, value_bound
 from autotile.codegen.limits import DEFAULT_OFFLINE_PROFILE, PROFILES, DeviceLimits
@@ -197,15 +196,6 @@ def _kind(value: Any) -> str:
     if isinstance(value, (list, tuple)):
         return "a list"
     return f"a {type(value).__name__}"
-
-
-def _yaml_problem(exc: yaml.YAMLError) -> str:
-    """A YAML parser's complaint in one line: what is wrong and where (its own text spans several lines)."""
-    mark = getattr(exc, "problem_mark", None)
-    problem = getattr(exc, "problem", None)
-    if problem and mark is not None:
-        return f"{problem} at line {mark.line + 1}, column {mark.column + 1}"
-    return " ".join(str(exc).split())
 
 
 def _short(value: Any) -> str:
@@ -445,18 +435,10 @@ class Space:
 
     @classmethod
     def load(cls, path: str | Path) -> "Space":
-        path = Path(path)
-        raw = path.read_bytes()
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise SpaceDefinitionError(
-                f"{path}: not UTF-8 text (byte {raw[exc.start]:#04x} at offset {exc.start})") from None
-        try:
-            data = yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            raise SpaceDefinitionError(f"{path}: not valid YAML: {_yaml_problem(exc)}") from None
-        return cls(data, str(path))
+        """The space of a YAML file: a regular file within `safe_files.MAX_TEXT_BYTES`, UTF-8, no aliases;
+        every problem one `SpaceDefinitionError` line."""
+        text = safe_files.read_text(path, "search space", error=SpaceDefinitionError)
+        return cls(safe_files.load_yaml(text, str(path), SpaceDefinitionError), str(path))
 
     @staticmethod
     def _check_names(expr: Expr, known: set[str], where: str) -> None:

@@ -25,8 +25,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-import yaml
-
+from autotile import safe_files
 from autotile.codegen import kernels
 from autotile.codegen.problem import LAYOUT_ALIASES, ProblemKey
 from autotile.errors import AutotileError, InvalidValueError
@@ -56,19 +55,15 @@ def read_problems(path: str | Path) -> list[Item]:
     """The problems of a YAML file (a list of mappings, or {"problems": [...]}) or a CSV file (a header
     naming kernel, shape and optionally dtype, layout, trials), checked; a bad row is one line naming it."""
     path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise InvalidValueError(f"problems file {str(path)!r} cannot be read: {exc.strerror or exc}") from None
+    text = safe_files.read_text(path, "problems file")
     rows: list[Any]
     if path.suffix.lower() == ".csv":
-        rows = list(csv.DictReader(io.StringIO(text)))
-    else:
         try:
-            data = yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            raise InvalidValueError(f"problems file {str(path)!r} is not valid YAML: "
-                                    f"{' '.join(str(exc).split())}") from None
+            rows = list(csv.DictReader(io.StringIO(text)))
+        except csv.Error as exc:
+            raise InvalidValueError(f"{path}: not a valid CSV file: {exc}") from None
+    else:
+        data = safe_files.load_yaml(text, str(path))
         listed = data.get("problems") if isinstance(data, dict) else data
         if not isinstance(listed, list):
             raise InvalidValueError(f"problems file {str(path)!r} must hold a list of problems "
@@ -89,6 +84,10 @@ def read_problems(path: str | Path) -> list[Item]:
         try:
             spec = kernels.get(str(row["kernel"]).strip())
             shape = row["shape"]
+            if not isinstance(shape, str) and not (isinstance(shape, list) and shape and all(
+                    isinstance(n, int) and not isinstance(n, bool) for n in shape)):
+                raise InvalidValueError(f"shape must be text such as '4096x4096x4096' or a list of integers, "
+                                        f"not {validate.shown(shape)}")
             shape = spec.parse_shape(shape if isinstance(shape, str) else "x".join(map(str, shape)))
             layout = str(row.get("layout") or "").strip() or spec.space.layouts[0]
             layout = LAYOUT_ALIASES.get(spec.name, {}).get(layout, layout)
@@ -97,7 +96,7 @@ def read_problems(path: str | Path) -> list[Item]:
             dtype = str(row.get("dtype") or "").strip() or "float32"
             key = ProblemKey.of(spec.name, shape, dtype, layout)
             trials = row.get("trials")
-            trials = validate.count(int(trials), name="trials") if trials not in (None, "") else None
+            trials = validate.count(trials, name="trials") if trials not in (None, "") else None
         except (AutotileError, ValueError) as exc:
             raise InvalidValueError(f"{where}: {exc}") from None
         if key in seen:

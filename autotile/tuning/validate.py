@@ -12,6 +12,7 @@ connects to a database.
 from __future__ import annotations
 
 import math
+import operator
 import os
 import re
 from collections.abc import Iterable
@@ -40,12 +41,22 @@ def seed(n: Any, *, name: str = "seed") -> int:
 
 
 def count(n: Any, *, name: str, minimum: int = 1) -> int:
-    """`n` as a whole number of at least `minimum` (trials, repetitions)."""
-    if isinstance(n, bool) or not isinstance(n, int):
-        raise InvalidValueError(f"{name} must be an integer of at least {minimum}, got {n!r}")
+    """`n` as a whole number of at least `minimum` (trials, repetitions): a Python or NumPy integer, or
+    text of ASCII digits; never a bool, a fraction, an infinity or NaN (each refused in one line)."""
+    if isinstance(n, str) and n.strip().isascii() and n.strip().isdigit():
+        n = int(n.strip())
+    elif isinstance(n, bool) or not hasattr(n, "__index__"):
+        raise InvalidValueError(f"{name} must be a whole number of at least {minimum}, got {shown(n)}")
+    n = operator.index(n)  # a NumPy integer becomes an int; a float has no __index__
     if n < minimum:
         raise InvalidValueError(f"{name} must be at least {minimum}, got {n}")
     return n
+
+
+def shown(value: Any) -> str:
+    """A value for an error line: its repr, cut to 60 characters."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 @overload
