@@ -56,5 +56,10 @@ class CacheError(AutotileError, RuntimeError):
     """A cache file that cannot be read or written."""
 
 
+class StorageError(AutotileError, RuntimeError):
+    """A study's storage that cannot be opened or read (a database server, a journal file, a sqlite file);
+    the message names it (never its password) and what to check."""
+
+
 class MissingDependencyError(AutotileError, ImportError):
     """An optional package a feature needs is not installed; the message says which extra installs it."""

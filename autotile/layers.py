@@ -9,8 +9,10 @@ docs/architecture.md draws the same picture.
 from __future__ import annotations
 
 LAYERS: tuple[tuple[str, ...], ...] = (
-    # foundation: the exceptions, reading users' files within limits, the version and this declaration
-    ("autotile.errors", "autotile.safe_files", "autotile.version", "autotile.layers"),
+    # foundation: the exceptions, the version and this declaration
+    ("autotile.errors", "autotile.version", "autotile.layers"),
+    # reading users' files within limits (regular files, a size cap, bounded YAML and JSON)
+    ("autotile.safe_files",),
     # spaces, expressions, device limits, problem keys, templates' rendering, compiling, kernel specs
     ("autotile.codegen",),
     # live GPUs, operands of CuPy and torch, implementations (generated kernels, cuBLAS), timing, the worker

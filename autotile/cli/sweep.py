@@ -103,8 +103,11 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 def cmd_search_bench(args: argparse.Namespace) -> int:
     from autotile.tuning import search_bench
 
-    budgets = tuple(validate.count(int(b), name="--budgets", minimum=1) for b in args.budgets.split(","))
+    budgets = tuple(validate.count(b, name="--budgets", minimum=1) for b in args.budgets.split(","))
     validate.count(args.seeds, name="--seeds", minimum=1)
+    if args.jobs < 0:
+        raise InvalidValueError(f"--jobs must be 0 (one per CPU core) or a positive number of processes, "
+                                f"got {args.jobs}")
     samplers = tuple(s.strip() for s in args.samplers.split(",")) if args.samplers else None
     results = search_bench.run(args.sweeps, samplers=samplers, seeds=args.seeds, budgets=budgets,
                                jobs=args.jobs or None)

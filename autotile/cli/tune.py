@@ -125,11 +125,15 @@ def cmd_tune(args: argparse.Namespace) -> int:
     grace = validate.seconds(args.heartbeat_grace, name="--heartbeat-grace", allow_none=False)
     from autotile.tuning.gpu_workers import parse_devices
 
+    # A list of GPUs is checked before the GPU is looked for ("all" needs the GPUs to count them).
+    listed = args.devices is not None and args.devices.strip() != "all"
+    devices = parse_devices(args.devices) if listed else None
     if args.backend is None:
         from autotile.runtime.device import live_device
 
         live_device()  # a clear one-line error here when there is no GPU
-    devices = parse_devices(args.devices)
+    if not listed:
+        devices = parse_devices(args.devices)
     result = tune(args.kernel, shape, dtype=args.dtype, layout=layout, trials=args.trials, timeout=args.timeout,
                   sampler=args.sampler, seed=args.seed, storage=args.storage, study_name=args.study_name,
                   cache=None if args.no_cache else "default", progress=True,

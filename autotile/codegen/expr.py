@@ -29,6 +29,26 @@ from autotile.errors import SpaceDefinitionError
 INT_LIMIT = 2**64  # magnitude of an integer product or power
 SEQUENCE_LIMIT = 1024  # characters of repeated text (or items of any repeated sequence)
 EXPONENT_LIMIT = 64  # magnitude of an exponent
+TEXT_LIMIT = 20_000  # characters of one expression (the project's longest is about 300)
+NESTING_LIMIT = 100  # levels of parentheses and brackets in one expression
+
+
+def _nesting(text: str) -> int:
+    """The deepest nesting of (), [] and {} in `text` (outside quotes too: a rough, cheap bound)."""
+    depth = deepest = 0
+    for char in text:
+        if char in "([{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif char in ")]}":
+            depth -= 1
+    return deepest
+
+
+def _show_text(text: str) -> str:
+    """An expression's text for an error line, cut to 200 characters."""
+    shown = repr(text)
+    return shown if len(shown) <= 200 else shown[:197] + "..."
 
 
 def ceil_div(a: int, b: int) -> int:
@@ -300,10 +320,18 @@ class Expr:
     def __init__(self, text: str, where: str = "expression"):
         self.text = str(text).strip()
         self.where = where
+        if len(self.text) > TEXT_LIMIT:  # a literal tuple of a million items would take seconds to check
+            raise SpaceDefinitionError(f"{where}: the expression has {len(self.text)} characters, over the "
+                                       f"limit of {TEXT_LIMIT}")
+        if _nesting(self.text) > NESTING_LIMIT:  # the parser and the checks below recurse per level
+            raise SpaceDefinitionError(f"{where}: the expression nests parentheses or brackets deeper than "
+                                       f"{NESTING_LIMIT} levels")
         try:
             tree = ast.parse(self.text, mode="eval")
         except SyntaxError as exc:
-            raise SpaceDefinitionError(f"{where}: cannot parse {self.text!r}: {exc.msg}") from None
+            raise SpaceDefinitionError(f"{where}: cannot parse {_show_text(self.text)}: {exc.msg}") from None
+        except (RecursionError, MemoryError):
+            raise SpaceDefinitionError(f"{where}: the expression is nested too deeply to parse") from None
         names: set[str] = set()
         # A tuple or list is allowed only as the literal right operand of `in` / `not in`: anywhere else it
         # would be a value that `*` could repeat and that nothing in a space needs.
@@ -325,7 +353,10 @@ class Expr:
             elif isinstance(node, ast.Name) and node.id not in FUNCTIONS:
                 names.add(node.id)
         self.names: frozenset[str] = frozenset(names)
-        self._code = self._compile(tree, None)
+        try:
+            self._code = self._compile(tree, None)
+        except (RecursionError, MemoryError):  # operators chained without parentheses (1+1+...+1) nest too
+            raise SpaceDefinitionError(f"{where}: the expression is nested too deeply to compile") from None
 
     def _compile(self, tree: ast.Expression, measure: _Measure | None) -> CodeType:
         try:

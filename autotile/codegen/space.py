@@ -58,6 +58,9 @@ DEVICE_CONSTRAINTS: tuple[tuple[str, str, str], ...] = (
      "a block's registers must fit into the register file"),
 )
 
+MAX_PARAMS = 100  # parameters of one space (matmul has 20): enumeration recurses once per parameter
+MAX_CHOICES = 4096  # choices of one parameter (the largest here has 9)
+
 
 class Config(Mapping[str, Any]):
     """A frozen name -> value mapping: one point of a space. Hashable, ordered as the space declares."""
@@ -253,6 +256,9 @@ class Space:
         self.layouts: tuple[str, ...] = tuple(_text(v, where, "an entry of 'layouts'") for v in layouts)
         self.params: dict[str, Param] = {}
         raw_params = _mapping(data["params"], where, "'params'", "parameter names to their choices")
+        if len(raw_params) > MAX_PARAMS:  # enumeration walks one level per parameter
+            raise SpaceDefinitionError(f"{where}: 'params' has {len(raw_params)} parameters, over the limit of "
+                                       f"{MAX_PARAMS}")
         for name, spec in raw_params.items():
             self._check_new_name(name, "parameter", where, set(self.params))
             self.params[name] = self._param(name, spec, where)
@@ -364,6 +370,9 @@ class Space:
             raise SpaceDefinitionError(f"{where}: parameter {name!r} has no choices")
         if not isinstance(choices, (list, tuple)):
             raise SpaceDefinitionError(f"{where}: 'choices' of parameter {name!r} must be a list, not {_kind(choices)}")
+        if len(choices) > MAX_CHOICES:
+            raise SpaceDefinitionError(f"{where}: parameter {name!r} has {len(choices)} choices, over the limit of "
+                                       f"{MAX_CHOICES}")
         for value in [*choices, *([spec["inactive"]] if "inactive" in spec else [])]:
             if not _is_scalar(value):
                 raise SpaceDefinitionError(f"{where}: a value of parameter {name!r} must be text, a number or a "

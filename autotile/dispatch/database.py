@@ -21,6 +21,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from autotile import safe_files
 from autotile.codegen.problem import LAYOUT_ALIASES, layout_spellings
 from autotile.dispatch.cache import TuningCache, _device_dir, _safe
 from autotile.errors import CacheError
@@ -153,14 +154,10 @@ def load(cache: TuningCache, device: str, kernel: str, dtype: str, layout: str) 
 @functools.lru_cache(maxsize=32)
 def _read(path: str, mtime_ns: int, size: int) -> ShapeDatabase:
     # Keyed by modification time and size: a rebuilt database is read again, an unchanged one once.
-    if size > MAX_DATABASE_BYTES:
-        raise CacheError(f"too large ({size} bytes; at most {MAX_DATABASE_BYTES})")
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except (OSError, ValueError) as exc:
-        raise CacheError(f"cannot be read as JSON ({exc})") from None
-    return ShapeDatabase.from_json(data)
+    # Only a regular file is opened (a FIFO would block selection), within the size limit, JSON within
+    # `safe_files.MAX_DEPTH` levels: anything else is one CacheError line, and the database is skipped.
+    text = safe_files.read_text(path, "shape database", MAX_DATABASE_BYTES, CacheError)
+    return ShapeDatabase.from_json(safe_files.load_json(text, path, CacheError))
 
 
 def save(cache: TuningCache, db: ShapeDatabase) -> Path:

@@ -14,6 +14,8 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any, Protocol
 
+from autotile.errors import InvalidValueError
+
 if TYPE_CHECKING:
     from autotile.codegen.limits import DeviceLimits
     from autotile.codegen.problem import ProblemKey
@@ -44,7 +46,24 @@ def enabled() -> bool:
     """Whether the first call on an untuned shape tunes it."""
     if _enabled is not None:
         return _enabled
-    return os.environ.get(ENV_VAR, "").strip().lower() in ("1", "true", "yes", "on")
+    return env_flag(ENV_VAR)
+
+
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("", "0", "false", "no", "off")
+
+
+def env_flag(name: str) -> bool:
+    """A boolean environment variable: true/false, 1/0, yes/no, on/off (any case; unset or empty: false).
+    Anything else is an `InvalidValueError` naming the variable and the value: a typo never switches a
+    feature on or off silently."""
+    raw = os.environ.get(name, "")
+    value = raw.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    shown = raw if len(raw) <= 40 else raw[:37] + "..."
+    raise InvalidValueError(f"{name}={shown!r} is not a boolean; use 1/0, true/false, yes/no or on/off")
 
 
 def register_tuner(tuner: FirstCallTuner | None) -> None:
@@ -58,4 +77,4 @@ def tuner() -> FirstCallTuner | None:
     return _tuner
 
 
-__all__ = ["ENV_VAR", "FirstCallTuner", "enabled", "register_tuner", "tune_at_first_call", "tuner"]
+__all__ = ["ENV_VAR", "FirstCallTuner", "enabled", "env_flag", "register_tuner", "tune_at_first_call", "tuner"]

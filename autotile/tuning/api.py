@@ -63,6 +63,7 @@ def tune(kernel: str, shape: str | tuple[int, ...], *, dtype: str = "float32", l
     storage = validate.storage_url(storage)
     setting = validate.precision(precision)
     heartbeat_grace = validate.seconds(heartbeat_grace, name="heartbeat_grace", allow_none=False)
+    fix = validate.fix_mapping(fix)
     if report is not None:
         from autotile.tuning.study_report import require_matplotlib
 

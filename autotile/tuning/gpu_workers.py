@@ -90,7 +90,7 @@ def parse_devices(text: str | list[int] | None, *, name: str = "--devices") -> l
         items = [v.strip() for v in text.split(",")]
     out = []
     for item in items:
-        if not item.isdigit():
+        if not (item.isascii() and item.isdigit()):  # str.isdigit alone takes '²' and Arabic-Indic digits
             raise InvalidValueError(f"{name} {text!r}: {item!r} is not a GPU index; use 0,1,... or all")
         out.append(int(item))
     if not out:

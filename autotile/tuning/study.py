@@ -37,7 +37,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from autotile.errors import InvalidValueError
+from autotile.errors import InvalidValueError, StorageError
 
 VERDICT = "autotile_verdict"  # user attribute: RUN, REPEAT, OVER or INFEASIBLE
 KEY = "config_key"  # user attribute: the config a trial drew (Config.key())
@@ -64,7 +64,15 @@ def open_storage(spec: str | None) -> Any:
     if spec is None:
         return None
     if spec.startswith(JOURNAL):
-        return _journal(Path(spec[len(JOURNAL):]).expanduser())
+        path = Path(spec[len(JOURNAL):]).expanduser()
+        try:
+            return _journal(path)
+        except OSError as exc:
+            raise StorageError(f"the journal file {path} cannot be opened: {exc.strerror or exc}") from None
+        except Exception as exc:  # optuna replays the file as it opens it: a damaged line fails here
+            raise StorageError(f"the journal file {path} cannot be read as an optuna journal "
+                               f"({type(exc).__name__}: {_first_line(exc)}); move it aside to start afresh"
+                               ) from None
     import optuna
 
     url = postgres_url(spec)
@@ -72,14 +80,43 @@ def open_storage(spec: str | None) -> Any:
     kwargs = {"pool_pre_ping": True} if not url.startswith("sqlite") else {}
     # Several workers starting at once on a new database all create optuna's tables; the losers of that
     # race see an integrity error once, then the tables.
-    for attempt in range(5):
+    for attempt in range(STORAGE_TRIES):
         try:
             return optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
-        except Exception:
-            if attempt == 4:
-                raise
+        except Exception as exc:
+            if attempt == STORAGE_TRIES - 1 or not _may_be_a_race(exc):
+                what = ("check that the server runs and is reachable, the database exists and the user may "
+                        "connect" if not url.startswith("sqlite") else "check that it is an SQLite database")
+                raise StorageError(f"the study storage {redacted(spec)} cannot be opened ({type(exc).__name__}: "
+                                   f"{_first_line(exc)}); {what}") from None
             time.sleep(0.5 + attempt)
     raise AssertionError("unreachable")
+
+
+STORAGE_TRIES = 5
+
+
+def _may_be_a_race(exc: Exception) -> bool:
+    """Whether opening an RDB storage may succeed on a second try: two workers creating optuna's tables at
+    once (an integrity error); not a refused connection, a wrong password or a file that is no database."""
+    return "Integrity" in type(exc).__name__ or "already exists" in str(exc)
+
+
+def _first_line(exc: BaseException, limit: int = 200) -> str:
+    text = " ".join(str(exc).split("\n")[0].split()) or type(exc).__name__
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def redacted(url: str) -> str:
+    """`url` with its password, if any, replaced by ***: for messages and logs."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return url
+    credentials, at, host = rest.rpartition("@")
+    if not at or ":" not in credentials:
+        return url
+    user = credentials.split(":", 1)[0]
+    return f"{scheme}://{user}:***@{host}"
 
 
 def postgres_url(url: str) -> str:

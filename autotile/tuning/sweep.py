@@ -22,6 +22,7 @@ import zlib
 from pathlib import Path
 from typing import Any, Callable, Iterable, Protocol
 
+from autotile import safe_files
 from autotile.codegen import kernels
 from autotile.codegen.limits import DeviceLimits
 from autotile.codegen.problem import ProblemKey, canonical_layout
@@ -31,6 +32,8 @@ from autotile.runtime.timing import Timing
 from autotile.runtime.worker import OK, Candidate, CandidateResult
 
 FORMAT = "autotile-sweep/1"
+MAX_SWEEP_BYTES = 16 << 20  # a recorded sweep of a thousand configs is about 100 kB
+MAX_SWEEP_TEXT = 64 << 20  # what one gzip member of a sweep may expand to
 SUFFIX = ".jsonl.gz"
 SWEEPS_DIR = Path(__file__).resolve().parents[2] / "sweeps"  # the recorded sweeps of the source tree
 ROW_FIELDS = ("status", "median_ms", "p25_ms", "p75_ms", "min_ms", "reps", "error", "message")
@@ -186,20 +189,23 @@ def _append(path: Path, lines: list[Any]) -> None:
 
 def _lines(path: Path) -> list[Any]:
     """The JSON lines of every complete gzip member (a member cut short at the end is skipped)."""
-    raw = path.read_bytes()
+    raw = safe_files.read_bytes(path, "sweep file", MAX_SWEEP_BYTES, SweepError)
     out: list[Any] = []
     while raw:
         d = zlib.decompressobj(wbits=31)
-        try:
-            data = d.decompress(raw)
+        try:  # at most MAX_SWEEP_TEXT bytes out of each member: a gzip bomb stops there
+            data = d.decompress(raw, MAX_SWEEP_TEXT)
         except zlib.error as exc:
             raise SweepError(f"{path}: not a sweep file (gzip: {exc})") from None
+        if d.unconsumed_tail:
+            raise SweepError(f"{path}: a member of the sweep file expands past {MAX_SWEEP_TEXT} bytes")
         if not d.eof:
             break  # the last member was cut short: its rows were never acknowledged
-        text = data.decode()
+        text = safe_files.decode(data, path, "sweep file", SweepError)
         if not text.endswith("\n"):
             break
-        out += [json.loads(line) for line in text.splitlines() if line]
+        out += [safe_files.load_json(line, f"{path} line {len(out) + 1}", SweepError)
+                for line in text.splitlines() if line]
         raw = d.unused_data
     return out
 
@@ -207,8 +213,6 @@ def _lines(path: Path) -> list[Any]:
 def load(path: str | Path) -> Sweep:
     """Read a sweep file."""
     path = Path(path)
-    if not path.is_file():
-        raise SweepError(f"sweep file {path} does not exist")
     lines = _lines(path)
     if not lines or not isinstance(lines[0], dict) or lines[0].get("format") != FORMAT:
         raise SweepError(f"{path}: not a sweep file (its first line is not a {FORMAT} header)")
@@ -297,7 +301,12 @@ def from_table(path: str | Path, table: dict[str, Any], sub: SubSpace, command: 
 def sweeps(folder: str | Path | None = None) -> list[Sweep]:
     """Every sweep file in `folder` (default: the repository's sweeps/), by name."""
     folder = Path(folder) if folder is not None else SWEEPS_DIR
-    return [load(p) for p in sorted(folder.glob("*" + SUFFIX))]
+    if not folder.is_dir():
+        raise SweepError(f"{folder}: no such folder of sweep files")
+    found = sorted(p for p in folder.glob("*" + SUFFIX) if p.is_file())
+    if not found:
+        raise SweepError(f"{folder}: holds no sweep file (*{SUFFIX})")
+    return [load(p) for p in found]
 
 
 __all__ = ["FORMAT", "SWEEPS_DIR", "SubSpace", "Sweep", "SweepError", "load", "plan", "record", "sweeps"]

@@ -15,7 +15,7 @@ import math
 import operator
 import os
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, overload
 
@@ -191,6 +191,19 @@ def fix_items(items: Iterable[str], *, name: str = "--fix") -> dict[str, list[st
             raise InvalidValueError(f"{name} {item!r} must look like PARAM=VALUE or PARAM=V1,V2")
         fix[param.strip()] = parts
     return fix
+
+
+def fix_mapping(fix: Any, *, name: str = "fix") -> dict[str, Any] | None:
+    """`tune(fix=...)`: None, or a mapping of parameter names to a value or a list of values."""
+    if fix is None:
+        return None
+    if not isinstance(fix, Mapping):
+        raise InvalidValueError(f"{name} must map parameter names to values (for example {{'MATH': 'tf32x3'}} or "
+                                f"{{'BM': [64, 128]}}), not {shown(fix)}")
+    for param in fix:
+        if not isinstance(param, str) or not param:
+            raise InvalidValueError(f"{name}: parameter names are non-empty strings, not {shown(param)}")
+    return dict(fix)
 
 
 def writable_folder(folder: str | Path, *, name: str) -> Path:
