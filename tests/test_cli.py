@@ -621,8 +621,8 @@ def test_cache_list_and_show_give_each_entry_its_precision(capsys, isolated_cach
                          device=PROFILES["h100"].fingerprint, environment={}))
     rc, out, err = run(capsys, "cache", "list")
     assert (rc, err) == (0, "")
-    header, *rows = out.splitlines()
-    assert header.split()[-2:] == ["runs", "precision"]
+    header, *rows, total = out.splitlines()
+    assert header.split()[-2:] == ["runs", "precision"] and total == "2 entries"
     assert sorted(r.split()[-1] for r in rows) == ["high", "highest"]
     rc, out, err = run(capsys, "cache", "show", "matmul")
     assert (rc, err) == (0, "")

@@ -304,3 +304,81 @@ def test_7_the_command_prints_a_storage_error_in_one_line(tmp_path, capsys):
                      "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "journal" in err and "Traceback" not in err
+
+
+# 10 and 11. the cache's listing -------------------------------------------------------------------------------
+
+def _record_file(root: Path) -> Path:
+    from autotile.codegen.limits import PROFILES
+    from autotile.dispatch.record import Record
+
+    cache = TuningCache(root)
+    record = Record(kernel="matmul", dtype="float32", layout="nn", shape=(64, 64, 64), compat="c" * 64,
+                    config={"BM": 64}, time_ms=1.0, spread=0.0, metric=1.0, metric_unit="GFLOP/s",
+                    baseline_ms=1.5, device=PROFILES["h100"].fingerprint, environment={})
+    outcome = cache.put(record)
+    return Path(outcome.path)
+
+
+def test_11_cache_list_says_what_it_skipped_and_why(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("AUTOTILE_CACHE_DIR", str(tmp_path))
+    good = _record_file(tmp_path)
+    (good.parent / "matmul-float32-nn-8x8x8-cccccccccccc.json").write_text('{"schema": 1}')  # injected
+    (good.parent / "matvec-float32-row-8x8-cccccccccccc.json").write_bytes(b"\xff\x00junk")
+    assert cli.main(["cache", "list"]) == 0
+    out, err = capsys.readouterr()
+    assert out.strip().splitlines()[-1] == "1 entry; 2 files skipped (not valid entries; the reasons are above)"
+    assert err.count("autotile: warning:") == 2 and "lacks field" in err and "not valid JSON" in err
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads folders whatever their mode")
+def test_10_an_unreadable_device_folder_is_reported_not_empty(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("AUTOTILE_CACHE_DIR", str(tmp_path))
+    good = _record_file(tmp_path)
+    good.parent.chmod(0)
+    try:
+        assert cli.main(["cache", "list"]) == 0
+        out, err = capsys.readouterr()
+        assert "cannot be listed" in err and "1 file skipped" in out
+    finally:
+        good.parent.chmod(0o755)
+
+
+def test_10_an_unreadable_device_folder_is_reported_even_as_root(tmp_path, monkeypatch):
+    good = _record_file(tmp_path)
+    real = os.listdir
+
+    def refuse(path: Any) -> list[str]:
+        if Path(path) == good.parent:
+            raise PermissionError(13, "Permission denied")
+        return real(path)
+
+    monkeypatch.setattr(os, "listdir", refuse)
+    cache = TuningCache(tmp_path)
+    with pytest.warns(UserWarning, match="cannot be listed"):
+        assert cache.entries() == []
+    assert any("cannot be listed (Permission denied)" in p for p in cache.problems)
+
+
+# 12. an in-memory storage shared by worker processes -------------------------------------------------------------
+
+@pytest.mark.parametrize("url", ["sqlite:///:memory:", "sqlite://"])
+def test_12_an_in_memory_sqlite_storage_with_devices_is_refused_saying_why(url):
+    import autotile
+
+    with pytest.raises(InvalidValueError) as info:
+        autotile.tune("matmul", "8x8x8", trials=1, storage=url, devices=[0], backend="x:y", cache=None)
+    assert "one process's memory" in _one_line(info.value)
+
+
+def test_9_api_calls_without_a_gpu_raise_a_typed_error():
+    from conftest import gpu_skip_reason
+
+    if gpu_skip_reason() is None:
+        pytest.skip("a GPU is present: this checks the error where there is none")
+    from autotile.errors import DeviceUnavailableError
+    from autotile.library.calls import selection_for
+
+    with pytest.raises(DeviceUnavailableError) as info:
+        selection_for("matmul", "float32", "nn", (8, 8, 8))
+    assert _one_line(info.value).startswith("no usable CUDA GPU")

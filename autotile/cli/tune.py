@@ -276,10 +276,18 @@ def _nothing_for(cache: Any, device: str | None, kernel: str | None, include_shi
     return line
 
 
+def _skipped(cache: Any) -> str:
+    """The closing line of a listing: how many files were skipped (each said on stderr, with its reason)."""
+    n = len(getattr(cache, "problems", []))
+    return f"{n} file{'s' if n != 1 else ''} skipped (not valid entries; the reasons are above)" if n else ""
+
+
 def cmd_cache_list(args: argparse.Namespace) -> int:
     cache, entries = _entries(args)
     if not entries:
         print(_nothing_for(cache, args.device, None, args.shipped))
+        if _skipped(cache):
+            print(_skipped(cache))
         return 0
     # precision: the class the entry needs (highest: IEEE FP32 or float64; high: tf32x3), its cache slot.
     print(f"{'device':<34} {'kernel':<7} {'dtype':<8} {'lay':<4} {'shape':<18} {'ms':>9} {'metric':>16} "
@@ -289,6 +297,8 @@ def cmd_cache_list(args: argparse.Namespace) -> int:
         print(f"{rec.device:<34} {rec.kernel:<7} {rec.dtype:<8} {rec.layout:<4} {'x'.join(map(str, rec.shape)):<18} "
               f"{rec.time_ms:>9.4f} {rec.metric:>9,.0f} {rec.metric_unit:<6} {ratio:>9} {rec.implementation:<9} "
               f"{rec.precision}")
+    skipped = _skipped(cache)
+    print(f"{len(entries)} entr{'y' if len(entries) == 1 else 'ies'}" + (f"; {skipped}" if skipped else ""))
     return 0
 
 

@@ -431,7 +431,20 @@ class TuningCache:
                 yield folder
             return
         if root.is_dir():
-            yield from sorted(p for p in root.iterdir() if p.is_dir())
+            try:
+                folders = sorted(p for p in root.iterdir() if p.is_dir())
+            except OSError as exc:  # unreadable: said, not taken for an empty cache
+                self._report(root, f"cannot be listed ({exc.strerror or exc})")
+                return
+            yield from folders
+
+    def _files_in(self, folder: Path) -> list[Path]:
+        """The *.json files of a device folder; an unreadable folder is reported and yields none."""
+        try:
+            return sorted(folder / name for name in os.listdir(folder) if name.endswith(".json"))
+        except OSError as exc:
+            self._report(folder, f"cannot be listed ({exc.strerror or exc}): its entries are not read")
+            return []
 
     def entries(self, device: str | None = None, include_shipped: bool = False) -> list[tuple[Path, Record]]:
         """Every valid entry (of one device, or all) in the user root, then the shipped root if asked.
@@ -441,7 +454,7 @@ class TuningCache:
         found: list[tuple[Path, Record]] = []
         for root in self._roots(include_shipped):
             for folder in self._device_folders(root, device):
-                for path in sorted(folder.glob("*.json")):
+                for path in self._files_in(folder):
                     record = self._load(path)
                     if record is not None:
                         found.append((path, record))

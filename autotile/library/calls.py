@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from autotile.codegen.problem import MAX_DIM, ProblemKey, canonical_layout
 from autotile.dispatch import events, first_call
 from autotile.dispatch import precision as precision_mod
-from autotile.errors import ArgumentError
+from autotile.errors import ArgumentError, AutotileError, DeviceUnavailableError
 from autotile.library.plan import matrix_order, plan_matmul
 from autotile.runtime.cublas import CublasCall
 from autotile.runtime.impl import CublasRunner, Runner
@@ -142,7 +142,7 @@ def _prepare(kernel: str, dtype: str, layout: str, shape: tuple[int, ...], setti
     if setting is None:
         setting = precision_mod.get_float32_matmul_precision()
     if device_id is None:
-        device_id = _cupy().cuda.runtime.getDevice()
+        device_id = _gpu_in_use()
     memo_key = (device_id, kernel, dtype, layout, shape, setting)
     prepared = _prepared.get(memo_key)
     if prepared is not None:
@@ -170,6 +170,16 @@ def _prepare(kernel: str, dtype: str, layout: str, shape: tuple[int, ...], setti
     with _lock:
         _prepared[memo_key] = prepared
     return prepared
+
+
+def _gpu_in_use() -> int:
+    """CuPy's current device; `DeviceUnavailableError` in one line where there is no usable GPU."""
+    try:
+        return int(_cupy().cuda.runtime.getDevice())
+    except AutotileError:
+        raise
+    except Exception as exc:  # CuPy's CUDARuntimeError: no GPU, or a driver too old for the runtime
+        raise DeviceUnavailableError(f"no usable CUDA GPU: {' '.join(str(exc).split())}") from None
 
 
 def _cupy() -> Any:

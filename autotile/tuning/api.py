@@ -81,6 +81,11 @@ def tune(kernel: str, shape: str | tuple[int, ...], *, dtype: str = "float32", l
         if evaluator is not None or render_source is not None:
             raise InvalidValueError("devices runs workers in processes of their own: pass backend, not "
                                     "evaluator or render_source")
+        if storage is not None and storage.startswith("sqlite") and (":memory:" in storage
+                                                                     or storage.rstrip("/") == "sqlite:"):
+            raise InvalidValueError(f"storage {storage!r} lives in one process's memory, and devices runs one "
+                                    "process per GPU, which would not share it: leave storage out (the study "
+                                    "goes to a journal file) or name a file (sqlite:///tune.db)")
         devices = parse_devices(list(devices), name="devices")
         assert devices is not None
         callback = _progress_bar(trials) if progress is True else (progress or None)
