@@ -76,9 +76,11 @@ def read_problems(path: str | Path) -> list[Item]:
         where = f"{path.name} problem {n}"
         if not isinstance(row, dict):
             raise InvalidValueError(f"{where}: expected a mapping with {', '.join(FIELDS)}, got {row!r}")
-        unknown = sorted(set(row) - set(FIELDS))
+        # A CSV row with more cells than the header has names has a None key (csv's restkey)
+        unknown = sorted("(a cell without a column name)" if k is None else str(k) for k in set(row) - set(FIELDS))
         if unknown:
-            raise InvalidValueError(f"{where}: unknown field(s) {', '.join(unknown)}; fields: {', '.join(FIELDS)}")
+            named = ", ".join(validate.shown(k) for k in unknown[:5]) + (", ..." if len(unknown) > 5 else "")
+            raise InvalidValueError(f"{where}: unknown field(s) {named}; fields: {', '.join(FIELDS)}")
         if not row.get("kernel") or not row.get("shape"):
             raise InvalidValueError(f"{where}: kernel and shape are required")
         try:

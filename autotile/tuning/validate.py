@@ -113,8 +113,9 @@ def storage_url(url: str | None, *, name: str = "storage") -> str | None:
         return url
     match = _URL.match(url)
     if match is None:
-        raise InvalidValueError(f"{name} {url!r} is not a storage URL; use {_STORAGE_FORMS} "
-                                f"(a file: sqlite:///{url.strip() or 'tune.db'})")
+        example = url.strip() if url.strip().isprintable() and len(url.strip()) <= 60 else ""
+        raise InvalidValueError(f"{name} {shown(url)} is not a storage URL; use {_STORAGE_FORMS} "
+                                f"(a file: sqlite:///{example or 'tune.db'})")
     if _has_sqlalchemy():
         database = _sqlalchemy_database(url, name)
     else:  # pragma: no cover - optuna needs SQLAlchemy, so only a broken install lands here
@@ -157,7 +158,14 @@ def _sqlalchemy_database(url: str, name: str) -> str | None:
 def _check_sqlite_file(url: str, database: str | None, name: str) -> None:
     if not database or database == ":memory:" or database.startswith("file:"):
         return  # in memory, or an SQLite URI whose options this check does not interpret
-    path = Path(database)
+    try:
+        _check_sqlite_path(url, Path(database), name)
+    except (OSError, ValueError) as exc:  # a name too long, a NUL byte: the file system's own refusal
+        raise InvalidValueError(f"{name} {shown(url)}: the database file cannot be used: "
+                                f"{getattr(exc, 'strerror', None) or exc}") from None
+
+
+def _check_sqlite_path(url: str, path: Path, name: str) -> None:
     folder = path.parent
     if not folder.exists():
         raise InvalidValueError(f"{name} {url!r}: folder {str(folder)!r} does not exist")
