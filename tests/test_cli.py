@@ -217,8 +217,9 @@ def test_python_m_autotile(tmp_path):
     assert len(proc.stderr.splitlines()) == 1, proc.stderr
     assert proc.stderr.startswith("autotile: error: matmul config is infeasible")
     assert "static shared memory per block" in proc.stderr
-    proc = _python_m("render", cwd=tmp_path)  # argparse's own usage error keeps status 2
-    assert proc.returncode == 2 and "usage: autotile render" in proc.stderr
+    proc = _python_m("render", cwd=tmp_path)  # argparse's own usage error: status 2, one line
+    assert proc.returncode == 2 and len(proc.stderr.splitlines()) == 1
+    assert proc.stderr.startswith("autotile render: error: ") and "autotile render --help" in proc.stderr
 
 
 def test_importing_autotile_needs_no_gpu_and_loads_neither_cupy_nor_optuna(tmp_path):

@@ -382,3 +382,12 @@ def test_9_api_calls_without_a_gpu_raise_a_typed_error():
     with pytest.raises(DeviceUnavailableError) as info:
         selection_for("matmul", "float32", "nn", (8, 8, 8))
     assert _one_line(info.value).startswith("no usable CUDA GPU")
+
+
+@pytest.mark.parametrize("argv", [["tune", "matmul", "--shape", "8x8x8", "--trials", "2.7"], ["frob"],
+                                  ["search-bench", "--seeds", "x"], ["cache"]])
+def test_argparse_errors_are_one_line_too(argv, capsys):
+    with pytest.raises(SystemExit) as info:
+        cli.main(argv)
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and len(err.strip().splitlines()) == 1 and "error:" in err and "--help" in err

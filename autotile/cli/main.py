@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import Sequence
+from typing import NoReturn, Sequence
 
 from autotile.codegen import kernels, limits
 from autotile.codegen.problem import LAYOUT_ALIASES, LAYOUTS
@@ -154,10 +154,18 @@ def cmd_report_study(args: argparse.Namespace) -> int:
     return 0
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, with its errors in one line (its own print the usage block first): a bad option is one
+    line and exit status 2, as every other bad input is. `--help` still shows the usage."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {' '.join(message.split())} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from autotile.version import __version__
 
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="autotile", description="Generate, tune and cache CUDA matmul/matvec kernels.")
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
