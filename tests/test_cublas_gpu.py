@@ -125,3 +125,34 @@ def test_library_calls_that_select_cublas_run_it_on_pointers(monkeypatch):
         assert float((tc.double() - ref).norm() / ref.norm()) < 1e-6
     finally:
         calls.forget()
+
+
+@pytest.mark.parametrize("name,reduce", [("regtile-64x128-splitk", "atomic"), ("tf32x3-32x64-split8", "last_block"),
+                                         ("tf32x3-32x64-split8", "atomic")])
+def test_repeated_split_k_calls_zero_or_sum_on_every_stream(monkeypatch, name, reduce):
+    # A split-K config chosen for every problem: repeated library calls take the bound launch (the zeroing
+    # memset, or the stream's workspace), on the default stream and on another, poisoned outputs each time.
+    import cupy
+
+    from autotile.codegen import kernels
+    from autotile.dispatch import select as select_mod
+    from autotile.library import calls
+
+    space = kernels.get("matmul").space
+    config = space.with_overrides(space.named(name), {"SPLIT_REDUCE": reduce})
+    calls.forget()
+    monkeypatch.setattr(select_mod, "select", lambda key, device, cache=None, precision=None: select_mod.Selection(
+        config, "exact", None, precision=precision))
+    try:
+        a = cupy.random.standard_normal((67, 4099)).astype(cupy.float32)
+        b = cupy.random.standard_normal((4099, 131)).astype(cupy.float32)
+        ref = a.get().astype(np.float64) @ b.get().astype(np.float64)
+        other = cupy.cuda.Stream(non_blocking=True)
+        for stream in (None, other, None, other, other):
+            out = cupy.full((67, 131), cupy.nan, dtype=cupy.float32)
+            calls.matmul_no_autograd(a, b, out=out, stream=stream)
+            c = calls.matmul_no_autograd(a, b, stream=stream)
+            cupy.cuda.runtime.deviceSynchronize()
+            assert _error(out, ref) < 1e-5 and _error(c, ref) < 1e-5, (name, reduce, stream)
+    finally:
+        calls.forget()

@@ -285,9 +285,9 @@ class _Call:
     dtype: str
     device: int
     batch_strides: tuple[int, ...]
-    # What runs without a detour: a plain generated kernel's runner (`KernelRunner.launch_plain`), or cuBLAS
-    # on pointers; None where the launch needs more (zeroing, a workspace, tensor maps).
-    plain: Any = None
+    # What runs without a detour: a generated kernel's runner (`KernelRunner.bound_launch`), or cuBLAS on
+    # pointers; None for anything else (a test's stand-in runner), which takes `run`.
+    kernel_runner: Any = None
     direct: CublasCall | None = None
 
     def run(self, framework: Framework, inputs: tuple[Any, ...], out: Any, stream: Any) -> Any:
@@ -310,8 +310,8 @@ def _repeat(framework: Framework, call: _Call) -> Repeat:
     empty = framework.allocator(call.out_shape, call.dtype, device)
     current_stream = framework.stream_getter(device)
     pointer = framework.pointer_function()
-    if call.plain is not None:
-        go = call.plain.bound_launch(strides)
+    if call.kernel_runner is not None:
+        go = call.kernel_runner.bound_launch(strides, call.out_nbytes, call.dtype, framework.allocate)
 
         def run_kernel(a: Any, b: Any, out: Any, stream: Any) -> Any:
             if _current_device() != device:
@@ -340,8 +340,8 @@ def _call(prepared: _Prepared, out_shape: tuple[int, ...], out_nbytes: int, dtyp
           batch_strides: tuple[int, ...]) -> _Call:
     """The repeated call of a signature, with its shortest launch found once."""
     runner = prepared.runner
-    plain = runner if not prepared.cublas and getattr(runner, "plain", False) else None
-    return _Call(prepared, out_shape, out_nbytes, dtype, device, batch_strides, plain,
+    kernel_runner = runner if not prepared.cublas and hasattr(runner, "bound_launch") else None
+    return _Call(prepared, out_shape, out_nbytes, dtype, device, batch_strides, kernel_runner,
                  prepared.direct if prepared.cublas else None)
 
 

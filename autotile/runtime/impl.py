@@ -233,28 +233,60 @@ class KernelRunner:
                 slot += 1
             self._launch_packed(launch.grid, launch.block, launch.dynamic_smem_bytes, stream_ptr, self.parameters)
 
-    def bound_launch(self, batch_strides: tuple[int, ...] = ()) -> Callable[[int, int, int, int], None]:
-        """`launch_plain` of a two-input plain kernel as a function of (A's, B's and the output's pointers,
-        the stream), everything else bound once: the library's repeated call of one signature."""
-        assert self.plain and self._first_stride >= 3
+    def bound_launch(self, batch_strides: tuple[int, ...] = (), out_nbytes: int = 0, dtype: str = "float32",
+                     allocate: Allocator = cupy_allocator) -> Callable[[int, int, int, int], None]:
+        """`launch` of a two-input kernel as a function of (A's, B's and the output's pointers, the stream),
+        everything else bound once: the library's repeated call of one signature. A split-K kernel that adds
+        into its output zeroes it first (`out_nbytes` bytes); one that sums by its last block takes the
+        workspace kept for the stream (the first call on a stream goes through `launch`, which makes it); a
+        kernel that copies with tensor maps goes through `launch` (the maps follow the pointers)."""
+        assert self._first_stride >= 3
+        if self.geometry.tensor_maps:
+
+            def general(a_ptr: int, b_ptr: int, out_ptr: int, stream_ptr: int) -> None:
+                self.launch((a_ptr, b_ptr), out_ptr, out_nbytes, dtype, stream_ptr, batch_strides, allocate)
+
+            return general
         words, launch, parameters = self.parameters.words, self.geometry, self.parameters
         word_a, word_b, word_out = words[0], words[1], words[2]
-        strides = tuple(zip(words[self._first_stride:self._first_stride + len(batch_strides)], batch_strides,
-                            strict=True))
+        slot = self._first_stride + len(batch_strides)
+        strides = tuple(zip(words[self._first_stride:slot], batch_strides, strict=True))
         go = self._launch_function
         assert go is not None, "a kernel that can launch (build.Kernel)"
         lock, function = parameters.lock, self.kernel.function_pointer
         (gx, gy, gz), (bx, by, bz), smem, address = launch.grid, launch.block, launch.dynamic_smem_bytes, \
             parameters.address
+        if self.plain:
 
-        def run(a_ptr: int, b_ptr: int, out_ptr: int, stream_ptr: int) -> None:
+            def run(a_ptr: int, b_ptr: int, out_ptr: int, stream_ptr: int) -> None:
+                with lock:
+                    word_a.value, word_b.value, word_out.value = a_ptr, b_ptr, out_ptr
+                    for word, stride in strides:
+                        word.value = stride
+                    go(function, gx, gy, gz, bx, by, bz, smem, stream_ptr, address, 0)
+
+            return run
+        import cupy
+
+        memset, zero, buffers = cupy.cuda.runtime.memsetAsync, launch.zero_output, self._buffers
+        word_workspace, word_tickets = (words[slot], words[slot + 1]) if launch.tickets else (None, None)
+
+        def run_split(a_ptr: int, b_ptr: int, out_ptr: int, stream_ptr: int) -> None:
+            if zero:  # the splits add into the output: it starts at zero, on the launch's stream
+                memset(out_ptr, 0, out_nbytes, stream_ptr)
+            elif stream_ptr not in buffers:  # a stream's first call makes its workspace
+                self.launch((a_ptr, b_ptr), out_ptr, out_nbytes, dtype, stream_ptr, batch_strides, allocate)
+                return
             with lock:
                 word_a.value, word_b.value, word_out.value = a_ptr, b_ptr, out_ptr
                 for word, stride in strides:
                     word.value = stride
+                if word_workspace is not None and word_tickets is not None:
+                    _, workspace_ptr, tickets_ptr = buffers[stream_ptr]
+                    word_workspace.value, word_tickets.value = workspace_ptr, tickets_ptr
                 go(function, gx, gy, gz, bx, by, bz, smem, stream_ptr, address, 0)
 
-        return run
+        return run_split
 
     def uses_tensor_maps(self, pointers: tuple[int, ...]) -> bool:
         """Whether a launch with the inputs at `pointers` copies its tiles with tensor maps (LOADER=tma and
