@@ -146,10 +146,13 @@ def test_repeated_split_k_calls_zero_or_sum_on_every_stream(monkeypatch, name, r
     try:
         a = cupy.random.standard_normal((67, 4099)).astype(cupy.float32)
         b = cupy.random.standard_normal((4099, 131)).astype(cupy.float32)
-        ref = a.get().astype(np.float64) @ b.get().astype(np.float64)
+        ref = a.get().astype(np.float64) @ b.get().astype(np.float64)  # .get() waits for a and b
         other = cupy.cuda.Stream(non_blocking=True)
         for stream in (None, other, None, other, other):
             out = cupy.full((67, 131), cupy.nan, dtype=cupy.float32)
+            # the poison is written on the current stream, which a non-blocking stream does not wait for:
+            # ordering the caller's own writes with the stream it passes is the caller's part
+            cupy.cuda.runtime.deviceSynchronize()
             calls.matmul_no_autograd(a, b, out=out, stream=stream)
             c = calls.matmul_no_autograd(a, b, stream=stream)
             cupy.cuda.runtime.deviceSynchronize()
