@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import time
 from pathlib import Path
@@ -127,22 +128,52 @@ def _markdown(rows: list[dict[str, Any]], random_rows: list[dict[str, Any]], ove
         lines.append(f"| {r['case']} | {'x'.join(map(str, r['shape']))} | {r['torch_ms']:.4f} | "
                      f"{r['autotile_ms']:.4f} | {r['ratio']:.2f} | {r['error']:.1e} ({r['torch_error']:.1e}) | "
                      f"{kernels} |")
-    if random_rows:
-        ratios = sorted(r["ratio"] for r in random_rows)
+    groups = (("`x @ W.T`", "random shapes (MxNxK log-uniform)", [r for r in random_rows if r["case"] != "bmm"]),
+              ("`torch.bmm`", "random batched problems (batch 2-256, sides 32-2048, log-uniform)",
+               [r for r in random_rows if r["case"] == "bmm"]))
+    for what, drawn, group in groups:
+        if not group:
+            continue
+        ratios = sorted(r["ratio"] for r in group)
         q = statistics.quantiles(ratios, n=10) if len(ratios) > 1 else ratios * 9
-        lines += ["", f"`x @ W.T` on {len(ratios)} random shapes (MxNxK log-uniform, seed {env['seed']}): ratio "
-                  f"min {ratios[0]:.2f}, p10 {q[0]:.2f}, median {statistics.median(ratios):.2f}, p90 {q[-1]:.2f}, "
-                  f"max {ratios[-1]:.2f}; below 0.95: {sum(r < 0.95 for r in ratios)}."]
+        geomean = math.exp(sum(math.log(r) for r in ratios) / len(ratios))
+        lines += ["", f"{what} on {len(ratios)} {drawn}, seed {env['seed']}: ratio min {ratios[0]:.2f}, p10 "
+                  f"{q[0]:.2f}, median {statistics.median(ratios):.2f}, geomean {geomean:.2f}, p90 {q[-1]:.2f}, "
+                  f"max {ratios[-1]:.2f}; at or above 1.0: {sum(r >= 1.0 for r in ratios)}, below 0.97: "
+                  f"{sum(r < 0.97 for r in ratios)}."]
     if overhead:
         lines += ["", "Host time per call (64x64x64, no synchronisation): "
                   + "; ".join(f"{name} {us:.1f} us" for name, us in overhead.items()) + "."]
     return "\n".join(lines) + "\n"
 
 
+BMM_RANDOM = {"batch": (2, 256), "side": (32, 2048)}  # issue 28's ranges: sizes log-uniform within them
+BMM_RANDOM_WORK = 2**36  # batch x M x N x K at most (about 0.1 TFLOP): each shape times in milliseconds
+
+
+def random_bmm_shapes(n: int, seed: int) -> list[tuple[int, int, int, int]]:
+    """`n` batched problems (batch, M, N, K), each size drawn log-uniformly from BMM_RANDOM, a draw over
+    BMM_RANDOM_WORK drawn again; deterministic in (n, seed)."""
+    import numpy as np
+
+    rng = np.random.default_rng([seed, 0xB33])
+    shapes: list[tuple[int, int, int, int]] = []
+    while len(shapes) < n:
+        (blo, bhi), (lo, hi) = BMM_RANDOM["batch"], BMM_RANDOM["side"]
+        batch = int(math.exp(rng.uniform(math.log(blo), math.log(bhi + 1))))
+        m, n_, k = (int(math.exp(v)) for v in rng.uniform(math.log(lo), math.log(hi + 1), size=3))
+        shape = (min(batch, bhi), min(m, hi), min(n_, hi), min(k, hi))
+        if math.prod(shape) <= BMM_RANDOM_WORK:
+            shapes.append(shape)
+    return shapes
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m autotile.cli.bench_torch", description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="three nt shapes and two batches")
     parser.add_argument("--random", type=int, default=0, metavar="N", help="also N random nt shapes")
+    parser.add_argument("--random-bmm", type=int, default=0, metavar="N",
+                        help="also N random batched problems (batch 2-256, sides 32-2048) against torch.bmm")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random shapes")
     parser.add_argument("--dtype", default="float32", choices=["float32", "float64"])
     parser.add_argument("--out", default="bench-results", help="folder for torch.md and torch.json")
@@ -166,6 +197,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bmm {batch_shape}: {rows[-1]['ratio']:.2f}x  {rows[-1]['runs']}", flush=True)
     random_rows = [_matmul_row(s, "nt", dtype, flush, profile=False)
                    for s in bench.random_shapes("matmul", args.random, args.seed)] if args.random else []
+    for batch_shape in random_bmm_shapes(args.random_bmm, args.seed):
+        random_rows.append(_bmm_row(batch_shape, dtype, flush))
+        print(f"random bmm {batch_shape}: {random_rows[-1]['ratio']:.2f}x  {random_rows[-1]['runs']}", flush=True)
     overhead = host_overhead()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
