@@ -63,3 +63,15 @@ class StorageError(AutotileError, RuntimeError):
 
 class MissingDependencyError(AutotileError, ImportError):
     """An optional package a feature needs is not installed; the message says which extra installs it."""
+
+
+def shown(value: object, limit: int = 60) -> str:
+    """A value as an error line shows it: its repr, cut to `limit` characters (a junk value can be huge)."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def one_line(text: str, limit: int = 300) -> str:
+    """`text` (another library's message) as part of an error line: whitespace collapsed, cut to `limit`."""
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[:limit - 3] + "..."

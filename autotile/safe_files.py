@@ -18,17 +18,11 @@ from typing import Any
 
 import yaml
 
-from autotile.errors import AutotileError, InvalidValueError
+from autotile.errors import AutotileError, InvalidValueError, one_line
 
 MAX_TEXT_BYTES = 16 << 20  # a search space, a batch list or a shape database is kilobytes to a few megabytes
 MAX_DEPTH = 64  # nesting of lists and mappings: the project's own files use fewer than 10
 MAX_NODES = 200_000  # values of a YAML document with its aliases expanded: a search space has a few thousand
-MAX_MESSAGE = 300  # characters of a parser's message kept in an error line
-
-
-def _short(text: str, limit: int = MAX_MESSAGE) -> str:
-    text = " ".join(str(text).split())
-    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def read_bytes(path: str | Path, what: str, limit: int = MAX_TEXT_BYTES,
@@ -143,8 +137,8 @@ def _yaml_problem(exc: yaml.YAMLError) -> str:
     mark = getattr(exc, "problem_mark", None)
     problem = getattr(exc, "problem", None)
     if problem and mark is not None:
-        return _short(f"{problem} at line {mark.line + 1}, column {mark.column + 1}")
-    return _short(str(exc))
+        return one_line(f"{problem} at line {mark.line + 1}, column {mark.column + 1}")
+    return one_line(str(exc))
 
 
 def load_yaml(text: str, where: str, error: type[AutotileError] = InvalidValueError) -> Any:
@@ -179,7 +173,7 @@ def load_json(text: str, where: str, error: type[AutotileError] = InvalidValueEr
     except RecursionError:
         raise error(f"{where}: nested too deeply (more than {max_depth} levels)") from None
     except ValueError as exc:
-        raise error(f"{where}: not valid JSON: {_short(str(exc))}") from None
+        raise error(f"{where}: not valid JSON: {one_line(str(exc))}") from None
     if _depth(data, max_depth) > max_depth:
         raise error(f"{where}: nested too deeply (more than {max_depth} levels)")
     return data

@@ -284,10 +284,11 @@ def _skipped(cache: Any) -> str:
 
 def cmd_cache_list(args: argparse.Namespace) -> int:
     cache, entries = _entries(args)
+    skipped = _skipped(cache)
     if not entries:
         print(_nothing_for(cache, args.device, None, args.shipped))
-        if _skipped(cache):
-            print(_skipped(cache))
+        if skipped:
+            print(skipped)
         return 0
     # precision: the class the entry needs (highest: IEEE FP32 or float64; high: tf32x3), its cache slot.
     print(f"{'device':<34} {'kernel':<7} {'dtype':<8} {'lay':<4} {'shape':<18} {'ms':>9} {'metric':>16} "
@@ -297,7 +298,6 @@ def cmd_cache_list(args: argparse.Namespace) -> int:
         print(f"{rec.device:<34} {rec.kernel:<7} {rec.dtype:<8} {rec.layout:<4} {'x'.join(map(str, rec.shape)):<18} "
               f"{rec.time_ms:>9.4f} {rec.metric:>9,.0f} {rec.metric_unit:<6} {ratio:>9} {rec.implementation:<9} "
               f"{rec.precision}")
-    skipped = _skipped(cache)
     print(f"{len(entries)} entr{'y' if len(entries) == 1 else 'ies'}" + (f"; {skipped}" if skipped else ""))
     return 0
 

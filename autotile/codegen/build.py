@@ -347,24 +347,20 @@ class Kernel:
 
     @property
     def launch_function(self) -> Callable[..., None]:
-        """cuLaunchKernel (CuPy's binding): (function, grid x, y, z, block x, y, z, shared memory, stream,
-        kernelParams, extra)."""
-        from cupy.cuda import driver
+        """cuLaunchKernel (CuPy's binding, imported on first use): (function, grid x, y, z, block x, y, z,
+        shared memory, stream, kernelParams, extra)."""
+        if Kernel._launch_kernel is None:
+            from cupy.cuda import driver
 
-        launch: Callable[..., None] = driver.launchKernel
-        return launch
+            Kernel._launch_kernel = driver.launchKernel
+        return Kernel._launch_kernel
 
     def launch_packed(self, grid: tuple[int, int, int], block: tuple[int, int, int], shared_mem: int,
                       stream_ptr: int, parameters: Any) -> None:
         """Launch with the parameters already packed (`impl.ParameterBlock`, its `address` the driver's
         array of pointers to each value) on the CUDA stream `stream_ptr`: cuLaunchKernel, nothing else."""
-        if self._launch_kernel is None:
-            from cupy.cuda import driver
-
-            Kernel._launch_kernel = driver.launchKernel
-        assert self._launch_kernel is not None
-        self._launch_kernel(self._function.ptr, grid[0], grid[1], grid[2], block[0], block[1], block[2], shared_mem,
-                            stream_ptr, parameters.address, 0)
+        self.launch_function(self._function.ptr, grid[0], grid[1], grid[2], block[0], block[1], block[2],
+                             shared_mem, stream_ptr, parameters.address, 0)
 
     def __repr__(self) -> str:
         return f"Kernel({self.name!r}, {self.result.arch}, device {self.device_id})"

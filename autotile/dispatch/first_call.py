@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any, Protocol
 
-from autotile.errors import InvalidValueError
+from autotile.errors import InvalidValueError, shown
 
 if TYPE_CHECKING:
     from autotile.codegen.limits import DeviceLimits
@@ -62,8 +62,7 @@ def env_flag(name: str) -> bool:
         return True
     if value in _FALSE:
         return False
-    shown = raw if len(raw) <= 40 else raw[:37] + "..."
-    raise InvalidValueError(f"{name}={shown!r} is not a boolean; use 1/0, true/false, yes/no or on/off")
+    raise InvalidValueError(f"{name}={shown(raw, 40)} is not a boolean; use 1/0, true/false, yes/no or on/off")
 
 
 def register_tuner(tuner: FirstCallTuner | None) -> None:

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from autotile.codegen.problem import MAX_DIM, ProblemKey, canonical_layout
 from autotile.dispatch import events, first_call
 from autotile.dispatch import precision as precision_mod
-from autotile.errors import ArgumentError, AutotileError, DeviceUnavailableError
+from autotile.errors import ArgumentError, DeviceUnavailableError
 from autotile.library.plan import matrix_order, plan_matmul
 from autotile.runtime.cublas import CublasCall
 from autotile.runtime.impl import CublasRunner, Runner
@@ -93,7 +93,7 @@ class _Prepared:
                 from autotile.dispatch.cache import TuningCache
                 from autotile.dispatch.select import Context, counts
 
-                config = builtin_default(Context(self.key, _device(_cupy().cuda.runtime.getDevice()), TuningCache(),
+                config = builtin_default(Context(self.key, _device(_current_device()), TuningCache(),
                                                  counts, self.selection.precision)).config
             assert config is not None  # the built-in default is a generated config
             self.capture_runner = Generated(config).prepare(self.key)
@@ -109,7 +109,7 @@ def _cupy_cublas_captured(framework: Framework, stream_ptr: int) -> bool:
     """Whether cuBLAS would go through CuPy on a stream being captured into a CUDA graph (which CuPy refuses)."""
     if framework.name == "torch" and not framework.torch.backends.cuda.matmul.allow_tf32:  # type: ignore[attr-defined]
         return False  # torch's matmul runs it: capturable
-    return bool(_cupy().cuda.runtime.streamIsCapturing(stream_ptr))
+    return _capturing(stream_ptr)
 
 
 _lock = threading.Lock()
@@ -142,7 +142,7 @@ def _prepare(kernel: str, dtype: str, layout: str, shape: tuple[int, ...], setti
     if setting is None:
         setting = precision_mod.get_float32_matmul_precision()
     if device_id is None:
-        device_id = _gpu_in_use()
+        device_id = _device_id(_cupy().cuda.runtime)
     memo_key = (device_id, kernel, dtype, layout, shape, setting)
     prepared = _prepared.get(memo_key)
     if prepared is not None:
@@ -170,16 +170,6 @@ def _prepare(kernel: str, dtype: str, layout: str, shape: tuple[int, ...], setti
     with _lock:
         _prepared[memo_key] = prepared
     return prepared
-
-
-def _gpu_in_use() -> int:
-    """CuPy's current device; `DeviceUnavailableError` in one line where there is no usable GPU."""
-    try:
-        return int(_cupy().cuda.runtime.getDevice())
-    except AutotileError:
-        raise
-    except Exception as exc:  # CuPy's CUDARuntimeError: no GPU, or a driver too old for the runtime
-        raise DeviceUnavailableError(f"no usable CUDA GPU: {' '.join(str(exc).split())}") from None
 
 
 def _cupy() -> Any:
@@ -252,10 +242,19 @@ _runtime: Any = None  # CuPy's CUDA runtime module, imported by the first call
 
 
 def _current_device() -> int:
+    """CuPy's current device, through the runtime module found once (the per-call path asks every call)."""
     global _runtime
     if _runtime is None:
         _runtime = _cupy().cuda.runtime
-    return int(_runtime.getDevice())
+    return _device_id(_runtime)
+
+
+def _device_id(runtime: Any) -> int:
+    """`runtime.getDevice()`; `DeviceUnavailableError` in one line where there is no usable GPU."""
+    try:
+        return int(runtime.getDevice())
+    except Exception as exc:  # CuPy's CUDARuntimeError: no GPU, or a driver too old for the runtime
+        raise DeviceUnavailableError(f"no usable CUDA GPU: {' '.join(str(exc).split())}") from None
 
 
 def _device_of(device: int) -> Any:
@@ -285,10 +284,6 @@ class _Call:
     dtype: str
     device: int
     batch_strides: tuple[int, ...]
-    # What runs without a detour: a generated kernel's runner (`KernelRunner.bound_launch`), or cuBLAS on
-    # pointers; None for anything else (a test's stand-in runner), which takes `run`.
-    kernel_runner: Any = None
-    direct: CublasCall | None = None
 
     def run(self, framework: Framework, inputs: tuple[Any, ...], out: Any, stream: Any) -> Any:
         """The call on any device and stream, by the general path (`_repeat` makes the short one)."""
@@ -310,8 +305,9 @@ def _repeat(framework: Framework, call: _Call) -> Repeat:
     empty = framework.allocator(call.out_shape, call.dtype, device)
     current_stream = framework.stream_getter(device)
     pointer = framework.pointer_function()
-    if call.kernel_runner is not None:
-        go = call.kernel_runner.bound_launch(strides, call.out_nbytes, call.dtype, framework.allocate)
+    runner, direct = call.prepared.runner, call.prepared.direct
+    if not call.prepared.cublas and hasattr(runner, "bound_launch"):  # a generated kernel (not a test's stand-in)
+        go = runner.bound_launch(strides, call.out_nbytes, call.dtype, framework.allocate)
 
         def run_kernel(a: Any, b: Any, out: Any, stream: Any) -> Any:
             if _current_device() != device:
@@ -321,7 +317,6 @@ def _repeat(framework: Framework, call: _Call) -> Repeat:
             return c
 
         return run_kernel
-    direct = call.direct
     if direct is not None:
 
         def run_cublas(a: Any, b: Any, out: Any, stream: Any) -> Any:
@@ -334,15 +329,6 @@ def _repeat(framework: Framework, call: _Call) -> Repeat:
 
         return run_cublas
     return lambda a, b, out, stream: slow(framework, (a, b), out, stream)
-
-
-def _call(prepared: _Prepared, out_shape: tuple[int, ...], out_nbytes: int, dtype: str, device: int,
-          batch_strides: tuple[int, ...]) -> _Call:
-    """The repeated call of a signature, with its shortest launch found once."""
-    runner = prepared.runner
-    kernel_runner = runner if not prepared.cublas and hasattr(runner, "bound_launch") else None
-    return _Call(prepared, out_shape, out_nbytes, dtype, device, batch_strides, kernel_runner,
-                 prepared.direct if prepared.cublas else None)
 
 
 def matmul_no_autograd(A: Any, B: Any, out: Any = None, precision: str | None = None, stream: Any = None) -> Any:
@@ -373,7 +359,7 @@ def matmul_no_autograd(A: Any, B: Any, out: Any = None, precision: str | None = 
     stream_ptr = _stream(framework, stream, a.device)
     with _device_of(a.device):
         prepared = _prepare(plan.kernel, dtype, plan.layout, plan.shape, setting, a.device)
-    call = _call(prepared, plan.out_shape, _nbytes(c), dtype, a.device, plan.batch_strides)
+    call = _Call(prepared, plan.out_shape, _nbytes(c), dtype, a.device, plan.batch_strides)
     _launch_on(a.device, prepared, framework, (a.obj, b.obj), c.obj, call.out_nbytes, dtype, stream_ptr,
                plan.batch_strides)
     if not copied and None not in signature[:2] and (out is None or signature[2] is not None):
@@ -417,7 +403,7 @@ def matvec(A: Any, x: Any, out: Any = None, precision: str | None = None, stream
     _launch_on(a.device, prepared, framework, (a.obj, v.obj), y.obj, _nbytes(y), dtype, stream_ptr)
     if not copied and None not in signature[1:3] and (out is None or signature[3] is not None):
         with _lock:  # only signatures of the framework's own arrays that needed no copy
-            _calls[signature] = _repeat(framework, _call(prepared, (M,), _nbytes(y), dtype, a.device, ()))
+            _calls[signature] = _repeat(framework, _Call(prepared, (M,), _nbytes(y), dtype, a.device, ()))
     return y.obj
 
 

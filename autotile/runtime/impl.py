@@ -175,19 +175,12 @@ class KernelRunner:
             self.parameters.set(inputs + 1 + i, int(size))
         self._first_stride = inputs + 1 + len(sizes)
         build.allow_dynamic_smem(kernel, launch.dynamic_smem_bytes)
-        # The common launch (`launch_plain`): only pointers and batch strides change.
-        self.plain = not (launch.zero_output or launch.tickets or launch.tensor_maps)
-        self._launch_packed = kernel.launch_packed
-        self._launch_function = getattr(kernel, "launch_function", None)  # cuLaunchKernel (CuPy's binding)
 
     def launch(self, pointers: tuple[int, ...], out_ptr: int, out_nbytes: int, dtype: str, stream_ptr: int,
                batch_strides: tuple[int, ...] = (), allocate: Allocator = cupy_allocator) -> None:
         """Compute the output at `out_ptr` (`out_nbytes` bytes of `dtype`) from the inputs at `pointers`, on
         the CUDA stream `stream_ptr`. Allocates only on a last_block kernel's first run on a stream."""
         launch = self.geometry
-        if self.plain:
-            self.launch_plain(pointers, out_ptr, stream_ptr, batch_strides)
-            return
         buffers = None
         if launch.zero_output:
             # Split-K blocks add their partial sums into the output: it starts at zero, on the same stream
@@ -218,21 +211,6 @@ class KernelRunner:
                     parameters.set_bytes(self._first_map + 1 + i, tensor_map)
             self.kernel.launch_packed(launch.grid, launch.block, launch.dynamic_smem_bytes, stream_ptr, parameters)
 
-    def launch_plain(self, pointers: tuple[int, ...], out_ptr: int, stream_ptr: int,
-                     batch_strides: tuple[int, ...] = ()) -> None:
-        """`launch` of a plain kernel (`self.plain`: no zeroing, no workspace, no tensor maps): the pointer and
-        batch-stride slots filled, then cuLaunchKernel. The library's repeated call comes here directly."""
-        words, launch = self.parameters.words, self.geometry
-        with self.parameters.lock:
-            for i, pointer in enumerate(pointers):
-                words[i].value = pointer
-            words[len(pointers)].value = out_ptr
-            slot = self._first_stride
-            for stride in batch_strides:  # non-negative: an element count, or 0 for a broadcast operand
-                words[slot].value = stride
-                slot += 1
-            self._launch_packed(launch.grid, launch.block, launch.dynamic_smem_bytes, stream_ptr, self.parameters)
-
     def bound_launch(self, batch_strides: tuple[int, ...] = (), out_nbytes: int = 0, dtype: str = "float32",
                      allocate: Allocator = cupy_allocator) -> Callable[[int, int, int, int], None]:
         """`launch` of a two-input kernel as a function of (A's, B's and the output's pointers, the stream),
@@ -241,52 +219,40 @@ class KernelRunner:
         workspace kept for the stream (the first call on a stream goes through `launch`, which makes it); a
         kernel that copies with tensor maps goes through `launch` (the maps follow the pointers)."""
         assert self._first_stride >= 3
-        if self.geometry.tensor_maps:
 
-            def general(a_ptr: int, b_ptr: int, out_ptr: int, stream_ptr: int) -> None:
-                self.launch((a_ptr, b_ptr), out_ptr, out_nbytes, dtype, stream_ptr, batch_strides, allocate)
+        def general(a_ptr: int, b_ptr: int, out_ptr: int, stream_ptr: int) -> None:
+            self.launch((a_ptr, b_ptr), out_ptr, out_nbytes, dtype, stream_ptr, batch_strides, allocate)
 
+        launch, parameters = self.geometry, self.parameters
+        if launch.tensor_maps:
             return general
-        words, launch, parameters = self.parameters.words, self.geometry, self.parameters
+        import cupy
+
+        words = parameters.words
         word_a, word_b, word_out = words[0], words[1], words[2]
         slot = self._first_stride + len(batch_strides)
         strides = tuple(zip(words[self._first_stride:slot], batch_strides, strict=True))
-        go = self._launch_function
-        assert go is not None, "a kernel that can launch (build.Kernel)"
-        lock, function = parameters.lock, self.kernel.function_pointer
+        workspace_words = (words[slot], words[slot + 1]) if launch.tickets else None
+        lock, go, function = parameters.lock, self.kernel.launch_function, self.kernel.function_pointer
         (gx, gy, gz), (bx, by, bz), smem, address = launch.grid, launch.block, launch.dynamic_smem_bytes, \
             parameters.address
-        if self.plain:
-
-            def run(a_ptr: int, b_ptr: int, out_ptr: int, stream_ptr: int) -> None:
-                with lock:
-                    word_a.value, word_b.value, word_out.value = a_ptr, b_ptr, out_ptr
-                    for word, stride in strides:
-                        word.value = stride
-                    go(function, gx, gy, gz, bx, by, bz, smem, stream_ptr, address, 0)
-
-            return run
-        import cupy
-
         memset, zero, buffers = cupy.cuda.runtime.memsetAsync, launch.zero_output, self._buffers
-        word_workspace, word_tickets = (words[slot], words[slot + 1]) if launch.tickets else (None, None)
 
-        def run_split(a_ptr: int, b_ptr: int, out_ptr: int, stream_ptr: int) -> None:
+        def run(a_ptr: int, b_ptr: int, out_ptr: int, stream_ptr: int) -> None:
             if zero:  # the splits add into the output: it starts at zero, on the launch's stream
                 memset(out_ptr, 0, out_nbytes, stream_ptr)
-            elif stream_ptr not in buffers:  # a stream's first call makes its workspace
-                self.launch((a_ptr, b_ptr), out_ptr, out_nbytes, dtype, stream_ptr, batch_strides, allocate)
+            elif workspace_words is not None and stream_ptr not in buffers:
+                general(a_ptr, b_ptr, out_ptr, stream_ptr)  # a stream's first call makes its workspace
                 return
             with lock:
                 word_a.value, word_b.value, word_out.value = a_ptr, b_ptr, out_ptr
-                for word, stride in strides:
+                for word, stride in strides:  # non-negative: an element count, or 0 for a broadcast operand
                     word.value = stride
-                if word_workspace is not None and word_tickets is not None:
-                    _, workspace_ptr, tickets_ptr = buffers[stream_ptr]
-                    word_workspace.value, word_tickets.value = workspace_ptr, tickets_ptr
+                if workspace_words is not None:
+                    _, workspace_words[0].value, workspace_words[1].value = buffers[stream_ptr]
                 go(function, gx, gy, gz, bx, by, bz, smem, stream_ptr, address, 0)
 
-        return run_split
+        return run
 
     def uses_tensor_maps(self, pointers: tuple[int, ...]) -> bool:
         """Whether a launch with the inputs at `pointers` copies its tiles with tensor maps (LOADER=tma and

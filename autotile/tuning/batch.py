@@ -28,7 +28,7 @@ from typing import Any, Callable
 from autotile import safe_files
 from autotile.codegen import kernels
 from autotile.codegen.problem import LAYOUT_ALIASES, ProblemKey
-from autotile.errors import AutotileError, InvalidValueError
+from autotile.errors import AutotileError, InvalidValueError, shown
 from autotile.tuning import validate
 
 BATCH_ATTR = "autotile_batch"  # the batch study's user attribute: its problems and device
@@ -79,7 +79,7 @@ def read_problems(path: str | Path) -> list[Item]:
         # A CSV row with more cells than the header has names has a None key (csv's restkey)
         unknown = sorted("(a cell without a column name)" if k is None else str(k) for k in set(row) - set(FIELDS))
         if unknown:
-            named = ", ".join(validate.shown(k) for k in unknown[:5]) + (", ..." if len(unknown) > 5 else "")
+            named = ", ".join(shown(k) for k in unknown[:5]) + (", ..." if len(unknown) > 5 else "")
             raise InvalidValueError(f"{where}: unknown field(s) {named}; fields: {', '.join(FIELDS)}")
         if not row.get("kernel") or not row.get("shape"):
             raise InvalidValueError(f"{where}: kernel and shape are required")
@@ -89,7 +89,7 @@ def read_problems(path: str | Path) -> list[Item]:
             if not isinstance(shape, str) and not (isinstance(shape, list) and shape and all(
                     isinstance(n, int) and not isinstance(n, bool) for n in shape)):
                 raise InvalidValueError(f"shape must be text such as '4096x4096x4096' or a list of integers, "
-                                        f"not {validate.shown(shape)}")
+                                        f"not {shown(shape)}")
             shape = spec.parse_shape(shape if isinstance(shape, str) else "x".join(map(str, shape)))
             layout = str(row.get("layout") or "").strip() or spec.space.layouts[0]
             layout = LAYOUT_ALIASES.get(spec.name, {}).get(layout, layout)

@@ -37,7 +37,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from autotile.errors import InvalidValueError, StorageError
+from autotile.errors import InvalidValueError, StorageError, one_line
 
 VERDICT = "autotile_verdict"  # user attribute: RUN, REPEAT, OVER or INFEASIBLE
 KEY = "config_key"  # user attribute: the config a trial drew (Config.key())
@@ -102,9 +102,8 @@ def _may_be_a_race(exc: Exception) -> bool:
     return "Integrity" in type(exc).__name__ or "already exists" in str(exc)
 
 
-def _first_line(exc: BaseException, limit: int = 200) -> str:
-    text = " ".join(str(exc).split("\n")[0].split()) or type(exc).__name__
-    return text if len(text) <= limit else text[:limit - 3] + "..."
+def _first_line(exc: BaseException) -> str:
+    return one_line(str(exc).split("\n")[0], 200) or type(exc).__name__
 
 
 def redacted(url: str) -> str:

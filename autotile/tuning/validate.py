@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, overload
 
-from autotile.errors import InvalidValueError
+from autotile.errors import InvalidValueError, shown
 
 # optuna seeds its samplers with numpy's legacy RandomState, which takes 0 .. 2**32 - 1 only.
 SEED_MAX = 2**32 - 1
@@ -51,12 +51,6 @@ def count(n: Any, *, name: str, minimum: int = 1) -> int:
     if n < minimum:
         raise InvalidValueError(f"{name} must be at least {minimum}, got {n}")
     return n
-
-
-def shown(value: Any) -> str:
-    """A value for an error line: its repr, cut to 60 characters."""
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
 
 
 @overload
