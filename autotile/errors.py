@@ -48,6 +48,10 @@ class CompileError(AutotileError, RuntimeError):
         return "\n".join(f"{i:5d}  {line}" for i, line in enumerate(self.source.splitlines(), 1))
 
 
+class CublasError(AutotileError, RuntimeError):
+    """A cuBLAS routine the library called directly returned an error status (named in the message)."""
+
+
 class ArgumentError(AutotileError, TypeError):
     """A library call got arrays it cannot take: host arrays, wrong shapes, dtypes or layouts."""
 

@@ -159,3 +159,84 @@ def test_repeated_split_k_calls_zero_or_sum_on_every_stream(monkeypatch, name, r
             assert _error(out, ref) < 1e-5 and _error(c, ref) < 1e-5, (name, reduce, stream)
     finally:
         calls.forget()
+
+
+_SPIN = r'''extern "C" __global__ void spin_then_double(float* a, int n, long long cycles) {
+    const long long start = clock64();
+    while (clock64() - start < cycles) {}
+    for (int i = threadIdx.x; i < n; i += blockDim.x) a[i] *= 2.0f;
+}'''
+
+
+@pytest.mark.parametrize("kind", ["gemm", "gemv"])
+def test_direct_call_runs_on_the_stream_it_is_given(kind):
+    # A kernel on a non-blocking stream waits ~30 ms and then doubles A; the cuBLAS call enqueued after it on
+    # the same stream must see the doubled A. A call that ran on CuPy's current stream (the default one),
+    # as CuPy's own bindings would make it, reads A before the doubling.
+    import cupy
+
+    from autotile.runtime import cublas
+
+    M, N, K = (97, 61, 131) if kind == "gemm" else (97, 1, 131)
+    a = cupy.random.standard_normal((M, K)).astype(cupy.float32)
+    b = cupy.random.standard_normal((K, N) if kind == "gemm" else (K,)).astype(cupy.float32)
+    ref = 2.0 * a.get().astype(np.float64) @ b.get().astype(np.float64)
+    out = cupy.full(ref.shape, cupy.nan, dtype=cupy.float32)
+    cupy.cuda.runtime.deviceSynchronize()
+    key = ProblemKey("matmul", "float32", "nn", (M, N, K)) if kind == "gemm" else ProblemKey(
+        "matvec", "float32", "row", (M, K))
+    call = cublas.CublasCall(key, cupy.cuda.Device().id)
+    stream = cupy.cuda.Stream(non_blocking=True)
+    spin = cupy.RawKernel(_SPIN, "spin_then_double")
+    spin((1,), (256,), (a, np.int32(a.size), np.int64(50_000_000)), stream=stream)
+    call((a.data.ptr, b.data.ptr), out.data.ptr, stream.ptr)
+    assert cublas.handle(cupy.cuda.Device().id).current_stream() == stream.ptr
+    stream.synchronize()
+    assert _error(out, ref) < 1e-6
+
+
+@pytest.mark.parametrize("framework", ["cupy", "torch"])
+def test_library_cublas_calls_are_captured_into_a_graph_on_a_new_stream(monkeypatch, framework):
+    # cuBLAS selected for every problem, first used on the capturing stream inside the capture: the call
+    # allocates nothing there (no workspace for a stream first seen in a capture) and replays correctly.
+    import cupy
+
+    from autotile.dispatch import select as select_mod
+    from autotile.library import calls
+
+    calls.forget()
+    monkeypatch.setattr(select_mod, "select", lambda key, device, cache=None, precision=None: select_mod.Selection(
+        None, "exact", None, None, "cublas", precision=precision))
+    try:
+        if framework == "cupy":
+            a = cupy.random.standard_normal((131, 67)).astype(cupy.float32)
+            b = cupy.random.standard_normal((67, 257)).astype(cupy.float32)
+            out = cupy.empty((131, 257), dtype=cupy.float32)
+            calls.matmul_no_autograd(a, b, out=out)  # selection and preparation, on the default stream
+            stream = cupy.cuda.Stream(non_blocking=True)
+            with stream:
+                stream.begin_capture()
+                calls.matmul_no_autograd(a, b, out=out)
+                graph = stream.end_capture()
+            a[...] = cupy.random.standard_normal((131, 67)).astype(cupy.float32)
+            out.fill(cupy.nan)
+            graph.launch(stream)
+            stream.synchronize()
+            assert _error(out, a.get().astype(np.float64) @ b.get().astype(np.float64)) < 1e-6
+            return
+        torch = pytest.importorskip("torch")
+        x, w = torch.randn(33, 65, device="cuda"), torch.randn(17, 65, device="cuda")
+        out_t = torch.empty(33, 17, device="cuda")
+        calls.matmul_no_autograd(x, w.T, out=out_t)
+        torch.cuda.synchronize()
+        graph_t = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph_t):
+            calls.matmul_no_autograd(x, w.T, out=out_t)
+        x.copy_(torch.randn(33, 65, device="cuda"))
+        out_t.fill_(float("nan"))
+        graph_t.replay()
+        torch.cuda.synchronize()
+        ref = x.double() @ w.T.double()
+        assert float((out_t.double() - ref).norm() / ref.norm()) < 1e-6
+    finally:
+        calls.forget()

@@ -25,6 +25,7 @@ def per_call(fn: Callable[[], Any], n: int = 20000) -> float:
 
 def main() -> int:
     import cupy
+    import numpy as np
     import torch
 
     import autotile
@@ -69,7 +70,7 @@ def main() -> int:
         "kernel.launch_packed alone": lambda: runner.kernel.launch_packed(
             runner.geometry.grid, runner.geometry.block, runner.geometry.dynamic_smem_bytes, stream, runner.parameters),
         "torch.empty 64x64": lambda: torch.empty(64, 64, device="cuda"),
-        "streamIsCapturing": lambda: calls._capturing(stream),
+        "streamIsCapturing": lambda: cupy.cuda.runtime.streamIsCapturing(stream),
         "CublasCall gemv col 3000 (direct)": lambda: gemv(gemv_ptrs, gemv_y.data_ptr(), stream),
         "autotile.matvec gemv col 3000": lambda: autotile.matvec(gemv_a, gemv_x),
         "autotile.matvec gemv col 3000, out=": lambda: autotile.matvec(gemv_a, gemv_x, out=gemv_y),
@@ -87,6 +88,32 @@ def main() -> int:
         "torch.matmul(a, b, out=)": lambda: torch.matmul(a, b, out=out),
         "torch.matmul(a, b)": lambda: torch.matmul(a, b),
     }
+    # cuBLAS's pieces on a small problem (the GPU keeps up, so the host's cost is what is measured)
+    from autotile.runtime import cublas as cublas_mod
+
+    xs, ws = torch.rand(16, 256, device="cuda"), torch.rand(256, 256, device="cuda")
+    ys = torch.empty(16, 256, device="cuda")
+    small = CublasCall(ProblemKey("matmul", "float32", "nt", (16, 256, 256)), 0)
+    small_ptrs = (xs.data_ptr(), ws.data_ptr())
+    own = cublas_mod.handle(0)
+    get_stream = cublas_mod._library().routines["cublasGetStream_v2"]
+    import ctypes
+
+    slot = ctypes.c_void_p()
+    from cupy_backends.cuda.libs import cublas as cupy_cublas
+
+    cupy_handle = cupy.cuda.device.get_cublas_handle()
+    one, zero = np.ones(1, np.float32), np.zeros(1, np.float32)
+    pieces.update({
+        "ctypes cublasGetStream (a 2-argument call)": lambda: get_stream(own.handle, ctypes.byref(slot)),
+        "CublasCall sgemm nt 16x256x256 (direct, ctypes)": lambda: small(small_ptrs, ys.data_ptr(), stream),
+        "CuPy binding sgemm nt 16x256x256": lambda: cupy_cublas.sgemm(
+            cupy_handle, 1, 0, 256, 16, 256, one.ctypes.data, ws.data_ptr(), 256, xs.data_ptr(), 256,
+            zero.ctypes.data, ys.data_ptr(), 256),
+        "torch.matmul(x16, W.T) 16x256x256": lambda: torch.matmul(xs, ws.T),
+        "torch.matmul(x16, W.T, out=) 16x256x256": lambda: torch.matmul(xs, ws.T, out=ys),
+        "torch.empty(16, 256)": lambda: torch.empty(16, 256, device="cuda"),
+    })
     for name, fn in pieces.items():
         us = per_call(fn, 5000)
         torch.cuda.synchronize()

@@ -57,59 +57,19 @@ class _Prepared:
     selection: Selection
     cublas: bool
     key: ProblemKey | None = None
-    capture_runner: Any = None  # where cuBLAS won: the generated kernel a CuPy graph capture runs instead
-    # where cuBLAS won: its routine called on pointers; inside a CUDA-graph capture the frameworks' own
-    # capturable paths run instead (cuBLAS may allocate its workspace when first used on a stream)
+    # where cuBLAS won: its routine called on pointers (`autotile.runtime.cublas`), capturable in a CUDA graph
     direct: CublasCall | None = None
 
     def call(self, framework: Framework, inputs: tuple[Any, ...], out: Any, out_nbytes: int, dtype: str,
              stream_ptr: int, batch_strides: tuple[int, ...] = ()) -> None:
         """Compute `out` (`out_nbytes` bytes of `dtype`) from `inputs`, arrays of `framework`, on the stream
-        `stream_ptr`."""
-        runner: Any = self.runner
+        `stream_ptr` (the arrays' device current)."""
         pointer = framework.pointer
-        if self.cublas:
-            if self.direct is not None and not _capturing(stream_ptr):
-                # cuBLAS on the pointers, no second framework's dispatch (`autotile.runtime.cublas`)
-                self.direct(tuple(map(pointer, inputs)), pointer(out), stream_ptr, batch_strides)
-                return
-            if not _cupy_cublas_captured(framework, stream_ptr):
-                _cublas(framework, inputs, out, stream_ptr)
-                return
-            runner = self._capture_runner()
-        runner.launch(tuple(map(pointer, inputs)), pointer(out), out_nbytes, dtype, stream_ptr, batch_strides,
-                      framework.allocate)
-
-    def _capture_runner(self) -> Any:
-        """CuPy refuses cuBLAS calls during a stream capture: there the best generated config runs (the one
-        the record timed against cuBLAS, else the built-in default)."""
-        if self.capture_runner is None:
-            from autotile.dispatch.select import builtin_default, record_config
-            from autotile.runtime.impl import Generated
-
-            assert self.key is not None
-            config = record_config(self.selection.record) if self.selection.record is not None else None
-            if config is None:
-                from autotile.dispatch.cache import TuningCache
-                from autotile.dispatch.select import Context, counts
-
-                config = builtin_default(Context(self.key, _device(_current_device()), TuningCache(),
-                                                 counts, self.selection.precision)).config
-            assert config is not None  # the built-in default is a generated config
-            self.capture_runner = Generated(config).prepare(self.key)
-        return self.capture_runner
-
-
-def _capturing(stream_ptr: int) -> bool:
-    """Whether the CUDA stream `stream_ptr` is being captured into a graph."""
-    return bool(_cupy().cuda.runtime.streamIsCapturing(stream_ptr))
-
-
-def _cupy_cublas_captured(framework: Framework, stream_ptr: int) -> bool:
-    """Whether cuBLAS would go through CuPy on a stream being captured into a CUDA graph (which CuPy refuses)."""
-    if framework.name == "torch" and not framework.torch.backends.cuda.matmul.allow_tf32:  # type: ignore[attr-defined]
-        return False  # torch's matmul runs it: capturable
-    return _capturing(stream_ptr)
+        if self.direct is not None:  # cuBLAS on the pointers, no second framework's dispatch
+            self.direct(tuple(map(pointer, inputs)), pointer(out), stream_ptr, batch_strides)
+            return
+        self.runner.launch(tuple(map(pointer, inputs)), pointer(out), out_nbytes, dtype, stream_ptr,  # type: ignore[attr-defined]
+                           batch_strides, framework.allocate)
 
 
 _lock = threading.Lock()
@@ -176,26 +136,6 @@ def _cupy() -> Any:
     from autotile.runtime.operands import _cupy as import_cupy
 
     return import_cupy()
-
-
-def _cublas(framework: Framework, inputs: tuple[Any, ...], out: Any, stream_ptr: int) -> None:
-    """cuBLAS on the arrays as the caller gave them (batches and transposes are cuBLAS's own arguments),
-    without TF32: torch's matmul where PyTorch's TF32 switch is off (its default), CuPy's otherwise."""
-    if framework.name == "torch":
-        torch = framework.torch  # type: ignore[attr-defined]
-        if not torch.backends.cuda.matmul.allow_tf32:
-            if stream_ptr == framework.current_stream(out.get_device()):
-                torch.matmul(*inputs, out=out)
-            else:
-                with torch.cuda.stream(torch.cuda.ExternalStream(stream_ptr)):
-                    torch.matmul(*inputs, out=out)
-            return
-    from autotile.runtime.impl import cupy_stream
-
-    cupy = _cupy()
-    with cupy_stream(stream_ptr):
-        cupy.matmul(*(framework.cupy_view(framework.operand(x, "A")) for x in inputs),
-                    out=framework.cupy_view(framework.operand(out, "out")))
 
 
 def _check_dtypes(names: str, *ops: Operand) -> str:
@@ -300,7 +240,7 @@ Repeat = Callable[[Any, Any, Any, Any], Any]  # (A, B or x, out, stream) -> the 
 def _repeat(framework: Framework, call: _Call) -> Repeat:
     """A signature's repeated call as one function with everything but the arrays and the stream bound:
     the output allocated (where no `out` is given), three pointers read, one launch. Where the current
-    device is not the arrays' (or, for cuBLAS, the stream is being captured into a graph), `call.run`."""
+    device is not the arrays', `call.run`."""
     device, strides, slow = call.device, call.batch_strides, call.run
     empty = framework.allocator(call.out_shape, call.dtype, device)
     current_stream = framework.stream_getter(device)
@@ -320,11 +260,11 @@ def _repeat(framework: Framework, call: _Call) -> Repeat:
     if direct is not None:
 
         def run_cublas(a: Any, b: Any, out: Any, stream: Any) -> Any:
-            stream_ptr = current_stream() if stream is None else stream_pointer(stream)
-            if _current_device() != device or _capturing(stream_ptr):
+            if _current_device() != device:
                 return slow(framework, (a, b), out, stream)
             c = empty() if out is None else out
-            direct((pointer(a), pointer(b)), pointer(c), stream_ptr, strides)
+            direct((pointer(a), pointer(b)), pointer(c), current_stream() if stream is None else stream_pointer(stream),
+                   strides)
             return c
 
         return run_cublas

@@ -1,10 +1,12 @@
 """cuBLAS called directly on device pointers: GEMM, strided batched GEMM and GEMV, for any framework's memory.
 
 Where the selection chain picks cuBLAS, the library's repeated call should cost what cuBLAS costs, not a
-second framework's dispatch on top (CuPy's `matmul` spends tens of microseconds of Python per call). A
-`CublasCall` is prepared once for a problem (which routine, the operations, the sizes and leading
-dimensions: the operands are packed, so the layout says them all) and a call passes three pointers and a
-stream to CuPy's thin binding of the routine.
+second framework's dispatch on top (CuPy's `matmul` spends tens of microseconds of Python per call, and even
+CuPy's thin bindings reset a handle's stream to CuPy's current stream on every call, checking for a graph
+capture each time). A `CublasCall` is prepared once for a problem (which routine, the operations, the sizes
+and leading dimensions: the operands are packed, so the layout says them all) and a call passes three
+pointers and a stream straight to the routine in the cuBLAS library already loaded in the process (through
+ctypes: about a microsecond of argument conversion).
 
 Every matrix here is row-major or column-major as the library's plan says (`autotile.library.plan`). cuBLAS
 is column-major: a row-major C = A @ B is computed as its column-major view C^T = B^T @ A^T, and a packed
@@ -12,42 +14,148 @@ row-major matrix is its transpose seen column-major, so no data moves.
 
 Each device has a handle of autotile's own, made on first use: its math mode is cuBLAS's default (IEEE
 FP32, never TF32, whatever CuPy's or PyTorch's switches say) and its pointer mode "host" (alpha and beta
-are host values), and no other library changes either. A handle is not safe to share between threads while
+are host values), and no other library changes either. Each stream it runs on gets a workspace of its own
+(as PyTorch does: two streams must not share one), set with the stream, so cuBLAS never allocates inside a
+call and a call can be captured into a CUDA graph; a stream first seen during a capture runs without a
+workspace (cuBLAS then picks kernels that need none). A handle is not safe to share between threads while
 its stream changes: a lock is held from setting the stream to the end of the call (microseconds).
 """
 
 from __future__ import annotations
 
+import ctypes
+import os
 import threading
 from typing import Any
 
-import numpy as np
-
 from autotile.codegen.problem import ProblemKey
+from autotile.errors import CublasError
 
 _OP_N, _OP_T = 0, 1  # cublasOperation_t
-_handles: dict[int, list[Any]] = {}  # device id -> [handle, the stream last set on it]
-_lock = threading.Lock()
-# alpha = 1, beta = 0 in each precision, in host memory that lives as long as the process
-_SCALARS: dict[str, tuple[np.ndarray, np.ndarray]] = {
-    "float32": (np.ones(1, np.float32), np.zeros(1, np.float32)),
-    "float64": (np.ones(1, np.float64), np.zeros(1, np.float64))}
+# Workspace per stream, in bytes: what cuBLAS's documentation recommends (32 MiB on Hopper, 4 MiB before).
+WORKSPACE_BYTES = {90: 32 << 20}
+DEFAULT_WORKSPACE_BYTES = 4 << 20
+
+_P, _I, _LL = ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong
+# (routine name, argument types after the handle); every routine returns a cublasStatus_t
+_CREATE = (ctypes.POINTER(_P),)  # cublasCreate_v2 takes only where to write the new handle
+_SIGNATURES: dict[str, tuple[Any, ...]] = {
+    "cublasSetStream_v2": (_P,),
+    "cublasGetStream_v2": (ctypes.POINTER(_P),),
+    "cublasSetWorkspace_v2": (_P, ctypes.c_size_t),
+    "cublasSgemm_v2": (_I, _I, _I, _I, _I, _P, _P, _I, _P, _I, _P, _P, _I),
+    "cublasDgemm_v2": (_I, _I, _I, _I, _I, _P, _P, _I, _P, _I, _P, _P, _I),
+    "cublasSgemmStridedBatched": (_I, _I, _I, _I, _I, _P, _P, _I, _LL, _P, _I, _LL, _P, _P, _I, _LL, _I),
+    "cublasDgemmStridedBatched": (_I, _I, _I, _I, _I, _P, _P, _I, _LL, _P, _I, _LL, _P, _P, _I, _LL, _I),
+    "cublasSgemv_v2": (_I, _I, _I, _P, _P, _I, _P, _I, _P, _P, _I),
+    "cublasDgemv_v2": (_I, _I, _I, _P, _P, _I, _P, _I, _P, _P, _I),
+}
 
 
-def _library() -> Any:
-    from cupy_backends.cuda.libs import cublas
+class _Library:
+    """The process's libcublas, its routines typed once."""
 
-    return cublas
+    def __init__(self, library: ctypes.CDLL):
+        self.routines: dict[str, Any] = {}
+        for name, argtypes in (("cublasCreate_v2", _CREATE), *((n, (_P, *a)) for n, a in _SIGNATURES.items())):
+            routine = getattr(library, name)
+            routine.argtypes = argtypes
+            routine.restype = _I
+            self.routines[name] = routine
+
+    def check(self, name: str, *args: Any) -> None:
+        status = self.routines[name](*args)
+        if status:
+            raise CublasError(f"{name} returned cuBLAS status {status}")
 
 
-def _handle(device: int) -> list[Any]:
-    """[handle, last stream] of autotile's own cuBLAS handle on `device` (made with `device` current)."""
-    entry = _handles.get(device)
-    if entry is None:
+_library_instance: _Library | None = None
+
+
+def loaded_library_path() -> str | None:
+    """The path of the libcublas that CuPy loaded into this process (None where none is found): the one
+    whose handles and routines match CuPy's CUDA runtime, even where PyTorch brought another version."""
+    from cupy_backends.cuda.libs import cublas  # noqa: F401  (loads libcublas)
+
+    try:
+        with open("/proc/self/maps") as maps:
+            paths = {line.split()[-1] for line in maps if "/libcublas.so" in line}
+    except OSError:
+        return None
+    if not paths:
+        return None
+    import cupy
+
+    major = cupy.cuda.runtime.runtimeGetVersion() // 1000
+    matching = sorted(p for p in paths if os.path.basename(p).startswith(f"libcublas.so.{major}"))
+    return (matching or sorted(paths))[0]
+
+
+def _library() -> _Library:
+    global _library_instance
+    if _library_instance is None:
+        path = loaded_library_path()
+        if path is None:  # not Linux, or linked some other way: the soname CuPy's runtime would load
+            import cupy
+
+            path = f"libcublas.so.{cupy.cuda.runtime.runtimeGetVersion() // 1000}"
+        _library_instance = _Library(ctypes.CDLL(path))
+    return _library_instance
+
+
+class _Handle:
+    """autotile's cuBLAS handle on one device, the stream it was last set to and a workspace per stream."""
+
+    def __init__(self, device: int):
         import cupy
 
+        self.device = device
+        handle = _P()
         with cupy.cuda.Device(device):
-            entry = _handles.setdefault(device, [_library().create(), None])
+            _library().check("cublasCreate_v2", ctypes.byref(handle))
+            capability = int(cupy.cuda.Device(device).compute_capability)  # "90" on sm_90
+        self.handle = handle.value
+        self.workspace_bytes = WORKSPACE_BYTES.get(capability, DEFAULT_WORKSPACE_BYTES)
+        self.stream: int | None = None
+        self.workspaces: dict[int, tuple[int, int]] = {}  # stream -> (pointer, bytes); kept for the process
+
+    def use_stream(self, stream_ptr: int) -> None:
+        """Point the handle at `stream_ptr` and at that stream's workspace (made on first use: current
+        device must be this handle's)."""
+        library = _library()
+        workspace = self.workspaces.get(stream_ptr)
+        if workspace is None:
+            import cupy
+
+            if cupy.cuda.runtime.streamIsCapturing(stream_ptr):
+                workspace = (0, 0)  # no allocation may happen inside a capture
+            else:
+                workspace = (cupy.cuda.runtime.malloc(self.workspace_bytes), self.workspace_bytes)
+                self.workspaces[stream_ptr] = workspace
+        library.check("cublasSetStream_v2", self.handle, stream_ptr)
+        library.check("cublasSetWorkspace_v2", self.handle, workspace[0], workspace[1])
+        self.stream = stream_ptr
+
+    def current_stream(self) -> int:
+        """The stream cuBLAS has on record for this handle (for tests)."""
+        stream = _P()
+        _library().check("cublasGetStream_v2", self.handle, ctypes.byref(stream))
+        return stream.value or 0
+
+
+_handles: dict[int, _Handle] = {}  # device id -> autotile's handle there
+_lock = threading.Lock()
+# alpha = 1, beta = 0 in each precision, in host memory that lives as long as the process
+_SCALARS = {"float32": (ctypes.c_float(1.0), ctypes.c_float(0.0)),
+            "float64": (ctypes.c_double(1.0), ctypes.c_double(0.0))}
+
+
+def handle(device: int) -> _Handle:
+    """autotile's cuBLAS handle on `device`, made on first use."""
+    entry = _handles.get(device)
+    if entry is None:
+        with _lock:
+            entry = _handles.get(device) or _handles.setdefault(device, _Handle(device))
     return entry
 
 
@@ -55,59 +163,63 @@ class CublasCall:
     """One problem's cuBLAS routine with every argument but the pointers and the stream fixed.
 
     `key` is the library's problem: matmul (M, N, K) or bmm (batch, M, N, K) in a layout of two letters
-    ("n": row-major, "t": column-major; A's then B's), or matvec (M, K) with A "row" or "col"."""
+    ("n": row-major, "t": column-major; A's then B's), or matvec (M, K) with A "row" or "col". A call must
+    be made with `device` current."""
 
     def __init__(self, key: ProblemKey, device: int):
-        cublas = _library()
+        library = _library()
         self.device = device
         self.batched = key.kernel == "bmm"
-        alpha, beta = _SCALARS[key.dtype]
-        self._alpha, self._beta = alpha.ctypes.data, beta.ctypes.data
+        alpha, beta = (ctypes.addressof(s) for s in _SCALARS[key.dtype])
         double = key.dtype == "float64"
         self._kind = "gemv" if key.kernel == "matvec" else "batched" if self.batched else "gemm"
+        self._before_a: tuple[int, ...]  # the routine's arguments before A's pointer, after the handle
         if key.kernel == "matvec":
             M, K = key.shape
-            self._routine = cublas.dgemv if double else cublas.sgemv
+            self._routine = library.routines["cublasDgemv_v2" if double else "cublasSgemv_v2"]
             # y = A x; a row-major A is, seen column-major, the K x M matrix A^T
-            self._fixed = (_OP_T, K, M, K) if key.layout == "row" else (_OP_N, M, K, M)
+            trans, m, n, lda = (_OP_T, K, M, K) if key.layout == "row" else (_OP_N, M, K, M)
+            self._before_a = (trans, m, n, alpha)
+            self._after_a = (lda,)
+            self._beta = beta
             return
         *batch, M, N, K = key.shape
         a_rowmajor, b_rowmajor = key.layout[0] == "n", key.layout[1] == "n"
         # C^T (N x M) = op(B^T-view) (N x K) @ op(A^T-view) (K x M)
         op_b, ldb = (_OP_N, N) if b_rowmajor else (_OP_T, K)
         op_a, lda = (_OP_N, K) if a_rowmajor else (_OP_T, M)
-        self._gemm = (op_b, op_a, N, M, K)
+        self._before_a = (op_b, op_a, N, M, K, alpha)
         self._ld = (ldb, lda, N)
+        self._beta = beta
         self._out_stride = M * N
         self._batch = batch[0] if batch else 1
         if self.batched:
-            self._routine = cublas.dgemmStridedBatched if double else cublas.sgemmStridedBatched
+            self._routine = library.routines["cublasDgemmStridedBatched" if double else "cublasSgemmStridedBatched"]
         else:
-            self._routine = cublas.dgemm if double else cublas.sgemm
+            self._routine = library.routines["cublasDgemm_v2" if double else "cublasSgemm_v2"]
 
     def __call__(self, pointers: tuple[int, ...], out_ptr: int, stream_ptr: int,
                  batch_strides: tuple[int, ...] = ()) -> None:
         """out = A @ B (or A @ x) for the operands at `pointers`, on the CUDA stream `stream_ptr`; a bmm
         takes the batch strides of A and B in elements (0: one matrix for the whole batch)."""
-        entry = _handle(self.device)
+        entry = _handles.get(self.device) or handle(self.device)
         with _lock:
-            handle = entry[0]
-            if entry[1] != stream_ptr:
-                _library().setStream(handle, stream_ptr)
-                entry[1] = stream_ptr
+            if entry.stream != stream_ptr:
+                entry.use_stream(stream_ptr)
             if self._kind == "gemv":
-                trans, m, n, lda = self._fixed
-                self._routine(handle, trans, m, n, self._alpha, pointers[0], lda, pointers[1], 1, self._beta,
-                              out_ptr, 1)
+                status = self._routine(entry.handle, *self._before_a, pointers[0], *self._after_a, pointers[1], 1,
+                                       self._beta, out_ptr, 1)
             elif self._kind == "batched":
-                (op_b, op_a, n, m, k), (ldb, lda, ldc) = self._gemm, self._ld
+                ldb, lda, ldc = self._ld
                 stride_a, stride_b = batch_strides
-                self._routine(handle, op_b, op_a, n, m, k, self._alpha, pointers[1], ldb, stride_b,
-                              pointers[0], lda, stride_a, self._beta, out_ptr, ldc, self._out_stride, self._batch)
+                status = self._routine(entry.handle, *self._before_a, pointers[1], ldb, stride_b, pointers[0], lda,
+                                       stride_a, self._beta, out_ptr, ldc, self._out_stride, self._batch)
             else:
-                (op_b, op_a, n, m, k), (ldb, lda, ldc) = self._gemm, self._ld
-                self._routine(handle, op_b, op_a, n, m, k, self._alpha, pointers[1], ldb, pointers[0], lda,
-                              self._beta, out_ptr, ldc)
+                ldb, lda, ldc = self._ld
+                status = self._routine(entry.handle, *self._before_a, pointers[1], ldb, pointers[0], lda, self._beta,
+                                       out_ptr, ldc)
+        if status:
+            raise CublasError(f"cuBLAS {self._kind} returned status {status}")
 
 
-__all__ = ["CublasCall"]
+__all__ = ["CublasCall", "CublasError", "handle", "loaded_library_path"]
