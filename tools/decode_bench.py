@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
         b = w.T if layout == "nt" else w
         out = cupy.empty((M, N), dtype=cupy.float32)
         ref = cupy.matmul(a, b)
-        cublas = time_launch(lambda: cupy.matmul(a, b, out=out), flush).median_ms
+        cublas = time_launch(lambda a=a, b=b, out=out: cupy.matmul(a, b, out=out), flush).median_ms
         times = {}
         for name, config in candidates:
             runner = Generated(config).prepare(ProblemKey("matmul", "float32", layout, (M, N, K)))
@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
             if not err < 1e-5:
                 print(f"WRONG {name} {layout} {M}x{N}x{K}: error {err:.2e}", file=sys.stderr)
                 return 1
-            times[name] = time_launch(lambda r=runner: r.run((a, w), out), flush).median_ms
+            times[name] = time_launch(lambda r=runner, ops=(a, w), out=out: r.run(ops, out), flush).median_ms
         best = min(times, key=times.__getitem__)
         selection = selection_for("matmul", "float32", layout, (M, N, K))
         rows.append((layout, M, N, K, cublas, best, times[best], selection.explain()[:60]))
@@ -64,7 +64,8 @@ def main(argv: list[str] | None = None) -> int:
     ratios = []
     for layout, M, N, K, cublas, best, ms, today in rows:
         ratios.append(cublas / ms)
-        print(f"| {layout} | {M} | {N} | {K} | {cublas * 1e3:.1f} | {best} | {ms * 1e3:.1f} | {cublas / ms:.2f} | {today} |")
+        print(f"| {layout} | {M} | {N} | {K} | {cublas * 1e3:.1f} | {best} | {ms * 1e3:.1f} | {cublas / ms:.2f} "
+              f"| {today} |")
     ratios.sort()
     geomean = math.exp(statistics.fmean(map(math.log, ratios)))
     print(f"\nbest skinny / cuBLAS over {len(ratios)} shapes: min {ratios[0]:.2f}, "
