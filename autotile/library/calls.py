@@ -55,8 +55,6 @@ MAX_GRID_Z = 65535  # CUDA's limit on gridDim.z, where a batch's matrices (times
 class _Prepared:
     runner: Runner
     selection: Selection
-    cublas: bool
-    key: ProblemKey | None = None
     # where cuBLAS won: its routine called on pointers (`autotile.runtime.cublas`), capturable in a CUDA graph
     direct: CublasCall | None = None
 
@@ -68,8 +66,9 @@ class _Prepared:
         if self.direct is not None:  # cuBLAS on the pointers, no second framework's dispatch
             self.direct(tuple(map(pointer, inputs)), pointer(out), stream_ptr, batch_strides)
             return
-        self.runner.launch(tuple(map(pointer, inputs)), pointer(out), out_nbytes, dtype, stream_ptr,  # type: ignore[attr-defined]
-                           batch_strides, framework.allocate)
+        runner: Any = self.runner  # a KernelRunner (the Runner protocol names only `run`)
+        runner.launch(tuple(map(pointer, inputs)), pointer(out), out_nbytes, dtype, stream_ptr, batch_strides,
+                      framework.allocate)
 
 
 _lock = threading.Lock()
@@ -125,8 +124,8 @@ def _prepare(kernel: str, dtype: str, layout: str, shape: tuple[int, ...], setti
     if launch is not None and launch.grid[2] > MAX_GRID_Z:
         raise ArgumentError(f"a batch of {shape[0]} matrices times {launch.grid[2] // shape[0]} K split(s) exceeds "
                             f"CUDA's {MAX_GRID_Z} blocks along grid z; split the batch")
-    cublas = isinstance(runner, CublasRunner)
-    prepared = _Prepared(runner, selection, cublas, key, direct=CublasCall(key, device_id) if cublas else None)
+    prepared = _Prepared(runner, selection,
+                         direct=CublasCall(key, device_id) if isinstance(runner, CublasRunner) else None)
     with _lock:
         _prepared[memo_key] = prepared
     return prepared
@@ -246,7 +245,7 @@ def _repeat(framework: Framework, call: _Call) -> Repeat:
     current_stream = framework.stream_getter(device)
     pointer = framework.pointer_function()
     runner, direct = call.prepared.runner, call.prepared.direct
-    if not call.prepared.cublas and hasattr(runner, "bound_launch"):  # a generated kernel (not a test's stand-in)
+    if direct is None and hasattr(runner, "bound_launch"):  # a generated kernel (not a test's stand-in)
         go = runner.bound_launch(strides, call.out_nbytes, call.dtype, framework.allocate)
 
         def run_kernel(a: Any, b: Any, out: Any, stream: Any) -> Any:

@@ -169,6 +169,7 @@ class CublasCall:
     def __init__(self, key: ProblemKey, device: int):
         library = _library()
         self.device = device
+        self._handle = handle(device)  # made here, with `device` current, and kept: no lookup per call
         self.batched = key.kernel == "bmm"
         alpha, beta = (ctypes.addressof(s) for s in _SCALARS[key.dtype])
         double = key.dtype == "float64"
@@ -202,7 +203,7 @@ class CublasCall:
                  batch_strides: tuple[int, ...] = ()) -> None:
         """out = A @ B (or A @ x) for the operands at `pointers`, on the CUDA stream `stream_ptr`; a bmm
         takes the batch strides of A and B in elements (0: one matrix for the whole batch)."""
-        entry = _handles.get(self.device) or handle(self.device)
+        entry = self._handle
         with _lock:
             if entry.stream != stream_ptr:
                 entry.use_stream(stream_ptr)
