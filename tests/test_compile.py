@@ -86,8 +86,15 @@ ADDED_SINCE_THE_SAMPLE = ("SPLIT_REDUCE",)
 # which only MATH=dmma activates, then is never drawn: it stays in the space, and out of the keys below.
 # MATH=wgmma was an experimental choice, never drawn, when the sample was chosen (tests/test_wgmma.py);
 # PRODUCERS and LOADER, which only wgmma activates, are then constants (their defaults), as MMA_K is.
-CHOICES_ADDED_SINCE_THE_SAMPLE = {"MATH": ("dmma", "wgmma")}
-OUT_OF_THE_KEYS = (*ADDED_SINCE_THE_SAMPLE, "MMA_K", "PRODUCERS", "LOADER")
+# MATH=skinny came later still, with tiles under 16 and THREADS_K and STEPS, which only it activates
+# (constants here, as MMA_K is); its kernels have their own tests (tests/test_skinny.py).
+CHOICES_ADDED_SINCE_THE_SAMPLE = {"MATH": ("dmma", "wgmma", "skinny"), "BM": (1, 2, 4, 8), "BN": (4, 8)}
+CONSTANTS_SINCE_THE_SAMPLE = ("MMA_K", "PRODUCERS", "LOADER", "THREADS_K", "STEPS")
+OUT_OF_THE_KEYS = (*ADDED_SINCE_THE_SAMPLE, *CONSTANTS_SINCE_THE_SAMPLE)
+# Conditions as they read when the sample was drawn (skinny's exemptions added since change the
+# enumeration's plan, and with it the draws).
+ACTIVE_WHEN_SAMPLED = {"UNROLL": "MATH == 'simt'", "BK": "smem != 'none'", "VEC": "smem != 'none'",
+                       "STAGES": "smem != 'none'", "TN": "MATH == 'simt'"}
 
 
 def _sampling_space(kernel: str) -> Space:
@@ -97,13 +104,14 @@ def _sampling_space(kernel: str) -> Space:
     if kernel == "matmul":
         # Without dmma, MMA_K is a constant (its default) and UNROLL's condition reads as it did before: the
         # enumeration then binds and prunes in the order the sample was drawn in, and draws the same configs.
-        for constant in ("MMA_K", "PRODUCERS", "LOADER"):
+        for constant in CONSTANTS_SINCE_THE_SAMPLE:
             default = data["params"].pop(constant)["default"]
             value = repr(default) if isinstance(default, str) else str(default)  # as the expressions spell it
             data["derived"] = {k: v.replace(constant, value) for k, v in data["derived"].items()}
             for constraint in data["constraints"]:
                 constraint["expr"] = constraint["expr"].replace(constant, value)
-        data["params"]["UNROLL"]["active"] = "MATH == 'simt'"
+        for name, active in ACTIVE_WHEN_SAMPLED.items():
+            data["params"][name]["active"] = active
     for name, added in CHOICES_ADDED_SINCE_THE_SAMPLE.items():
         if name in data["params"]:
             data["params"][name]["choices"] = [c for c in data["params"][name]["choices"] if c not in added]
@@ -273,7 +281,8 @@ KNOWN_SPILLS: dict[tuple[str, str, str], tuple[str, tuple[str, ...]]] = {
 
 def _key(case: Case) -> str:
     """`Config.key()` without the parameters added since the sample was chosen, as in KNOWN_SPILLS."""
-    return ",".join(f"{k}={v}" for k, v in case.config.items() if k not in OUT_OF_THE_KEYS)
+    left_out = OUT_OF_THE_KEYS if case.kernel == "matmul" else ()  # matvec has a THREADS_K of its own
+    return ",".join(f"{k}={v}" for k, v in case.config.items() if k not in left_out)
 
 
 def _new_layout(case: Case) -> bool:

@@ -3,6 +3,7 @@ the survey's grid and portfolio, and tuning at first call's switch and short lis
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import warnings
@@ -208,15 +209,49 @@ def test_model_step_serves_shapes_without_a_record(tmp_path):
     assert exact.source == "exact" and exact.implementation == "generated"
 
 
+def test_a_decode_only_database_serves_its_rows_and_lends_the_rest_to_nn(tmp_path):
+    """An nt database surveyed for decode-size rows (max_shape [64, None, None]) answers nt shapes of up to
+    64 rows; a taller nt shape takes nn's database's choice instead of extrapolating from decode rows."""
+    cache = TuningCache(root=tmp_path, shipped_root=None)
+    database.save(cache, _synthetic_db())  # nn: tf32x3-128 wins on large shapes
+    space = kernels.get("matmul").space
+    skinny = space.named("skinny-t-4")
+    shapes = survey.grid("matmul", layout="nt", random_shapes=5)
+    rows = tuple((0.02, 0.01) for _ in shapes)  # the skinny config at 2x cuBLAS on every decode shape
+    source = kernels.source_hash(kernels.get("matmul").render(skinny, "float32", "nt"))
+    cands = (database.Candidate("cublas", "cublas"),
+             database.Candidate("skinny-t-4", "generated", dict(skinny), source))
+    nt = database.ShapeDatabase("matmul", "float32", "nt", H100.fingerprint, cands, tuple(shapes), rows,
+                                {"gpu": "test", "max_shape": [64, None, None]})
+    database.save(cache, nt)
+    loaded = database.load(cache, H100.fingerprint, "matmul", "float32", "nt")
+    assert loaded is not None and loaded.covers((64, 9000, 9000)) and not loaded.covers((65, 100, 100))
+    decode = select.select(ProblemKey("matmul", "float32", "nt", (3, 5000, 4000)), H100, cache)
+    assert decode.source.startswith("model") and decode.config == skinny
+    tall = select.select(ProblemKey("matmul", "float32", "nt", (3000, 3100, 2900)), H100, cache)
+    assert "of matmul nn" in tall.source and tall.config == space.named("tf32x3-128")
+    with pytest.raises(CacheError, match="max_shape"):
+        dataclasses.replace(nt, environment={"max_shape": [64, None]})
+
+
 # -- the survey's grid and portfolio --------------------------------------------------------------------
 
 def test_grid_is_deterministic_bounded_and_covers_the_corners():
     a, b = survey.grid("matmul"), survey.grid("matmul")
     assert a == b and len(set(a)) == len(a)
     assert all(math.prod(s) <= survey.MAX_MATMUL_WORK for s in a)
-    assert all(16 <= d <= 12288 for s in a for d in s)
-    for corner in [(16, 16, 16), (16, 16, 8192), (8192, 8192, 16), (16, 8192, 8192), (2896, 2896, 2896)]:
+    assert all(16 <= d <= 12288 for s in a for d in s[1:])
+    assert {s[0] for s in a if s[0] < 16} == set(survey.DECODE_ROWS)
+    for corner in [(16, 16, 16), (16, 16, 8192), (8192, 8192, 16), (16, 8192, 8192), (2896, 2896, 2896),
+                   (1, 8192, 8192)]:
         assert corner in a
+    # the decode-only layouts: M up to DECODE_MAX_ROWS, N and K from 128, the database's bound recorded
+    nt = survey.grid("matmul", layout="nt")
+    assert nt == survey.grid("matmul", layout="nt") and len(set(nt)) == len(nt)
+    assert all(1 <= s[0] <= survey.DECODE_MAX_ROWS and all(128 <= d <= 12288 for d in s[1:]) for s in nt)
+    assert (1, 8192, 8192) in nt and len(nt) == 6 * 25 + survey.DECODE_RANDOM_SHAPES
+    assert survey.coverage("matmul", "nt") == [survey.DECODE_MAX_ROWS, None, None]
+    assert survey.coverage("matmul", "nn") is None and survey.coverage("matvec", "row") is None
     mv = survey.grid("matvec")
     assert all(math.prod(s) <= survey.MAX_MATVEC_ELEMENTS for s in mv) and (64, 65536) in mv
     assert len(survey.grid("matmul", seed=1)) == len(a) and survey.grid("matmul", seed=1) != a

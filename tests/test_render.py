@@ -206,8 +206,10 @@ def test_sampled_configs_render(kernel, layout, dtype):
         assert f"// config: {space.source_key(cfg)}\n" in src
         assert src.count("{") == src.count("}")
         assert "Undefined" not in src and "None" not in src
-        assert ("extern __shared__" in src) == (cfg["smem"] == "dynamic")
-        assert ("__shared__" in src) == (cfg["smem"] != "none")
+        # skinny declares shared memory only where its rows of threads meet there (B row-major)
+        uses_shared = cfg["smem"] != "none" and (cfg.get("MATH") != "skinny" or d["smem_bytes"] > 0)
+        assert ("extern __shared__" in src) == (uses_shared and cfg["smem"] == "dynamic")
+        assert ("__shared__" in src) == uses_shared
         assert ("atomicAdd" in src) == (cfg["SPLIT_K"] > 1)
         assert re.search(r"\bdouble\b", src) if dtype == "float64" else not re.search(r"\bdouble\b", src)
     assert {"static", "dynamic"} <= kinds  # (column-major configs without shared memory are rare)
@@ -226,6 +228,12 @@ def _dynamic_bytes(kernel: str, src: str, cfg, dtype_size: int) -> int:
             return (2 * 2 + stages) * (bm + bn) * bk * dtype_size + 1024 + 8 * (4 + stages)
         assert "base + STAGES * STAGE_BYTES" in src
         return stages * 2 * (bm + bn) * bk * dtype_size + 1024 + 16 * stages
+    if kernel == "matmul" and ", short M:" in src.splitlines()[0]:  # skinny: [THREADS_K][BM][BN] partial sums
+        if "extern __shared__" not in src:
+            return 0
+        threads_k = re.search(r"constexpr int THREADS_K = (\d+),", src)
+        assert threads_k, src
+        return int(threads_k.group(1)) * cfg["BM"] * cfg["BN"] * dtype_size
     if kernel == "matmul":
         a = re.search(r"constexpr int A_STRIDE = (\d+), A_TILE = (\d+) \* A_STRIDE;", src)
         b = re.search(r"constexpr int B_STRIDE = (\d+), B_TILE = (BK|BN) \* B_STRIDE;", src)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import keyword
 import math
+import random
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -720,10 +721,12 @@ class Space:
             pass
         return found
 
-    def sample(self, problem: Problem, n: int, seed: int = 0, max_draws: int = 1_000_000) -> list[Config]:
-        """Up to `n` distinct feasible configs drawn uniformly at random (rejection sampling)."""
-        import random
-
+    def sample(self, problem: Problem, n: int, seed: int = 0, max_draws: int = 100_000) -> list[Config]:
+        """Up to `n` distinct feasible configs drawn uniformly at random. Rejection sampling over the product
+        of choices first (cheap where the feasible share is not tiny, and the draws every seeded sample was
+        chosen by); where `max_draws` draws leave it short, the rest is drawn uniformly from the enumerated
+        feasible set (two walks of it: about a second per million points), so a sparse space still yields
+        `n` configs where it has them."""
         rng = random.Random(seed)
         choice = rng.choice
         params = list(self.params.values())
@@ -739,7 +742,36 @@ class Space:
                 config = Config(values)
                 if config not in seen:
                     seen[config] = None
+        if len(seen) < n:
+            self._complete_from_enumeration(problem, seen, n, rng)
         return list(seen)
+
+    def _complete_from_enumeration(self, problem: Problem, seen: dict[Config, None], n: int,
+                                   rng: random.Random) -> None:
+        """Adds to `seen` feasible configs it lacks, uniformly without replacement, until it holds `n` (or
+        every feasible config): counts the feasible set, picks positions in it, and walks it again to
+        collect them (experimental choices are refused by their constraint, as in the rejection draws)."""
+        feasible_count = self._walk(problem, None).feasible
+        if len(seen) >= min(n, feasible_count):
+            return
+        # As many positions as could be needed: some may land on configs the rejection draws already hold.
+        picks = set(rng.sample(range(feasible_count), min(feasible_count, n)))
+        names = list(self.params)
+        found: list[Config] = []
+        index = 0
+
+        def collect(scope: dict[str, Any]) -> None:
+            nonlocal index
+            if index in picks:
+                found.append(Config({name: scope[name] for name in names}))
+            index += 1
+
+        self._walk(problem, collect)
+        rng.shuffle(found)
+        for config in found:
+            if len(seen) >= n:
+                break
+            seen.setdefault(config, None)
 
     # -- optuna --------------------------------------------------------------------------------------
 

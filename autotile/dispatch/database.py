@@ -89,6 +89,21 @@ class ShapeDatabase:
                                      "positive number")
             if not all(isinstance(d, int) and not isinstance(d, bool) and d >= 1 for d in shape):
                 raise CacheError(f"shape database shape {shape!r} is not a list of positive integers")
+        bound = self.environment.get("max_shape")
+        if bound is not None and not (
+                isinstance(bound, list) and (not self.shapes or len(bound) == len(self.shapes[0]))
+                and all(b is None or (isinstance(b, int) and not isinstance(b, bool) and b >= 1) for b in bound)):
+            raise CacheError(f"shape database max_shape {bound!r} is not a list of positive sizes or nulls, one "
+                             "per dimension")
+
+    def covers(self, shape: tuple[int, ...]) -> bool:
+        """Whether the survey meant this database for `shape`: within its `max_shape` (the largest size per
+        dimension, None where unbounded; a database surveyed for decode-size rows only has one), where it
+        has one. A shape it does not cover takes another database's choice (`dispatch.select`)."""
+        bound = self.environment.get("max_shape")
+        if bound is None:
+            return True
+        return len(bound) == len(shape) and all(b is None or d <= b for d, b in zip(shape, bound, strict=True))
 
     @property
     def cublas_index(self) -> int | None:

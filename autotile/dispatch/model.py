@@ -62,10 +62,19 @@ class Choice:
         return f"{self.candidate.name}, {why}; at the nearest surveyed shapes: {near}"
 
 
+# MATH=skinny keeps all of a block's rows of C in registers and reads B once per BM of them (BM of 64 at most):
+# past SKINNY_MAX_ROWS rows of A it reads B several times and loses to every tiled kernel by far (measured on
+# an H100, 2026-11-24: 0.29x cuBLAS at M = 30 with 4-row tiles), so it is neither timed nor chosen there.
+SKINNY_MAX_ROWS = 64
+
+
 def worth_timing(kernel: str, config: Config, shape: tuple[int, ...], sm_count: int) -> bool:
-    """Whether a config with K splits makes sense on `shape`: the shape leaves the GPU under-filled without
-    them (under two blocks per SM), each split gets at least MIN_K_PER_SPLIT of K, and a last_block
-    workspace stays under MAX_SPLIT_WORKSPACE elements. Configs without splits always do."""
+    """Whether a config makes sense on `shape`: a skinny one only for M up to SKINNY_MAX_ROWS; one with K
+    splits only where the shape leaves the GPU under-filled without them (under two blocks per SM), each
+    split gets at least MIN_K_PER_SPLIT of K, and a last_block workspace stays under MAX_SPLIT_WORKSPACE
+    elements. Other configs always do."""
+    if config.get("MATH") == "skinny" and shape[-3] > SKINNY_MAX_ROWS:
+        return False
     split = int(config.get("SPLIT_K", 1))
     if split <= 1:
         return True
@@ -341,4 +350,4 @@ def params_of(db: ShapeDatabase) -> ModelParams:
     return ModelParams()
 
 
-__all__ = ["Choice", "Model", "ModelParams", "model_for", "params_of", "summary", "worth_timing"]
+__all__ = ["SKINNY_MAX_ROWS", "Choice", "Model", "ModelParams", "model_for", "params_of", "summary", "worth_timing"]

@@ -44,7 +44,8 @@ _RANK = {"highest": 0, "high": 1, "medium": 2}
 # The one place that says what each value of the matmul space's MATH parameter needs. A MATH value missing
 # here is refused (`needed` raises): a new math mode must say its class before any record of it is served.
 MATH_PARAM = "MATH"
-MATH_CLASS: dict[str, str] = {"simt": "highest", "tf32x3": "high", "dmma": "highest", "wgmma": "high"}
+MATH_CLASS: dict[str, str] = {"simt": "highest", "tf32x3": "high", "dmma": "highest", "wgmma": "high",
+                              "skinny": "highest"}
 
 _lock = threading.Lock()
 _setting: str | None = None  # None: not yet read from the environment

@@ -180,7 +180,7 @@ def model(ctx: Context) -> Selection | None:
     from autotile.dispatch.model import model_for, params_of
 
     db = database.load(ctx.cache, ctx.device.fingerprint, *_key_parts(ctx.key))
-    if db is None or not db.shapes:
+    if db is None or not db.shapes or not db.covers(ctx.key.shape):
         return None
     choice = model_for(db, ctx.device).choose(ctx.key.shape, params_of(db), setting=ctx.precision)
     if choice is None:

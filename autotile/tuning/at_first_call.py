@@ -48,7 +48,7 @@ def candidates(key: ProblemKey, device: DeviceLimits, cache: Any, precision: str
     spec = kernels.get(key.kernel)
     found: dict[Any, Selection] = {}
     db = database.load(cache, device.fingerprint, key.kernel, key.dtype, key.layout)
-    if db is not None and db.shapes:
+    if db is not None and db.shapes and db.covers(key.shape):
         m = model_for(db, device)
         for j in m.rank(key.shape, setting=setting)[:MAX_CANDIDATES]:
             config = m.configs[j]

@@ -39,6 +39,16 @@ if TYPE_CHECKING:  # the cache needs filelock: imported where used, so that `aut
 GRID = {"matmul": (16, 45, 128, 362, 1024, 2896, 8192), "matvec": (64, 174, 472, 1283, 3487, 9474, 25746, 65536)}
 RANDOM_RANGE = {"matmul": (16, 12288), "matvec": (64, 65536)}
 RANDOM_SHAPES = {"matmul": 80, "matvec": 40}
+# Decode-size rows (an LLM's tokens through a projection: M of 1 to 64 against large N and K), where the
+# kernels that win (MATH=skinny) differ between layouts of B. matmul nn's grid has them as extra rows of A;
+# other layouts get a database of their own over these rows only (DECODE_MAX_ROWS and below; their other
+# shapes borrow nn's database, `ShapeDatabase.covers`).
+DECODE_ROWS = (1, 2, 4, 8)
+DECODE_MAX_ROWS = 64
+DECODE_LAYOUTS = ("nt",)
+DECODE_SIZES = (128, 362, 1024, 2896, 8192)  # N and K of the decode-only databases
+DECODE_RANDOM_SHAPES = 30
+SURVEYED_LAYOUTS = {"matmul": ("nn", *DECODE_LAYOUTS), "matvec": ("row", "col")}
 MAX_MATMUL_WORK = 1 << 37  # M*N*K: the benchmark's bound, about 10 ms of an H100's FP32 work
 MAX_MATVEC_ELEMENTS = 1 << 31  # M*K: 8 GiB of float32 (16 GiB of float64) for A, and its float64 reference
 SURVEY_SEED = 20261122
@@ -46,12 +56,18 @@ SPLITS = {"matmul": (2, 4, 8, 16, 32, 64), "matvec": (2, 4, 8, 16, 32)}
 SAVE_EVERY_S = 30.0
 
 
-def grid(kernel: str, seed: int = SURVEY_SEED, random_shapes: int | None = None) -> list[tuple[int, ...]]:
-    """The survey's shapes: the grid's combinations, then log-uniform random ones (deterministic)."""
+def grid(kernel: str, seed: int = SURVEY_SEED, random_shapes: int | None = None,
+         layout: str | None = None) -> list[tuple[int, ...]]:
+    """The survey's shapes: the grid's combinations, then log-uniform random ones (deterministic). matmul
+    nn also has the decode rows; a matmul layout of DECODE_LAYOUTS has only decode-size shapes (M up to
+    DECODE_MAX_ROWS, `decode_grid`)."""
+    if kernel == "matmul" and layout in DECODE_LAYOUTS:
+        return decode_grid(seed, DECODE_RANDOM_SHAPES if random_shapes is None else random_shapes)
     sizes = GRID[kernel]
     shapes: list[tuple[int, ...]]
     if kernel == "matmul":
         shapes = [(m, n, k) for m in sizes for n in sizes for k in sizes if m * n * k <= MAX_MATMUL_WORK]
+        shapes += [(m, n, k) for m in DECODE_ROWS for n in sizes for k in sizes]
     else:
         shapes = [(m, k) for m in sizes for k in sizes if m * k <= MAX_MATVEC_ELEMENTS]
     rng = np.random.default_rng(seed)
@@ -67,6 +83,32 @@ def grid(kernel: str, seed: int = SURVEY_SEED, random_shapes: int | None = None)
         shapes.append(shape)
         want -= 1
     return shapes
+
+
+def decode_grid(seed: int = SURVEY_SEED, random_shapes: int = DECODE_RANDOM_SHAPES) -> list[tuple[int, ...]]:
+    """Decode-size matmul shapes: every M of DECODE_ROWS and the grid's two smallest (16, 45) against every
+    N and K of DECODE_SIZES, then random ones (M log-uniform in 1 to DECODE_MAX_ROWS, N and K in 128 to
+    12288)."""
+    rows = DECODE_ROWS + tuple(m for m in GRID["matmul"] if m <= DECODE_MAX_ROWS)
+    shapes: list[tuple[int, ...]] = [(m, n, k) for m in rows for n in DECODE_SIZES for k in DECODE_SIZES]
+    seen = set(shapes)
+    rng = np.random.default_rng(seed + 1)  # not the main grid's random shapes
+    while random_shapes > 0:
+        m = int(round(math.exp(rng.uniform(0.0, math.log(DECODE_MAX_ROWS)))))
+        n, k = (int(round(math.exp(v))) for v in rng.uniform(math.log(128), math.log(12288), 2))
+        if (m, n, k) not in seen:
+            seen.add((m, n, k))
+            shapes.append((m, n, k))
+            random_shapes -= 1
+    return shapes
+
+
+def coverage(kernel: str, layout: str) -> list[int | None] | None:
+    """The largest size per dimension a database of (kernel, layout) is surveyed for (None: unbounded), or
+    None where it covers every shape."""
+    if kernel == "matmul" and layout in DECODE_LAYOUTS:
+        return [DECODE_MAX_ROWS, None, None]
+    return None
 
 
 def portfolio(kernel: str, dtype: str, layout: str, device: DeviceLimits,
@@ -155,6 +197,9 @@ def survey(kernel: str, dtype: str, layout: str, device: DeviceLimits, shapes: l
     kept: dict[tuple[int, ...], list[float | None | str]] = {}
     env = _environment(device)
     env["failures"] = {}
+    covered = coverage(kernel, layout)
+    if covered is not None:
+        env["max_shape"] = covered
     if previous is not None:
         where = [_column_of(c, previous, spec.space) for c in candidates]
         # Columns a budget stopped before they were timed on some shapes (saved as None there).
@@ -341,8 +386,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kernels", default="matmul,matvec", help="comma-separated, from matmul, matvec")
     parser.add_argument("--dtype", default="float32", choices=["float32", "float64"],
                         help="element type (default float32)")
-    parser.add_argument("--layouts", default="row,col",
-                        help="matvec layouts (matmul: nn only; its other layouts borrow nn's database)")
+    parser.add_argument("--layouts", default="row,col,nn,nt",
+                        help="layouts, each kernel taking its own: matvec row, col; matmul nn (the whole grid) and "
+                             "nt (decode-size shapes only: its other shapes, and tn and tt, borrow nn's database)")
     parser.add_argument("--root", default=None, help="cache root to write to (default: the user cache)")
     parser.add_argument("--budget", type=float, default=None, metavar="SECONDS",
                         help="stop each kernel's survey after this long (it resumes on the next run)")
@@ -366,8 +412,9 @@ def run(args: argparse.Namespace) -> int:
         if bad or not chosen:
             raise InvalidValueError(f"--kernels {args.kernels!r}: choose from matmul, matvec (comma-separated)")
         layouts = [v.strip() for v in args.layouts.split(",") if v.strip()]
-        if not layouts or any(v not in ("row", "col") for v in layouts):
-            raise InvalidValueError(f"--layouts {args.layouts!r}: choose from row, col (comma-separated)")
+        if not layouts or any(v not in SURVEYED_LAYOUTS["matvec"] + SURVEYED_LAYOUTS["matmul"] for v in layouts):
+            raise InvalidValueError(f"--layouts {args.layouts!r}: choose from row, col (matvec), nn, nt (matmul), "
+                                    "comma-separated")
         budget = validate.seconds(args.budget, name="--budget", allow_none=True)
         if args.random_shapes is not None:
             validate.count(args.random_shapes, name="--random-shapes", minimum=0)
@@ -381,7 +428,7 @@ def run(args: argparse.Namespace) -> int:
         # A survey resumes only its own root's database: the shipped one is for reading, not continuing.
         own = TuningCache(root=cache.root, shipped_root=None)
         for kernel in chosen:
-            for layout in (layouts if kernel == "matvec" else ["nn"]):
+            for layout in (v for v in layouts if v in SURVEYED_LAYOUTS[kernel]):
                 previous = database.load(cache if args.check else own, device.fingerprint, kernel, args.dtype,
                                          layout)
                 if args.check:
@@ -391,7 +438,8 @@ def run(args: argparse.Namespace) -> int:
                         print(check_report(previous, device))
                     continue
                 configs = portfolio(kernel, args.dtype, layout, device, cache)
-                db = survey(kernel, args.dtype, layout, device, grid(kernel, random_shapes=args.random_shapes),
+                shapes = grid(kernel, random_shapes=args.random_shapes, layout=layout)
+                db = survey(kernel, args.dtype, layout, device, shapes,
                             configs, previous=previous, save=lambda d: database.save(cache, d),
                             budget_s=budget, log=lambda m: print(m, flush=True))
                 print(f"wrote {database.path_in(cache.root, device.fingerprint, kernel, args.dtype, layout)}")

@@ -59,7 +59,7 @@ def _from_portfolio(key: ProblemKey, device: str, cache: Any) -> list[tuple[str,
     db = None
     with contextlib.suppress(OSError, AutotileError):
         db = database.load(cache, device, key.kernel, key.dtype, key.layout)
-    if db is None:
+    if db is None or not db.covers(key.shape):
         return []
     rows = [(i, log_distance(s, key.shape)) for i, s in enumerate(db.shapes)
             if len(s) == len(key.shape) and tuple(s) != tuple(key.shape)]

@@ -24,6 +24,7 @@ from autotile.codegen.limits import DeviceLimits
 from autotile.codegen.problem import ProblemKey
 from autotile.codegen.space import Config, Problem, Space
 from autotile.dispatch import precision as precision_mod
+from autotile.dispatch.model import SKINNY_MAX_ROWS
 from autotile.errors import AutotileError, InvalidValueError, UnknownNameError
 from autotile.runtime.timing import Timing
 from autotile.runtime.worker import OK, Candidate, CandidateResult
@@ -263,6 +264,12 @@ class Tuner:
         precision_mod.check(options.precision)
         # What the setting does not allow is never drawn, nor run as a seed or a start.
         self.space = precision_mod.restricted(self.space, key.dtype, options.precision)
+        # Nor a kernel family that cannot serve the shape: the skinny kernels past SKINNY_MAX_ROWS rows of A
+        # (each of their trials would take seconds there, to lose).
+        math_param = self.space.params.get("MATH")
+        if math_param is not None and "skinny" in math_param.choices and key.kernel in ("matmul", "bmm") \
+                and key.shape[-3] > SKINNY_MAX_ROWS and len(math_param.choices) > 1:
+            self.space = self.space.restricted({"MATH": [m for m in math_param.choices if m != "skinny"]})
         self.options = options
         self._render = render_source or (lambda c: self.spec.render(c, key.dtype, key.layout))
         self._next_id = 0

@@ -1,0 +1,206 @@
+"""MATH=skinny, the short-M matmul kernels (templates/matmul_skinny.cu.j2).
+
+Without a GPU: the space (tiles under 16 only for skinny, the precision class, the named configs feasible in
+every layout), and the named configs and a random sample of the skinny sub-space compiled by the library's
+NVRTC for sm_90 and sm_80, in all four layouts and batched, float32 and float64: no spills, registers
+within the launch bound, shared memory as the space says.
+On a GPU (marker gpu): every named config and a random sample against a float64 reference on shapes no tile
+divides (M of 1 to 64, odd N and K), the output poisoned first, all layouts, batched with a broadcast
+operand, split-K summed both ways; special values give IEEE's Inf/NaN pattern (the FMAs are FP32's own).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+
+import numpy as np
+import pytest
+
+from autotile.codegen import build, kernels
+from autotile.codegen.limits import PROFILES
+from autotile.codegen.space import Config, Problem
+from autotile.dispatch import precision
+
+MATMUL, BMM = kernels.get("matmul"), kernels.get("bmm")
+SPACE = MATMUL.space
+NAMES = [n for n, c in SPACE.named_configs.items() if c["MATH"] == "skinny"]
+LAYOUTS = ("nn", "nt", "tn", "tt")
+
+
+def _sample(dtype: str, layout: str, n: int, seed: int) -> list[Config]:
+    """`n` feasible skinny configs drawn at random, knob by knob, from a named one (the space's own sampler
+    draws from the whole matmul space, of which skinny is a small share)."""
+    rng = np.random.default_rng(seed)
+    problem = Problem(PROFILES["h100"], dtype, layout)
+    knobs = ("smem", "BM", "BN", "TN", "THREADS_K", "STEPS", "VEC", "SPLIT_K", "SPLIT_REDUCE")
+    found: list[Config] = []
+    while len(found) < n:
+        drawn = {k: SPACE.params[k].choices[rng.integers(len(SPACE.params[k].choices))] for k in knobs}
+        if drawn["SPLIT_K"] == 1:
+            drawn["SPLIT_REDUCE"] = "atomic"
+        config = SPACE.with_overrides(SPACE.named("skinny-t-16"), drawn)
+        if SPACE.is_feasible(config, problem) and config not in found:
+            found.append(config)
+    return found
+
+
+def test_small_tiles_are_skinny_only_and_skinny_is_ieee():
+    problem = Problem(PROFILES["h100"], "float32", "nn")
+    simt = SPACE.named("safe-default")
+    for overrides in ({"BM": 8}, {"BN": 4}):
+        assert not SPACE.is_feasible(SPACE.with_overrides(simt, overrides), problem)
+    assert precision.needed("matmul", "float32", SPACE.named("skinny-t-16")) == "highest"
+    # every named skinny config runs in every layout (each declares the shared memory B row-major needs)
+    for name in NAMES:
+        for layout in LAYOUTS:
+            assert SPACE.is_feasible(SPACE.named(name), Problem(PROFILES["h100"], "float32", layout)), (name, layout)
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    arch: str
+    layout: str
+    dtype: str
+    label: str
+    config: Config
+    batched: bool = False
+
+    @property
+    def id(self) -> str:
+        return f"{self.arch}-{self.layout}-{self.dtype}-{self.label}{'-batched' if self.batched else ''}"
+
+
+def _cases() -> list[Case]:
+    out = []
+    for i, name in enumerate(NAMES):  # each in one layout of B stored transposed and one of B row-major
+        for layout in (LAYOUTS[1 + 2 * (i % 2)], LAYOUTS[2 * (i % 2)]):
+            out.append(Case("sm_90", layout, "float32", name, SPACE.named(name), batched=layout[0] == "t"))
+    for k, layout in enumerate(LAYOUTS):
+        for dtype in ("float32", "float64"):
+            for i, config in enumerate(_sample(dtype, layout, 2, seed=17 + k)):
+                out.append(Case("sm_80" if i % 2 else "sm_90", layout, dtype, f"random{i}", config, batched=k == i))
+    return out
+
+
+CASES = _cases()
+
+
+@pytest.fixture(scope="module")
+def compiled() -> dict[str, build.CompileResult | BaseException]:
+    def one(case: Case) -> build.CompileResult:
+        spec = BMM if case.batched else MATMUL
+        return build.compile(spec.render(case.config, case.dtype, case.layout), case.arch)
+
+    out: dict[str, build.CompileResult | BaseException] = {}
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        futures = {pool.submit(one, case): case for case in CASES}
+        for future in concurrent.futures.as_completed(futures):
+            try:
+                out[futures[future].id] = future.result()
+            except BaseException as exc:  # reported by the test of that case
+                out[futures[future].id] = exc
+    return out
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_compiles_without_spills(compiled, case):
+    result = compiled[case.id]
+    if isinstance(result, BaseException):
+        raise result
+    usage = result.usages[0]
+    geometry = MATMUL.geometry(case.config, case.dtype, case.layout)
+    assert 0 < usage.registers <= min(255, 65536 // geometry["threads"]), usage
+    assert usage.spill_stores == 0 and usage.spill_loads == 0, (case.config.key(), usage)
+    assert usage.static_smem == (geometry["smem_bytes"] if case.config["smem"] == "static" else 0)
+
+
+# -- on a GPU ----------------------------------------------------------------------------------------------
+
+SHAPES = [(1, 1, 1), (1, 257, 1031), (5, 131, 67), (16, 97, 2053), (33, 61, 129), (64, 67, 7), (3, 4099, 37)]
+
+
+def _stored(x: np.ndarray, transposed: bool) -> np.ndarray:
+    return np.ascontiguousarray(np.swapaxes(x, -1, -2)) if transposed else x
+
+
+def _run(config: Config, a: np.ndarray, b: np.ndarray, layout: str, dtype: str) -> np.ndarray:
+    """C = A B through the generated kernel (A M x K, B K x N, or batches; a 2-D operand is broadcast)."""
+    import cupy
+
+    from autotile.codegen.problem import ProblemKey
+    from autotile.runtime.impl import Generated
+
+    M, K = a.shape[-2:]
+    N = b.shape[-1]
+    batch = a.shape[0] if a.ndim == 3 else b.shape[0] if b.ndim == 3 else None
+    shape = (M, N, K) if batch is None else (batch, M, N, K)
+    out = cupy.full(((batch,) if batch else ()) + (M, N), cupy.nan, dtype=dtype)  # poisoned
+    key = ProblemKey("matmul" if batch is None else "bmm", dtype, layout, shape)
+    store_a, store_b = cupy.asarray(_stored(a, layout[0] == "t")), cupy.asarray(_stored(b, layout[1] == "t"))
+    runner = Generated(config).prepare(key)
+    runner.run((store_a, store_b), out)
+    runner.run((store_a, store_b), out)  # twice: split-K's tickets and zeroing hold up on a second launch
+    return cupy.asnumpy(out)
+
+
+def _check(c: np.ndarray, a: np.ndarray, b: np.ndarray, dtype: str) -> None:
+    ref = np.matmul(a.astype(np.float64), b.astype(np.float64))
+    scale = np.matmul(np.abs(a).astype(np.float64), np.abs(b).astype(np.float64))
+    assert np.all(np.isfinite(c)), "unwritten (NaN-poisoned) or non-finite outputs"
+    err = np.max(np.abs(c - ref) / np.maximum(scale, np.finfo(np.float64).tiny))
+    assert err <= kernels.tolerance(dtype, a.shape[-1]), (err, kernels.tolerance(dtype, a.shape[-1]))
+
+
+def _gpu_configs() -> list[tuple[str, str, Config]]:
+    out = [(name, "float32", SPACE.named(name)) for name in NAMES]
+    out += [(f"random{i}-{dtype}", dtype, c) for dtype in ("float32", "float64")
+            for i, c in enumerate(_sample(dtype, "nt", 6, seed=99))]
+    for name in ("skinny-t-16", "skinny-n-16"):  # both sums of K splits, both layouts of B
+        for reduce in ("atomic", "last_block"):
+            out.append((f"{name}-split3-{reduce}", "float32",
+                        SPACE.with_overrides(SPACE.named(name), {"SPLIT_K": 8, "SPLIT_REDUCE": reduce})))
+    return out
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("label,dtype,config", _gpu_configs(), ids=[c[0] for c in _gpu_configs()])
+def test_matches_float64_on_odd_shapes_in_every_layout(label, dtype, config):
+    rng = np.random.default_rng(5)
+    for layout in LAYOUTS:
+        if not SPACE.is_feasible(config, Problem(PROFILES["h100"], dtype, layout)):
+            continue
+        for M, N, K in SHAPES:
+            a = rng.standard_normal((M, K)).astype(dtype)
+            b = rng.standard_normal((K, N)).astype(dtype)
+            _check(_run(config, a, b, layout, dtype), a, b, dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["skinny-t-8", "skinny-n-16-split4"])
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_batched_with_a_broadcast_weight(name, layout):
+    rng = np.random.default_rng(6)
+    for M, N, K in [(7, 131, 257), (1, 33, 1031)]:
+        a = rng.standard_normal((3, M, K)).astype(np.float32)
+        w = rng.standard_normal((K, N)).astype(np.float32)  # one weight for the batch
+        _check(_run(SPACE.named(name), a, w, layout, "float32"), a, np.broadcast_to(w, (3, K, N)), "float32")
+        b = rng.standard_normal((3, K, N)).astype(np.float32)
+        _check(_run(SPACE.named(name), a, b, layout, "float32"), a, b, "float32")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", NAMES)
+def test_special_values_follow_ieee(name):
+    # Inf and NaN in A and B, padded rows and columns next to them: the non-finite pattern of a float64
+    # product of the same values (plain FMAs, no splitting, so IEEE's own).
+    rng = np.random.default_rng(7)
+    M, N, K = 13, 67, 131
+    a = rng.standard_normal((M, K)).astype(np.float32)
+    b = rng.standard_normal((K, N)).astype(np.float32)
+    a[3, 7], a[12, 0], b[5, 60], b[130, 66] = np.inf, np.nan, -np.inf, np.inf
+    ref = a.astype(np.float64) @ b.astype(np.float64)
+    for layout in LAYOUTS:
+        c = _run(SPACE.named(name), a, b, layout, "float32")
+        for f in (np.isnan, np.isposinf, np.isneginf):
+            assert np.array_equal(f(c), f(ref)), (layout, f.__name__)
