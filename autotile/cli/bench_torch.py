@@ -1,12 +1,15 @@
 """The PyTorch benchmark: autotile on torch tensors against PyTorch on the same tensors, in one run.
 
-    python -m autotile.cli.bench_torch [--quick] [--random N] [--seed S] [--out DIR]
+    python -m autotile.cli.bench_torch [--quick] [--random N] [--random-bmm N] [--random-decode N] [--seed S]
+                                       [--out DIR]
 
 - `x @ W.T` (layout nt, PyTorch's linear layer) and `x @ W` (nn) on the benchmark shapes: autotile.matmul
   against torch.matmul (cuBLAS SGEMM/DGEMM, TF32 off), both with `out=`; with the kernels autotile
   launched for the nt call (torch.profiler: one kernel, no copy);
 - batches: torch.bmm against autotile.matmul on 3-D tensors;
 - `--random N`: N random shapes in layout nt, the distribution of the ratio;
+- `--random-decode N`: N random decode-size shapes (M 1-64 against N and K of 1024-16384, an LLM's tokens
+  through a projection), `x @ W.T` and `x @ W` in turn;
 - the host time per call (no synchronisation) of autotile.matmul and torch.matmul on small tensors.
 
 Times: CUDA events around the launch alone, L2 flushed before each repetition, median (`autotile.runtime.timing`).
@@ -128,9 +131,17 @@ def _markdown(rows: list[dict[str, Any]], random_rows: list[dict[str, Any]], ove
         lines.append(f"| {r['case']} | {'x'.join(map(str, r['shape']))} | {r['torch_ms']:.4f} | "
                      f"{r['autotile_ms']:.4f} | {r['ratio']:.2f} | {r['error']:.1e} ({r['torch_error']:.1e}) | "
                      f"{kernels} |")
-    groups = (("`x @ W.T`", "random shapes (MxNxK log-uniform)", [r for r in random_rows if r["case"] != "bmm"]),
+    decode = [r for r in random_rows if r.get("group") == "decode"]
+    groups = (("`x @ W.T`", "random shapes (MxNxK log-uniform)",
+               [r for r in random_rows if r["case"] != "bmm" and r.get("group") != "decode"]),
               ("`torch.bmm`", "random batched problems (batch 2-256, sides 32-2048, log-uniform)",
-               [r for r in random_rows if r["case"] == "bmm"]))
+               [r for r in random_rows if r["case"] == "bmm"]),
+              ("decode-size `x @ W.T` and `x @ W`", f"random shapes of M {DECODE_RANDOM['rows'][0]}-8",
+               [r for r in decode if r["shape"][0] <= 8]),
+              ("decode-size `x @ W.T` and `x @ W`", f"random shapes of M 9-{DECODE_RANDOM['rows'][1]}",
+               [r for r in decode if r["shape"][0] > 8]),
+              ("decode-size `x @ W.T` and `x @ W`", "random shapes of under 20 us of torch's GPU time",
+               [r for r in decode if r["torch_ms"] < 0.020]))
     for what, drawn, group in groups:
         if not group:
             continue
@@ -168,12 +179,32 @@ def random_bmm_shapes(n: int, seed: int) -> list[tuple[int, int, int, int]]:
     return shapes
 
 
+DECODE_RANDOM = {"rows": (1, 64), "side": (1024, 16384)}  # M, and N and K: log-uniform within them
+
+
+def random_decode_shapes(n: int, seed: int) -> list[tuple[int, int, int]]:
+    """`n` decode-size problems (M, N, K): M log-uniform in DECODE_RANDOM's rows, N and K in its sides;
+    deterministic in (n, seed), and not the survey's (which draws from its own seed)."""
+    import numpy as np
+
+    rng = np.random.default_rng([seed, 0xDEC])
+    (mlo, mhi), (lo, hi) = DECODE_RANDOM["rows"], DECODE_RANDOM["side"]
+    shapes = []
+    for _ in range(n):
+        m = int(round(math.exp(rng.uniform(math.log(mlo), math.log(mhi)))))
+        n_, k = (int(round(math.exp(v))) for v in rng.uniform(math.log(lo), math.log(hi), size=2))
+        shapes.append((m, n_, k))
+    return shapes
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m autotile.cli.bench_torch", description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="three nt shapes and two batches")
     parser.add_argument("--random", type=int, default=0, metavar="N", help="also N random nt shapes")
     parser.add_argument("--random-bmm", type=int, default=0, metavar="N",
                         help="also N random batched problems (batch 2-256, sides 32-2048) against torch.bmm")
+    parser.add_argument("--random-decode", type=int, default=0, metavar="N",
+                        help="also N random decode-size shapes (M 1-64, N and K 1024-16384), nt and nn in turn")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random shapes")
     parser.add_argument("--dtype", default="float32", choices=["float32", "float64"])
     parser.add_argument("--out", default="bench-results", help="folder for torch.md and torch.json")
@@ -200,6 +231,11 @@ def main(argv: list[str] | None = None) -> int:
     for batch_shape in random_bmm_shapes(args.random_bmm, args.seed):
         random_rows.append(_bmm_row(batch_shape, dtype, flush))
         print(f"random bmm {batch_shape}: {random_rows[-1]['ratio']:.2f}x  {random_rows[-1]['runs']}", flush=True)
+    for i, shape in enumerate(random_decode_shapes(args.random_decode, args.seed)):
+        row = _matmul_row(shape, ("nt", "nn")[i % 2], dtype, flush, profile=False)
+        random_rows.append({**row, "group": "decode"})
+        print(f"decode {row['layout']} {shape}: {row['ratio']:.2f}x (torch {row['torch_ms'] * 1e3:.1f} us)  "
+              f"{row['runs']}", flush=True)
     overhead = host_overhead()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
