@@ -62,7 +62,7 @@ BAD = {
     "only a matvec shape for matmul": (["--kernels", "matmul", "--only", "8192x8192"], ["matches none"]),
     "fix without =": (["--tune", "5", "--fix", "BM"], ["--fix 'BM'", "PARAM=VALUE"]),
     "fix unknown to a kernel": (["--tune", "5", "--fix", "BM=64"], ["matvec: unknown parameter 'BM'", "--kernels"]),
-    "fix bad value": (["--tune", "5", "--kernels", "matmul", "--fix", "BM=63"], ["BM='63'", "[16, 32, 64, 128, 256]"]),
+    "fix bad value": (["--tune", "5", "--kernels", "matmul", "--fix", "BM=63"], ["BM='63'", "[1, 2, 4, 8, 16, 32, 64, 128, 256]"]),
     "fix without tune": (["--fix", "BM=64"], ["--fix acts only with --tune"]),
     "tune-only without tune": (["--tune-only", "--retune"], ["--retune and --tune-only act only with --tune"]),
     "negative tune": (["--tune", "-1"], ["--tune must be at least 0, got -1"]),

@@ -159,7 +159,7 @@ ERRORS = {
                                                                           "seed-tiled16"]),
     "unknown param": (["render", "matmul", "--set", "BX=16"], ["unknown parameter 'BX'", "BM"]),
     "value not among choices": (["render", "matmul", "--set", "BM=48"], ["BM='48'", "not among the choices",
-                                                                         "[16, 32, 64, 128, 256]"]),
+                                                                         "[1, 2, 4, 8, 16, 32, 64, 128, 256]"]),
     "bool not among choices": (["render", "matmul", "--set", "A_TRANSPOSED=maybe"], ["A_TRANSPOSED"]),
     "set without =": (["render", "matmul", "--set", "BM"], ["PARAM=VALUE"]),
     "infeasible config": (["render", "matmul", *INFEASIBLE], ["infeasible", "static shared memory",
@@ -283,7 +283,7 @@ TUNE_ERRORS = {
     "precision unknown": (["--precision", "bogus"], ["--precision 'bogus' is not one of highest, high, medium"]),
     "precision upper case": (["--precision", "HIGH"], ["--precision 'HIGH'"]),
     "precision with a fix it empties": (["--precision", "highest", "--fix", "MATH=tf32x3"],
-                                        ["'highest' allows MATH simt, dmma only", "tf32x3"]),
+                                        ["'highest' allows MATH simt, dmma, skinny only", "tf32x3"]),
 }
 
 

@@ -281,7 +281,8 @@ KNOWN_SPILLS: dict[tuple[str, str, str], tuple[str, tuple[str, ...]]] = {
 
 def _key(case: Case) -> str:
     """`Config.key()` without the parameters added since the sample was chosen, as in KNOWN_SPILLS."""
-    left_out = OUT_OF_THE_KEYS if case.kernel == "matmul" else ()  # matvec has a THREADS_K of its own
+    # matvec has a THREADS_K of its own (and none of matmul's constants): only the parameters added since
+    left_out = OUT_OF_THE_KEYS if case.kernel == "matmul" else ADDED_SINCE_THE_SAMPLE
     return ",".join(f"{k}={v}" for k, v in case.config.items() if k not in left_out)
 
 

@@ -249,7 +249,7 @@ def test_grid_is_deterministic_bounded_and_covers_the_corners():
     nt = survey.grid("matmul", layout="nt")
     assert nt == survey.grid("matmul", layout="nt") and len(set(nt)) == len(nt)
     assert all(1 <= s[0] <= survey.DECODE_MAX_ROWS and all(128 <= d <= 12288 for d in s[1:]) for s in nt)
-    assert (1, 8192, 8192) in nt and len(nt) == 6 * 25 + survey.DECODE_RANDOM_SHAPES
+    assert (1, 8192, 8192) in nt and len(nt) == len(survey.DECODE_GRID_ROWS) * 25 + survey.DECODE_RANDOM_SHAPES
     assert survey.coverage("matmul", "nt") == [survey.DECODE_MAX_ROWS, None, None]
     assert survey.coverage("matmul", "nn") is None and survey.coverage("matvec", "row") is None
     mv = survey.grid("matvec")

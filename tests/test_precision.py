@@ -125,10 +125,11 @@ def test_what_a_config_needs():
     assert set(space.params["MATH"].choices) == set(precision.MATH_CLASS)
 
 
-def test_highest_narrows_the_space_to_simt_through_restricted():
+def test_highest_narrows_the_space_to_ieee_math_through_restricted():
     space = kernels.get("matmul").space
     narrow = precision.restricted(space, "float32", "highest")
-    assert narrow.params["MATH"].choices == ("simt", "dmma")  # dmma: IEEE float64, infeasible on float32
+    # dmma: IEEE float64, infeasible on float32; skinny: FP32 FMAs
+    assert narrow.params["MATH"].choices == ("simt", "dmma", "skinny")
     assert narrow.named_configs and not any(c["MATH"] == "tf32x3" for c in narrow.named_configs.values())
     assert "safe-default" in narrow.named_configs
     for setting in ("high", "medium"):
@@ -139,7 +140,7 @@ def test_highest_narrows_the_space_to_simt_through_restricted():
     only_tf32x3 = space.restricted({"MATH": "tf32x3"})
     with pytest.raises(InvalidValueError) as info:
         precision.restricted(only_tf32x3, "float32", "highest")
-    assert "'highest' allows MATH simt, dmma only" in one_line(info.value) and "tf32x3" in str(info.value)
+    assert "'highest' allows MATH simt, dmma, skinny only" in one_line(info.value) and "tf32x3" in str(info.value)
 
 
 def test_applies_to_float32_matmul_only():

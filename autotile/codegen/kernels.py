@@ -108,6 +108,12 @@ def _space(name: str) -> Space:
 
 _DEVICE_DERIVED_NAMES = frozenset(name for name, _ in DEVICE_DERIVED)
 
+# MATH=skinny keeps all of a block's rows of C in registers and reads B once per BM of them (BM of 64 at most):
+# past SKINNY_MAX_ROWS rows of A it reads B several times and loses to every tiled kernel by far (measured on
+# an H100, 2026-11-24: 0.29x cuBLAS at M = 30 with 4-row tiles), so it is neither timed
+# (`dispatch.model.worth_timing`) nor drawn by the tuner there.
+SKINNY_MAX_ROWS = 64
+
 
 @functools.lru_cache(maxsize=4096)
 def _geometry(kernel: str, config: Config, dtype: str, layout: str) -> dict[str, Any]:
@@ -312,5 +318,5 @@ def metric(kernel: str, shape: tuple[int, ...], dtype: str, time_ms: float) -> t
     return spec.min_bytes(shape, DTYPE_SIZES[dtype]) / (time_ms * 1e-3) / 1e9, "GB/s"
 
 
-__all__ = ["KERNELS", "KernelSpec", "Launch", "compat_hash", "get", "metric", "source_hash", "to_float64",
+__all__ = ["KERNELS", "SKINNY_MAX_ROWS", "KernelSpec", "Launch", "compat_hash", "get", "metric", "source_hash", "to_float64",
            "tolerance", "DTYPE_SIZES"]

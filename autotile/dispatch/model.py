@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from autotile.codegen import kernels
+from autotile.codegen.kernels import SKINNY_MAX_ROWS
 from autotile.codegen.limits import DeviceLimits
 from autotile.codegen.space import Config, Problem
 from autotile.dispatch import precision as precision_mod
@@ -60,12 +61,6 @@ class Choice:
         why = (f"predicted {self.predicted:.2f}x cuBLAS" if self.candidate.implementation == "generated"
                else f"no candidate predicted safely faster (best: {self.runner_up or '-'})")
         return f"{self.candidate.name}, {why}; at the nearest surveyed shapes: {near}"
-
-
-# MATH=skinny keeps all of a block's rows of C in registers and reads B once per BM of them (BM of 64 at most):
-# past SKINNY_MAX_ROWS rows of A it reads B several times and loses to every tiled kernel by far (measured on
-# an H100, 2026-11-24: 0.29x cuBLAS at M = 30 with 4-row tiles), so it is neither timed nor chosen there.
-SKINNY_MAX_ROWS = 64
 
 
 def worth_timing(kernel: str, config: Config, shape: tuple[int, ...], sm_count: int) -> bool:
@@ -350,4 +345,4 @@ def params_of(db: ShapeDatabase) -> ModelParams:
     return ModelParams()
 
 
-__all__ = ["SKINNY_MAX_ROWS", "Choice", "Model", "ModelParams", "model_for", "params_of", "summary", "worth_timing"]
+__all__ = ["Choice", "Model", "ModelParams", "model_for", "params_of", "summary", "worth_timing"]

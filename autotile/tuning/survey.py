@@ -44,9 +44,12 @@ RANDOM_SHAPES = {"matmul": 80, "matvec": 40}
 # other layouts get a database of their own over these rows only (DECODE_MAX_ROWS and below; their other
 # shapes borrow nn's database, `ShapeDatabase.covers`).
 DECODE_ROWS = (1, 2, 4, 8)
-DECODE_MAX_ROWS = 64
+DECODE_MAX_ROWS = kernels.SKINNY_MAX_ROWS  # the rows of A the skinny kernels serve
 DECODE_LAYOUTS = ("nt",)
-DECODE_SIZES = (128, 362, 1024, 2896, 8192)  # N and K of the decode-only databases
+# The decode-only databases' rows of A, denser than the main grid's between 8 and 64 (where the winner
+# changes from a skinny kernel to a tensor-core tile with K splits), and their N and K.
+DECODE_GRID_ROWS = (1, 2, 4, 8, 12, 16, 24, 32, 45, 64)
+DECODE_SIZES = (128, 362, 1024, 2896, 8192)
 DECODE_RANDOM_SHAPES = 30
 SURVEYED_LAYOUTS = {"matmul": ("nn", *DECODE_LAYOUTS), "matvec": ("row", "col")}
 MAX_MATMUL_WORK = 1 << 37  # M*N*K: the benchmark's bound, about 10 ms of an H100's FP32 work
@@ -86,11 +89,9 @@ def grid(kernel: str, seed: int = SURVEY_SEED, random_shapes: int | None = None,
 
 
 def decode_grid(seed: int = SURVEY_SEED, random_shapes: int = DECODE_RANDOM_SHAPES) -> list[tuple[int, ...]]:
-    """Decode-size matmul shapes: every M of DECODE_ROWS and the grid's two smallest (16, 45) against every
-    N and K of DECODE_SIZES, then random ones (M log-uniform in 1 to DECODE_MAX_ROWS, N and K in 128 to
-    12288)."""
-    rows = DECODE_ROWS + tuple(m for m in GRID["matmul"] if m <= DECODE_MAX_ROWS)
-    shapes: list[tuple[int, ...]] = [(m, n, k) for m in rows for n in DECODE_SIZES for k in DECODE_SIZES]
+    """Decode-size matmul shapes: every M of DECODE_GRID_ROWS against every N and K of DECODE_SIZES, then
+    random ones (M log-uniform in 1 to DECODE_MAX_ROWS, N and K in 128 to 12288)."""
+    shapes: list[tuple[int, ...]] = [(m, n, k) for m in DECODE_GRID_ROWS for n in DECODE_SIZES for k in DECODE_SIZES]
     seen = set(shapes)
     rng = np.random.default_rng(seed + 1)  # not the main grid's random shapes
     while random_shapes > 0:

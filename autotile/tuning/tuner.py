@@ -20,11 +20,11 @@ import time
 from typing import Any, Callable, Protocol
 
 from autotile.codegen import kernels
+from autotile.codegen.kernels import SKINNY_MAX_ROWS
 from autotile.codegen.limits import DeviceLimits
 from autotile.codegen.problem import ProblemKey
 from autotile.codegen.space import Config, Problem, Space
 from autotile.dispatch import precision as precision_mod
-from autotile.dispatch.model import SKINNY_MAX_ROWS
 from autotile.errors import AutotileError, InvalidValueError, UnknownNameError
 from autotile.runtime.timing import Timing
 from autotile.runtime.worker import OK, Candidate, CandidateResult
