@@ -318,5 +318,5 @@ def metric(kernel: str, shape: tuple[int, ...], dtype: str, time_ms: float) -> t
     return spec.min_bytes(shape, DTYPE_SIZES[dtype]) / (time_ms * 1e-3) / 1e9, "GB/s"
 
 
-__all__ = ["KERNELS", "SKINNY_MAX_ROWS", "KernelSpec", "Launch", "compat_hash", "get", "metric", "source_hash", "to_float64",
-           "tolerance", "DTYPE_SIZES"]
+__all__ = ["KERNELS", "SKINNY_MAX_ROWS", "KernelSpec", "Launch", "compat_hash", "get", "metric", "source_hash",
+           "to_float64", "tolerance", "DTYPE_SIZES"]
