@@ -333,7 +333,7 @@ def test_survey_check_reports_the_shipped_databases(capsys, monkeypatch, tmp_pat
     assert main(["survey", "--check", "--device", "h100"]) == 0
     out = capsys.readouterr().out
     assert "matmul float32 nn on NVIDIA H100" in out and "leave-one-out" in out
-    assert out.count("leave-one-out") == 3  # matmul row, matvec row and col
+    assert out.count("leave-one-out") == 4  # matmul nn and nt (decode rows), matvec row and col
 
 
 def test_shipped_databases_are_valid_and_current():
@@ -350,10 +350,17 @@ def test_shipped_databases_are_valid_and_current():
     root = resources.shipped_cache_dir()
     assert root is not None
     paths = sorted(root.glob("*/database/*.json"))
-    assert len(paths) == 12  # H100 and H200; float32 and float64; matmul row, matvec row and col
+    # H100 and H200; float32 and float64; matmul nn, matvec row and col; and decode-only matmul nt ones
+    full = {f"{k}-{d}-{lay}.json" for k, lays in (("matmul", ("nn",)), ("matvec", ("row", "col")))
+            for d in ("float32", "float64") for lay in lays}
+    for device in ("NVIDIA-H100-80GB-HBM3_sm_90", "NVIDIA-H200_sm_90"):
+        assert full <= {p.name for p in paths if p.parent.parent.name == device}, device
+    assert any(p.name == "matmul-float32-nt.json" for p in paths)
     retired = []
     for path in paths:
         db = database.ShapeDatabase.from_json(json.loads(path.read_text()))
+        assert (path.name in full) == (db.environment.get("max_shape") is None), path  # the others: decode rows
+        assert db.environment.get("max_shape") == survey.coverage(db.kernel, db.layout), path
         profile = next(p for p in PROFILES.values() if p.fingerprint == db.device)
         m = model.Model(db, profile)
         assert db.environment.get("model"), path
