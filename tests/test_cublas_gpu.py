@@ -40,6 +40,9 @@ def test_gemm_on_pointers_matches_the_reference(layout, dtype):
         a, b = _matrix(cupy, M, K, layout[0], dtype), _matrix(cupy, K, N, layout[1], dtype)
         out = cupy.full((M, N), cupy.nan, dtype=dtype)
         call = CublasCall(ProblemKey("matmul", dtype, layout, (M, N, K)), cupy.cuda.Device().id)
+        # the inputs and the poison are written on the current stream, which a non-blocking one does not wait
+        # for (without this, an H200 once ran the product before the poison landed)
+        cupy.cuda.runtime.deviceSynchronize()
         call((a.data.ptr, b.data.ptr), out.data.ptr, stream.ptr)
         stream.synchronize()
         ref = a.get().astype(np.float64) @ b.get().astype(np.float64)
@@ -220,6 +223,7 @@ def test_library_cublas_calls_are_captured_into_a_graph_on_a_new_stream(monkeypa
                 graph = stream.end_capture()
             a[...] = cupy.random.standard_normal((131, 67)).astype(cupy.float32)
             out.fill(cupy.nan)
+            cupy.cuda.runtime.deviceSynchronize()  # written on the current stream: done before the replay
             graph.launch(stream)
             stream.synchronize()
             assert _error(out, a.get().astype(np.float64) @ b.get().astype(np.float64)) < 1e-6
