@@ -207,6 +207,18 @@ def test_count_accounts_for_every_point(kernel, layout, dtype, profile):
     assert infeasible > 100
 
 
+def test_sample_completes_from_the_enumeration(matvec):
+    """Where rejection draws fall short (none allowed here), the enumeration supplies distinct feasible configs,
+    seeded; asking for more than there are gives every one."""
+    prob = problem("a100", "float64", "row")
+    drawn = matvec.sample(prob, 25, seed=3, max_draws=0)
+    assert len(drawn) == 25 and len(set(drawn)) == 25 and all(matvec.is_feasible(c, prob) for c in drawn)
+    assert drawn == matvec.sample(prob, 25, seed=3, max_draws=0) != matvec.sample(prob, 25, seed=4, max_draws=0)
+    narrow = matvec.restricted({"ROWS": [4], "THREADS_K": [8], "SPLIT_K": [1]})
+    every = narrow.feasible(prob)
+    assert 0 < len(every) < 500 and set(narrow.sample(prob, 10_000, seed=1, max_draws=50)) == set(every)
+
+
 def test_matvec_feasible_list_matches_count(matvec):
     prob = problem("a100", "float64", "row")
     everything = matvec.feasible(prob)
