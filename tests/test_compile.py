@@ -18,11 +18,10 @@ import importlib
 from pathlib import Path
 
 import pytest
-import yaml
+from historical_space import draw, space_as_it_was
 
 from autotile.codegen import build, kernels
 from autotile.codegen.limits import PROFILES
-from autotile.codegen.resources import search_space_path
 from autotile.codegen.space import Config, Problem, Space
 from autotile.errors import CompileError
 
@@ -98,33 +97,12 @@ ACTIVE_WHEN_SAMPLED = {"UNROLL": "MATH == 'simt'", "BK": "smem != 'none'", "VEC"
 
 
 def _sampling_space(kernel: str) -> Space:
-    data = yaml.safe_load(search_space_path(kernel).read_text())
-    for name in ADDED_SINCE_THE_SAMPLE:
-        data["params"].pop(name, None)
-    if kernel == "matmul":
-        # Without dmma, MMA_K is a constant (its default) and UNROLL's condition reads as it did before: the
-        # enumeration then binds and prunes in the order the sample was drawn in, and draws the same configs.
-        for constant in CONSTANTS_SINCE_THE_SAMPLE:
-            default = data["params"].pop(constant)["default"]
-            value = repr(default) if isinstance(default, str) else str(default)  # as the expressions spell it
-            data["derived"] = {k: v.replace(constant, value) for k, v in data["derived"].items()}
-            for constraint in data["constraints"]:
-                constraint["expr"] = constraint["expr"].replace(constant, value)
-        for name, active in ACTIVE_WHEN_SAMPLED.items():
-            data["params"][name]["active"] = active
-    for name, added in CHOICES_ADDED_SINCE_THE_SAMPLE.items():
-        if name in data["params"]:
-            data["params"][name]["choices"] = [c for c in data["params"][name]["choices"] if c not in added]
-    data["configs"] = {n: c for n, c in data["configs"].items()
-                       if not set(c) & set(ADDED_SINCE_THE_SAMPLE)
-                       and not any(c.get(k) in v for k, v in CHOICES_ADDED_SINCE_THE_SAMPLE.items())}
-    return Space(data, f"{kernel} space as sampled")
-
-
-def _draw(kernel: str, space: Space, problem: Problem, n: int, seed: int) -> list[Config]:
-    """`n` feasible configs of `space` (a `_sampling_space`), as configs of today's space."""
-    today = kernels.get(kernel).space
-    return [today.config(dict(c)) for c in space.sample(problem, n, seed=seed)]
+    if kernel != "matmul":
+        return space_as_it_was(kernel, dropped=ADDED_SINCE_THE_SAMPLE, added_choices=CHOICES_ADDED_SINCE_THE_SAMPLE)
+    # Without dmma, MMA_K is a constant (its default) and UNROLL's condition reads as it did before: the
+    # enumeration then binds and prunes in the order the sample was drawn in, and draws the same configs.
+    return space_as_it_was(kernel, dropped=ADDED_SINCE_THE_SAMPLE, constants=CONSTANTS_SINCE_THE_SAMPLE,
+                           added_choices=CHOICES_ADDED_SINCE_THE_SAMPLE, active=ACTIVE_WHEN_SAMPLED)
 
 
 def _cases() -> list[Case]:
@@ -139,7 +117,7 @@ def _cases() -> list[Case]:
                         out.append(Case(profile, kernel, layout, dtype, name, space.named(name)))
                     prob = Problem(PROFILES[profile], dtype, layout)
                     seed = SAMPLE_SEED + PROFILE_NAMES.index(profile)  # not the same draws on both profiles
-                    for i, cfg in enumerate(_draw(kernel, sampled, prob, n, seed)):
+                    for i, cfg in enumerate(draw(kernel, sampled, prob, n, seed)):
                         out.append(Case(profile, kernel, layout, dtype, f"random{i}", cfg))
         # The tensor-core path is a small part of the matmul space: its own sample, and its named configs.
         tf32 = kernels.get("matmul").space.restricted({"MATH": "tf32x3"})
@@ -147,7 +125,7 @@ def _cases() -> list[Case]:
         for name, cfg in tf32.named_configs.items():
             out.append(Case(profile, "matmul", "nn", "float32", name, cfg))
         tf32_sampled = _sampling_space("matmul").restricted({"MATH": "tf32x3"})
-        for i, cfg in enumerate(_draw("matmul", tf32_sampled, prob, TF32X3_RANDOM, SAMPLE_SEED + 7)):
+        for i, cfg in enumerate(draw("matmul", tf32_sampled, prob, TF32X3_RANDOM, SAMPLE_SEED + 7)):
             out.append(Case(profile, "matmul", "nn", "float32", f"tf32x3-random{i}", cfg))
     return out
 

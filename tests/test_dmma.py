@@ -15,7 +15,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from space_before_skinny import sample_before_skinny
+from historical_space import sample_before_skinny
 
 from autotile.codegen import build, kernels
 from autotile.codegen.limits import PROFILES

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from space_before_skinny import sample_before_skinny
+from historical_space import sample_before_skinny
 
 from autotile.codegen import kernels
 from autotile.codegen.problem import ProblemKey

@@ -134,7 +134,9 @@ class _Handle:
                 self.workspaces[stream_ptr] = workspace
         library.check("cublasSetStream_v2", self.handle, stream_ptr)
         library.check("cublasSetWorkspace_v2", self.handle, workspace[0], workspace[1])
-        self.stream = stream_ptr
+        # Without a workspace (set during a capture) the stream is not recorded as set: its next call comes
+        # back here and, once the capture has ended, gets the stream's workspace.
+        self.stream = stream_ptr if workspace[1] else None
 
     def current_stream(self) -> int:
         """The stream cuBLAS has on record for this handle (for tests)."""
