@@ -234,6 +234,27 @@ def test_a_decode_only_database_serves_its_rows_and_lends_the_rest_to_nn(tmp_pat
         dataclasses.replace(nt, environment={"max_shape": [64, None]})
 
 
+def test_a_batched_database_serves_batches_in_every_layout(tmp_path):
+    """A bmm database answers batched problems itself (before one matrix's choice from matmul's), and a
+    batch in a transposed layout borrows it before matmul's."""
+    cache = TuningCache(root=tmp_path, shipped_root=None)
+    database.save(cache, _synthetic_db())  # matmul nn: tf32x3-128 wins on large shapes
+    space = kernels.get("bmm").space
+    small = space.named("tf32x3-32")
+    shapes = survey.bmm_grid(random_shapes=5)
+    rows = tuple((0.02, 0.015) for _ in shapes)  # the small tile at 1.33x cuBLAS on every batched shape
+    source = kernels.source_hash(kernels.get("bmm").render(small, "float32", "nn"))
+    cands = (database.Candidate("cublas", "cublas"), database.Candidate("tf32x3-32", "generated", dict(small), source))
+    database.save(cache, database.ShapeDatabase("bmm", "float32", "nn", H100.fingerprint, cands, tuple(shapes),
+                                                rows, {"gpu": "test"}))
+    own = select.select(ProblemKey("bmm", "float32", "nn", (40, 700, 600, 500)), H100, cache)
+    assert own.source.startswith("model") and "of matmul" not in own.source and own.config == small
+    nt = select.select(ProblemKey("bmm", "float32", "nt", (40, 700, 600, 500)), H100, cache)
+    assert "of bmm nn" in nt.source and nt.config == small
+    single = select.select(ProblemKey("matmul", "float32", "nn", (3000, 3100, 2900)), H100, cache)
+    assert single.config == kernels.get("matmul").space.named("tf32x3-128")  # matmul keeps its own
+
+
 # -- the survey's grid and portfolio --------------------------------------------------------------------
 
 def test_grid_is_deterministic_bounded_and_covers_the_corners():
@@ -252,13 +273,20 @@ def test_grid_is_deterministic_bounded_and_covers_the_corners():
     assert (1, 8192, 8192) in nt and len(nt) == len(survey.DECODE_GRID_ROWS) * 25 + survey.DECODE_RANDOM_SHAPES
     assert survey.coverage("matmul", "nt") == [survey.DECODE_MAX_ROWS, None, None]
     assert survey.coverage("matmul", "nn") is None and survey.coverage("matvec", "row") is None
+    bmm = survey.grid("bmm")
+    assert bmm == survey.bmm_grid() and len(set(bmm)) == len(bmm)
+    assert all(math.prod(s) <= survey.MAX_BMM_WORK for s in bmm)
+    (blo, bhi), (lo, hi) = survey.BMM_RANGE["batch"], survey.BMM_RANGE["side"]
+    assert all(blo <= s[0] <= bhi and all(lo <= d <= hi for d in s[1:]) for s in bmm)
+    assert {(2, 2048, 2048, 2048), (256, 32, 32, 32), (256, 512, 512, 512)} <= set(bmm)
+    assert len(bmm) > survey.BMM_RANDOM_SHAPES and len({s[0] for s in bmm}) > len(survey.BMM_BATCHES)
     mv = survey.grid("matvec")
     assert all(math.prod(s) <= survey.MAX_MATVEC_ELEMENTS for s in mv) and (64, 65536) in mv
     assert len(survey.grid("matmul", seed=1)) == len(a) and survey.grid("matmul", seed=1) != a
 
 
 def test_portfolio_is_feasible_unique_and_has_splits_and_short_rows():
-    for kernel, layout in (("matmul", "row"), ("matvec", "row"), ("matvec", "col")):
+    for kernel, layout in (("matmul", "row"), ("bmm", "nn"), ("matvec", "row"), ("matvec", "col")):
         items = survey.portfolio(kernel, "float32", layout, H100, TuningCache(root="/nonexistent-autotile"))
         configs = [c for _, c in items]
         assert len(set(configs)) == len(configs) and len({n for n, _ in items}) == len(items)

@@ -110,7 +110,10 @@ def test_transposed_layouts_and_batches_borrow_the_nn_and_one_matrix_choice():
     assert select.borrowed_keys(ProblemKey("matmul", "float32", "nt", (64, 64, 64))) == [
         ProblemKey("matmul", "float32", "nn", (64, 64, 64))]
     assert select.borrowed_keys(ProblemKey("bmm", "float32", "tn", (8, 64, 32, 16))) == [
+        ProblemKey("bmm", "float32", "nn", (8, 64, 32, 16)),
         ProblemKey("matmul", "float32", "tn", (64, 32, 16)), ProblemKey("matmul", "float32", "nn", (64, 32, 16))]
+    assert select.borrowed_keys(ProblemKey("bmm", "float32", "nn", (8, 64, 32, 16))) == [
+        ProblemKey("matmul", "float32", "nn", (64, 32, 16))]
     assert select.borrowed_keys(ProblemKey("matmul", "float32", "row", (64, 64, 64))) == []  # "row" is nn
 
 

@@ -30,6 +30,7 @@ from autotile.cli import bench
 from autotile.library import calls as ops
 from autotile.library.api import matmul
 from autotile.runtime.timing import L2Flusher, relative_error, time_launch
+from autotile.tuning import survey
 
 NT_SHAPES = bench.MATMUL_SHAPES
 BMM_SHAPES = [(64, 512, 512, 512), (8, 2048, 2048, 2048), (32, 1024, 1024, 64), (128, 256, 256, 256)]
@@ -158,8 +159,9 @@ def _markdown(rows: list[dict[str, Any]], random_rows: list[dict[str, Any]], ove
     return "\n".join(lines) + "\n"
 
 
-BMM_RANDOM = {"batch": (2, 256), "side": (32, 2048)}  # issue 28's ranges: sizes log-uniform within them
-BMM_RANDOM_WORK = 2**36  # batch x M x N x K at most (about 0.1 TFLOP): each shape times in milliseconds
+# Issue 28's ranges (sizes log-uniform within them), which the bmm survey covers: batch 2-256, sides 32-2048,
+# batch x M x N x K at most about 0.1 TFLOP (each shape times in milliseconds).
+BMM_RANDOM, BMM_RANDOM_WORK = survey.BMM_RANGE, survey.MAX_BMM_WORK
 
 
 def random_bmm_shapes(n: int, seed: int) -> list[tuple[int, int, int, int]]:

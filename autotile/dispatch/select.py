@@ -282,9 +282,12 @@ def select(key: ProblemKey, device: DeviceLimits, cache: TuningCache | None = No
 def borrowed_keys(key: ProblemKey) -> list[ProblemKey]:
     """The problems whose choice serves `key` where it has no record of its own, nearest first: a transposed
     layout borrows nn's (the same tiles and arithmetic; only the copies into shared memory differ), a batch
-    borrows one matrix's (the same kernel, one more grid dimension)."""
+    in a transposed layout the nn batch's first (how the batch fills the GPU decides more than the copies
+    do), then one matrix's (the same kernel, one more grid dimension)."""
     found: list[ProblemKey] = []
     if key.kernel == "bmm":
+        if key.layout != "nn":
+            found.append(dataclasses.replace(key, layout="nn"))
         single = ProblemKey("matmul", key.dtype, key.layout, key.shape[1:])
         found.append(single)
         if key.layout != "nn":

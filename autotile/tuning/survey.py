@@ -51,11 +51,21 @@ DECODE_LAYOUTS = ("nt",)
 DECODE_GRID_ROWS = (1, 2, 4, 8, 12, 16, 24, 32, 45, 64)
 DECODE_SIZES = (128, 362, 1024, 2896, 8192)
 DECODE_RANDOM_SHAPES = 30
-SURVEYED_LAYOUTS = {"matmul": ("nn", *DECODE_LAYOUTS), "matvec": ("row", "col")}
+# Batched matmul (bmm) has a database of its own: how a batch fills the GPU decides between tiles (a
+# one-matrix choice run over a batch that already fills the GPU lost up to 0.57x torch.bmm). Its grid:
+# every batch against every M, N and K of BMM_SIDES (within MAX_BMM_WORK), then random shapes drawn from
+# BMM_RANGE, the range the benchmark draws its held-out batched problems from.
+BMM_BATCHES = (2, 7, 24, 80, 256)
+BMM_SIDES = (32, 128, 512, 2048)
+BMM_RANGE = {"batch": (2, 256), "side": (32, 2048)}
+MAX_BMM_WORK = 1 << 36  # batch x M x N x K: about 0.14 TFLOP, a few milliseconds of an H100's FP32 work
+BMM_RANDOM_SHAPES = 40
+SURVEYED_LAYOUTS = {"matmul": ("nn", *DECODE_LAYOUTS), "bmm": ("nn",), "matvec": ("row", "col")}
+SURVEYED_KERNELS = tuple(SURVEYED_LAYOUTS)
 MAX_MATMUL_WORK = 1 << 37  # M*N*K: the benchmark's bound, about 10 ms of an H100's FP32 work
 MAX_MATVEC_ELEMENTS = 1 << 31  # M*K: 8 GiB of float32 (16 GiB of float64) for A, and its float64 reference
 SURVEY_SEED = 20261122
-SPLITS = {"matmul": (2, 4, 8, 16, 32, 64), "matvec": (2, 4, 8, 16, 32)}
+SPLITS = {"matmul": (2, 4, 8, 16, 32, 64), "bmm": (2, 4, 8, 16, 32, 64), "matvec": (2, 4, 8, 16, 32)}
 SAVE_EVERY_S = 30.0
 
 
@@ -63,9 +73,11 @@ def grid(kernel: str, seed: int = SURVEY_SEED, random_shapes: int | None = None,
          layout: str | None = None) -> list[tuple[int, ...]]:
     """The survey's shapes: the grid's combinations, then log-uniform random ones (deterministic). matmul
     nn also has the decode rows; a matmul layout of DECODE_LAYOUTS has only decode-size shapes (M up to
-    DECODE_MAX_ROWS, `decode_grid`)."""
+    DECODE_MAX_ROWS, `decode_grid`); bmm has its own (`bmm_grid`)."""
     if kernel == "matmul" and layout in DECODE_LAYOUTS:
         return decode_grid(seed, DECODE_RANDOM_SHAPES if random_shapes is None else random_shapes)
+    if kernel == "bmm":
+        return bmm_grid(seed, BMM_RANDOM_SHAPES if random_shapes is None else random_shapes)
     sizes = GRID[kernel]
     shapes: list[tuple[int, ...]]
     if kernel == "matmul":
@@ -100,6 +112,24 @@ def decode_grid(seed: int = SURVEY_SEED, random_shapes: int = DECODE_RANDOM_SHAP
         if (m, n, k) not in seen:
             seen.add((m, n, k))
             shapes.append((m, n, k))
+            random_shapes -= 1
+    return shapes
+
+
+def bmm_grid(seed: int = SURVEY_SEED, random_shapes: int = BMM_RANDOM_SHAPES) -> list[tuple[int, ...]]:
+    """Batched matmul shapes (batch, M, N, K): every batch of BMM_BATCHES against every M, N and K of BMM_SIDES,
+    then random ones (each size log-uniform in BMM_RANGE); all within MAX_BMM_WORK."""
+    shapes: list[tuple[int, ...]] = [(b, m, n, k) for b in BMM_BATCHES for m in BMM_SIDES for n in BMM_SIDES
+                                     for k in BMM_SIDES if b * m * n * k <= MAX_BMM_WORK]
+    seen = set(shapes)
+    rng = np.random.default_rng(seed + 2)  # neither the main grid's random shapes nor the decode grid's
+    (blo, bhi), (lo, hi) = BMM_RANGE["batch"], BMM_RANGE["side"]
+    while random_shapes > 0:
+        batch = int(round(math.exp(rng.uniform(math.log(blo), math.log(bhi)))))
+        shape = (batch, *(int(round(math.exp(v))) for v in rng.uniform(math.log(lo), math.log(hi), 3)))
+        if shape not in seen and math.prod(shape) <= MAX_BMM_WORK:
+            seen.add(shape)
+            shapes.append(shape)
             random_shapes -= 1
     return shapes
 
@@ -154,7 +184,7 @@ def portfolio(kernel: str, dtype: str, layout: str, device: DeviceLimits,
     # Large matmul tiles are left unsplit: a shape small enough to need splits is better served by a small
     # tile split (measured on an H100: every split winner had a tile of 128 x 64 or less).
     bases = [(config, name) for config, name in found.items()
-             if not name.startswith("tuned-") and (kernel != "matmul" or config["BM"] * config["BN"] <= 128 * 64)]
+             if not name.startswith("tuned-") and ("BM" not in config or config["BM"] * config["BN"] <= 128 * 64)]
     for config, name in bases:
         for split in SPLITS[kernel]:
             if split == config["SPLIT_K"]:
@@ -384,12 +414,14 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--kernels", default="matmul,matvec", help="comma-separated, from matmul, matvec")
+    parser.add_argument("--kernels", default=",".join(SURVEYED_KERNELS),
+                        help=f"comma-separated, from {', '.join(SURVEYED_KERNELS)} (bmm: batched matmul)")
     parser.add_argument("--dtype", default="float32", choices=["float32", "float64"],
                         help="element type (default float32)")
     parser.add_argument("--layouts", default="row,col,nn,nt",
                         help="layouts, each kernel taking its own: matvec row, col; matmul nn (the whole grid) and "
-                             "nt (decode-size shapes only: its other shapes, and tn and tt, borrow nn's database)")
+                             "nt (decode-size shapes only: its other shapes, and tn and tt, borrow nn's database); "
+                             "bmm nn (its other layouts borrow bmm nn's database)")
     parser.add_argument("--root", default=None, help="cache root to write to (default: the user cache)")
     parser.add_argument("--budget", type=float, default=None, metavar="SECONDS",
                         help="stop each kernel's survey after this long (it resumes on the next run)")
@@ -409,11 +441,12 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         chosen = [k.strip() for k in args.kernels.split(",") if k.strip()]
-        bad = [k for k in chosen if k not in GRID]
+        bad = [k for k in chosen if k not in SURVEYED_LAYOUTS]
         if bad or not chosen:
-            raise InvalidValueError(f"--kernels {args.kernels!r}: choose from matmul, matvec (comma-separated)")
+            raise InvalidValueError(f"--kernels {args.kernels!r}: choose from {', '.join(SURVEYED_KERNELS)} "
+                                    "(comma-separated)")
         layouts = [v.strip() for v in args.layouts.split(",") if v.strip()]
-        if not layouts or any(v not in SURVEYED_LAYOUTS["matvec"] + SURVEYED_LAYOUTS["matmul"] for v in layouts):
+        if not layouts or any(v not in sum(SURVEYED_LAYOUTS.values(), ()) for v in layouts):
             raise InvalidValueError(f"--layouts {args.layouts!r}: choose from row, col (matvec), nn, nt (matmul), "
                                     "comma-separated")
         budget = validate.seconds(args.budget, name="--budget", allow_none=True)
