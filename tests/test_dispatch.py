@@ -512,7 +512,7 @@ def test_model_learns_tma_candidates_from_shapes_of_the_query_kind():
     from autotile.codegen import kernels
     from autotile.codegen.limits import PROFILES
     from autotile.dispatch.database import Candidate, ShapeDatabase
-    from autotile.dispatch.model import Model, ModelParams, copies_whole_rows
+    from autotile.dispatch.model import Model, ModelParams, rows_allow
 
     spec = kernels.get("matmul")
 
@@ -522,8 +522,8 @@ def test_model_learns_tma_candidates_from_shapes_of_the_query_kind():
 
     copied = [(1012, 1012, 1012), (1016, 1016, 1016), (1020, 1020, 1020)]
     loaded = [(2001, 2001, 2001), (2003, 2003, 2003), (2005, 2005, 2005)]
-    assert all(copies_whole_rows("matmul", s, "nn") for s in copied)
-    assert not any(copies_whole_rows("matmul", s, "nn") for s in loaded)
+    assert all(rows_allow("matmul", s, "nn", 4) for s in copied)
+    assert not any(rows_allow("matmul", s, "nn", 4) for s in loaded)
     # cuBLAS 1 ms everywhere; tma 0.6 ms where it copies, 1.5 where it loads; tf32x3 0.8 everywhere.
     times = tuple((1.0, 0.6, 0.8) for _ in copied) + tuple((1.0, 1.5, 0.8) for _ in loaded)
     db = ShapeDatabase("matmul", "float32", "nn", "h100", (Candidate("cublas", "cublas"), candidate("wgmma-128-tma"),

@@ -104,11 +104,14 @@ class Model:
         self.worth = np.zeros((len(db.shapes), len(self.usable)), dtype=bool)  # rows x usable candidates
         for i, shape in enumerate(db.shapes):
             self.fill[i, self.usable], self.worth[i] = self._features(tuple(shape))
-        # Candidates that copy with tensor maps where a shape's rows allow it (wgmma, LOADER=tma) and load
-        # through registers elsewhere: two kernels in one, so they learn only from shapes of the query's
-        # kind (`copies`), not from the nearest shapes of either kind.
-        self.two_kinds = np.array([_loads_two_ways(self.configs[j]) for j in self.usable], dtype=np.bool_)
-        self.copies = np.array([copies_whole_rows(db.kernel, tuple(s), db.layout) for s in db.shapes], dtype=np.bool_)
+        # A candidate copies `width` elements at a time where every operand's rows start aligned to that
+        # and one at a time elsewhere (several times the copy instructions: measured 0.76x cuBLAS on a
+        # batch where aligned neighbours predicted 1.2x): two kernels in one, so a candidate of width over
+        # one learns only from shapes of the query's kind (`aligned[width]`), not from the nearest of either.
+        element_bytes = np.dtype(db.dtype).itemsize
+        self.widths = np.array([copy_width(self.configs[j], element_bytes) for j in self.usable], dtype=np.int64)
+        self.aligned = {w: np.array([rows_allow(db.kernel, tuple(s), db.layout, w) for s in db.shapes], dtype=np.bool_)
+                        for w in sorted(set(self.widths.tolist())) if w > 1}
         self._allowed: dict[str, np.ndarray] = {}
 
     def allowed(self, setting: str | None) -> np.ndarray:
@@ -148,17 +151,19 @@ class Model:
         if len(order) == 0 or not self.usable:
             return None
         predicted, worst, enough, gain, ok = self._predict(order, dist, fill_q)
-        kind_order = order
-        if self.two_kinds.any():  # those learn from the nearest shapes of the query's kind only
-            same_kind = self.copies == copies_whole_rows(self.db.kernel, shape_t, self.db.layout)
+        learned_from: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}  # width: order, gain, ok
+        for width, aligned in self.aligned.items():  # these learn from the nearest shapes of the query's kind
+            group = self.widths == width
+            same_kind = aligned == rows_allow(self.db.kernel, shape_t, self.db.layout, width)
             kind_order = self._nearest(np.where(same_kind, dist, np.inf), params)
             if len(kind_order):
                 kind_predicted, kind_worst, kind_enough, kind_gain, kind_ok = self._predict(kind_order, dist, fill_q)
-                predicted = np.where(self.two_kinds, kind_predicted, predicted)
-                worst = np.where(self.two_kinds, kind_worst, worst)
-                enough = np.where(self.two_kinds, kind_enough, enough)
+                predicted = np.where(group, kind_predicted, predicted)
+                worst = np.where(group, kind_worst, worst)
+                enough = np.where(group, kind_enough, enough)
+                learned_from[width] = (kind_order, kind_gain, kind_ok)
             else:
-                enough = enough & np.logical_not(self.two_kinds)
+                enough = enough & np.logical_not(group)
         eligible = worth & enough & np.isfinite(predicted) & self.allowed(setting)
         safe = eligible & (predicted >= math.log2(1 + params.margin)) & (worst >= math.log2(params.floor))
         if not safe.any():
@@ -171,8 +176,8 @@ class Model:
             return Choice(self.db.candidates[self.cublas], None, 1.0, near, runner_up)
         k = int(np.argmax(np.where(safe, predicted, -np.inf)))
         j = self.usable[k]
-        if self.two_kinds[k]:  # the neighbours it learned from
-            order, gain, ok = kind_order, kind_gain, kind_ok
+        if int(self.widths[k]) in learned_from:  # the neighbours it learned from
+            order, gain, ok = learned_from[int(self.widths[k])]
         near = tuple((tuple(int(d) for d in self.db.shapes[i]), float(dist[i]),
                       None if not ok[n, k] else float(2 ** gain[n, k])) for n, i in enumerate(order))
         return Choice(self.db.candidates[j], self.configs[j], float(2 ** predicted[k]), near)
@@ -298,21 +303,27 @@ def _source_sha(kernel: str, config: Config, dtype: str, layout: str) -> str:
     return kernels.source_hash(kernels.get(kernel).render(config, dtype, layout))
 
 
-def _loads_two_ways(config: Config | None) -> bool:
-    """A wgmma LOADER=tma config: tensor-map copies where the rows allow them, registers elsewhere."""
-    return config is not None and config.get("LOADER") == "tma"
+def copy_width(config: Config | None, element_bytes: int) -> int:
+    """Elements a candidate copies at a time from an operand's rows where they start aligned to that (and
+    one at a time where they do not): 16 bytes for a wgmma LOADER=tma config (tensor maps; registers,
+    4 elements at a time, elsewhere), else its VEC; 1 for cuBLAS."""
+    if config is None:
+        return 1
+    if config.get("LOADER") == "tma":
+        return 16 // element_bytes
+    return int(config.get("VEC", 1))
 
 
-def copies_whole_rows(kernel: str, shape: tuple[int, ...], layout: str) -> bool:
-    """Whether a LOADER=tma kernel copies its tiles with tensor maps on `shape` in `layout`: every operand's
-    rows a multiple of 16 bytes (float32: of 4 elements), the operands taken to be 16-byte aligned as
-    allocators give them. Only matmul has such kernels."""
-    if kernel not in ("matmul", "bmm"):
-        return False
+def rows_allow(kernel: str, shape: tuple[int, ...], layout: str, width: int) -> bool:
+    """Whether every operand's rows on `shape` in `layout` start aligned to `width` elements (their
+    contiguous dimension a multiple of it), the operands taken to be aligned as allocators give them.
+    Only matmul and bmm kernels are told apart by it (True for the others)."""
+    if kernel not in ("matmul", "bmm") or width <= 1:
+        return True
     M, N, K = shape[-3:]
     a_inner = M if layout in ("tn", "tt") else K
     b_inner = K if layout in ("nt", "tt") else N
-    return a_inner % 4 == 0 and b_inner % 4 == 0
+    return a_inner % width == 0 and b_inner % width == 0
 
 
 def _log_fill(kernel: str, config: Config, shape: tuple[int, ...], device: DeviceLimits) -> float:
