@@ -361,7 +361,8 @@ def test_survey_check_reports_the_shipped_databases(capsys, monkeypatch, tmp_pat
     assert main(["survey", "--check", "--device", "h100"]) == 0
     out = capsys.readouterr().out
     assert "matmul float32 nn on NVIDIA H100" in out and "leave-one-out" in out
-    assert out.count("leave-one-out") == 4  # matmul nn and nt (decode rows), matvec row and col
+    assert out.count("leave-one-out") == 5  # matmul nn and nt (decode rows), bmm nn, matvec row and col
+    assert "bmm float32 nn on NVIDIA H100" in out
 
 
 def test_shipped_databases_are_valid_and_current():
@@ -378,9 +379,10 @@ def test_shipped_databases_are_valid_and_current():
     root = resources.shipped_cache_dir()
     assert root is not None
     paths = sorted(root.glob("*/database/*.json"))
-    # H100 and H200; float32 and float64; matmul nn, matvec row and col; and decode-only matmul nt ones
+    # H100 and H200; float32 and float64; matmul nn, matvec row and col; float32 bmm nn; and decode-only
+    # matmul nt ones
     full = {f"{k}-{d}-{lay}.json" for k, lays in (("matmul", ("nn",)), ("matvec", ("row", "col")))
-            for d in ("float32", "float64") for lay in lays}
+            for d in ("float32", "float64") for lay in lays} | {"bmm-float32-nn.json"}
     for device in ("NVIDIA-H100-80GB-HBM3_sm_90", "NVIDIA-H200_sm_90"):
         assert full <= {p.name for p in paths if p.parent.parent.name == device}, device
     assert any(p.name == "matmul-float32-nt.json" for p in paths)
