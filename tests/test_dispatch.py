@@ -536,3 +536,33 @@ def test_model_learns_tma_candidates_from_shapes_of_the_query_kind():
     # 1013 is nearest to the copied shapes, but its rows (K = N = 1013) cannot be copied
     choice = model.choose((1013, 1013, 1013), params)
     assert choice.candidate.name == "tf32x3-128"
+
+
+def test_model_can_learn_every_multi_element_copier_from_shapes_of_the_query_kind():
+    """With `by_copy_width` (chosen by leave-one-out where it pays: the batched databases), a config that
+    copies VEC elements at a time is predicted on a shape whose rows do not allow that from the nearest
+    shapes of that kind only; without it, from the nearest shapes of either kind, as before."""
+    from autotile.codegen import kernels
+    from autotile.codegen.limits import PROFILES
+    from autotile.dispatch.database import Candidate, ShapeDatabase
+    from autotile.dispatch.model import Model, ModelParams, copy_width, rows_allow
+
+    spec = kernels.get("bmm")
+    config = spec.space.named("tf32x3-32")
+    assert copy_width(config, 4) == config["VEC"] == 4 and copy_width(None, 4) == 1
+    source = kernels.source_hash(spec.render(config, "float32", "nn"))
+    aligned = [(8, 512, 512, 512), (8, 516, 516, 516), (8, 520, 520, 520)]
+    odd = [(8, 1001, 1001, 1001), (8, 1003, 1003, 1003), (8, 1005, 1005, 1005)]
+    assert all(rows_allow("bmm", s, "nn", 4) for s in aligned) and not any(rows_allow("bmm", s, "nn", 4) for s in odd)
+    assert rows_allow("bmm", (8, 1001, 1002, 1004), "nn", 2) and rows_allow("matvec", (3, 5), "row", 4)
+    # cuBLAS 1 ms everywhere; the config 0.6 ms where rows are aligned, 1.5 ms where they are not
+    times = tuple((1.0, 0.6) for _ in aligned) + tuple((1.0, 1.5) for _ in odd)
+    db = ShapeDatabase("bmm", "float32", "nn", "h100", (Candidate("cublas", "cublas"),
+                       Candidate("tf32x3-32", "generated", dict(config), source)), tuple(aligned + odd), times, {})
+    model = Model(db, PROFILES["h100"])
+    query = (8, 517, 517, 517)  # nearest to the aligned shapes, its rows not aligned
+    mixed = model.choose(query, ModelParams(neighbours=3, margin=0.05, floor=0.97))
+    by_kind = model.choose(query, ModelParams(neighbours=3, margin=0.05, floor=0.97, by_copy_width=True))
+    assert mixed.candidate.name == "tf32x3-32" and by_kind.candidate.name == "cublas"
+    assert model.choose((8, 516, 518, 516), ModelParams(3, 0.05, 0.97, True)).candidate.name == "cublas"  # N
+    assert model.choose((8, 524, 524, 524), ModelParams(3, 0.05, 0.97, True)).candidate.name == "tf32x3-32"

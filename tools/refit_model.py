@@ -28,7 +28,8 @@ def main(paths: list[str]) -> None:
         db = database.ShapeDatabase.from_json(json.loads(Path(path).read_text()))
         params, held_out = Model(db, device_of(db)).fit()
         db.environment["model"] = {"neighbours": params.neighbours, "margin": params.margin,
-                                   "floor": params.floor, "leave_one_out": held_out}
+                                   "floor": params.floor, "by_copy_width": params.by_copy_width,
+                                   "leave_one_out": held_out}
         Path(path).write_text(json.dumps(db.to_json(), separators=(",", ":"), allow_nan=False) + "\n")
         print(f"{path}: {params}; leave-one-out {held_out}")
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -42,6 +43,9 @@ class ModelParams:
     neighbours: int = 6
     margin: float = 0.1  # a generated candidate must be predicted this much faster than cuBLAS
     floor: float = 1.0  # and no slower than this x cuBLAS at any neighbour that timed it
+    # whether every candidate that copies several elements at a time learns only from shapes of the query's
+    # kind (`rows_allow`); tensor-map candidates always do
+    by_copy_width: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,6 +114,7 @@ class Model:
         # one learns only from shapes of the query's kind (`aligned[width]`), not from the nearest of either.
         element_bytes = np.dtype(db.dtype).itemsize
         self.widths = np.array([copy_width(self.configs[j], element_bytes) for j in self.usable], dtype=np.int64)
+        self.tensor_maps = np.array([_copies_with_tensor_maps(self.configs[j]) for j in self.usable], dtype=np.bool_)
         self.aligned = {w: np.array([rows_allow(db.kernel, tuple(s), db.layout, w) for s in db.shapes], dtype=np.bool_)
                         for w in sorted(set(self.widths.tolist())) if w > 1}
         self._allowed: dict[str, np.ndarray] = {}
@@ -153,7 +158,9 @@ class Model:
         predicted, worst, enough, gain, ok = self._predict(order, dist, fill_q)
         learned_from: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}  # width: order, gain, ok
         for width, aligned in self.aligned.items():  # these learn from the nearest shapes of the query's kind
-            group = self.widths == width
+            group = (self.widths == width) & (self.tensor_maps | params.by_copy_width)
+            if not group.any():
+                continue
             same_kind = aligned == rows_allow(self.db.kernel, shape_t, self.db.layout, width)
             kind_order = self._nearest(np.where(same_kind, dist, np.inf), params)
             if len(kind_order):
@@ -176,7 +183,7 @@ class Model:
             return Choice(self.db.candidates[self.cublas], None, 1.0, near, runner_up)
         k = int(np.argmax(np.where(safe, predicted, -np.inf)))
         j = self.usable[k]
-        if int(self.widths[k]) in learned_from:  # the neighbours it learned from
+        if int(self.widths[k]) in learned_from and (self.tensor_maps[k] or params.by_copy_width):  # its neighbours
             order, gain, ok = learned_from[int(self.widths[k])]
         near = tuple((tuple(int(d) for d in self.db.shapes[i]), float(dist[i]),
                       None if not ok[n, k] else float(2 ** gain[n, k])) for n, i in enumerate(order))
@@ -257,18 +264,17 @@ class Model:
         cuBLAS (where none does, the fewest such shapes). Checked on random shapes held out of an H200's
         survey, leave-one-out proved optimistic, hence the guard on losses rather than on the mean."""
         best: tuple[tuple[float, float], ModelParams, dict[str, float]] | None = None
-        for k in (3, 4, 6, 8):
-            for margin in (0.05, 0.1, 0.2):
-                for floor in (0.97, 1.0):
-                    params = ModelParams(k, margin, floor)
-                    ratios = [r for _, _, r, _ in self.cross_validate(params)]
-                    if not ratios:
-                        continue
-                    logs = np.log2(ratios)
-                    losses = float((np.asarray(ratios) < 0.97).mean())
-                    score = (-max(0.0, losses - 0.01), float(logs.mean()))
-                    if best is None or score > best[0]:
-                        best = (score, params, summary(ratios))
+        for k, margin, floor, by_width in itertools.product((3, 4, 6, 8), (0.05, 0.1, 0.2), (0.97, 1.0),
+                                                            (False, True)):
+            params = ModelParams(k, margin, floor, by_width)
+            ratios = [r for _, _, r, _ in self.cross_validate(params)]
+            if not ratios:
+                continue
+            logs = np.log2(ratios)
+            losses = float((np.asarray(ratios) < 0.97).mean())
+            score = (-max(0.0, losses - 0.01), float(logs.mean()))
+            if best is None or score > best[0]:
+                best = (score, params, summary(ratios))
         if best is None:
             return ModelParams(), {}
         return best[1], best[2]
@@ -309,9 +315,14 @@ def copy_width(config: Config | None, element_bytes: int) -> int:
     4 elements at a time, elsewhere), else its VEC; 1 for cuBLAS."""
     if config is None:
         return 1
-    if config.get("LOADER") == "tma":
+    if _copies_with_tensor_maps(config):
         return 16 // element_bytes
     return int(config.get("VEC", 1))
+
+
+def _copies_with_tensor_maps(config: Config | None) -> bool:
+    """A wgmma LOADER=tma config: tensor-map copies where the rows allow them, registers elsewhere."""
+    return config is not None and config.get("LOADER") == "tma"
 
 
 def rows_allow(kernel: str, shape: tuple[int, ...], layout: str, width: int) -> bool:
@@ -350,7 +361,8 @@ def params_of(db: ShapeDatabase) -> ModelParams:
     fitted: Any = db.environment.get("model")
     if isinstance(fitted, dict):
         try:
-            return ModelParams(int(fitted["neighbours"]), float(fitted["margin"]), float(fitted["floor"]))
+            return ModelParams(int(fitted["neighbours"]), float(fitted["margin"]), float(fitted["floor"]),
+                               bool(fitted.get("by_copy_width", False)))
         except (KeyError, TypeError, ValueError):
             pass
     return ModelParams()

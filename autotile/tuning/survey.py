@@ -334,7 +334,7 @@ def survey(kernel: str, dtype: str, layout: str, device: DeviceLimits, shapes: l
         model = Model(db, device)
         params, held_out = model.fit()
         env["model"] = {"neighbours": params.neighbours, "margin": params.margin, "floor": params.floor,
-                        "leave_one_out": held_out}
+                        "by_copy_width": params.by_copy_width, "leave_one_out": held_out}
         db = database()
     if save is not None:
         save(db)
