@@ -12,7 +12,7 @@ from pathlib import Path
 
 from autotile.codegen.limits import PROFILES, DeviceLimits
 from autotile.dispatch import database
-from autotile.dispatch.model import Model
+from autotile.dispatch.model import Model, fitted_environment
 
 
 def device_of(db: database.ShapeDatabase) -> DeviceLimits:
@@ -27,9 +27,7 @@ def main(paths: list[str]) -> None:
     for path in paths:
         db = database.ShapeDatabase.from_json(json.loads(Path(path).read_text()))
         params, held_out = Model(db, device_of(db)).fit()
-        db.environment["model"] = {"neighbours": params.neighbours, "margin": params.margin,
-                                   "floor": params.floor, "by_copy_width": params.by_copy_width,
-                                   "leave_one_out": held_out}
+        db.environment["model"] = fitted_environment(params, held_out)
         Path(path).write_text(json.dumps(db.to_json(), separators=(",", ":"), allow_nan=False) + "\n")
         print(f"{path}: {params}; leave-one-out {held_out}")
 

@@ -156,9 +156,10 @@ class Model:
         if len(order) == 0 or not self.usable:
             return None
         predicted, worst, enough, gain, ok = self._predict(order, dist, fill_q)
+        by_kind = self.tensor_maps | params.by_copy_width  # candidates that learn from the query's kind only
         learned_from: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}  # width: order, gain, ok
-        for width, aligned in self.aligned.items():  # these learn from the nearest shapes of the query's kind
-            group = (self.widths == width) & (self.tensor_maps | params.by_copy_width)
+        for width, aligned in self.aligned.items():
+            group = (self.widths == width) & by_kind
             if not group.any():
                 continue
             same_kind = aligned == rows_allow(self.db.kernel, shape_t, self.db.layout, width)
@@ -183,7 +184,7 @@ class Model:
             return Choice(self.db.candidates[self.cublas], None, 1.0, near, runner_up)
         k = int(np.argmax(np.where(safe, predicted, -np.inf)))
         j = self.usable[k]
-        if int(self.widths[k]) in learned_from and (self.tensor_maps[k] or params.by_copy_width):  # its neighbours
+        if by_kind[k] and int(self.widths[k]) in learned_from:  # the neighbours it learned from
             order, gain, ok = learned_from[int(self.widths[k])]
         near = tuple((tuple(int(d) for d in self.db.shapes[i]), float(dist[i]),
                       None if not ok[n, k] else float(2 ** gain[n, k])) for n, i in enumerate(order))
@@ -356,6 +357,12 @@ def model_for(db: ShapeDatabase, device: DeviceLimits) -> Model:
     return found[1]
 
 
+def fitted_environment(params: ModelParams, held_out: dict[str, float]) -> dict[str, Any]:
+    """What a database keeps of its fit (its environment's "model"), which `params_of` reads back."""
+    return {"neighbours": params.neighbours, "margin": params.margin, "floor": params.floor,
+            "by_copy_width": params.by_copy_width, "leave_one_out": held_out}
+
+
 def params_of(db: ShapeDatabase) -> ModelParams:
     """The parameters fitted when the database was built (kept in its environment), else the defaults."""
     fitted: Any = db.environment.get("model")
@@ -368,4 +375,5 @@ def params_of(db: ShapeDatabase) -> ModelParams:
     return ModelParams()
 
 
-__all__ = ["Choice", "Model", "ModelParams", "model_for", "params_of", "summary", "worth_timing"]
+__all__ = ["Choice", "Model", "ModelParams", "copy_width", "fitted_environment", "model_for", "params_of", "rows_allow",
+           "summary", "worth_timing"]

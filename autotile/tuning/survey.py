@@ -85,35 +85,34 @@ def grid(kernel: str, seed: int = SURVEY_SEED, random_shapes: int | None = None,
         shapes += [(m, n, k) for m in DECODE_ROWS for n in sizes for k in sizes]
     else:
         shapes = [(m, k) for m in sizes for k in sizes if m * k <= MAX_MATVEC_ELEMENTS]
-    rng = np.random.default_rng(seed)
-    lo, hi = RANDOM_RANGE[kernel]
     want = RANDOM_SHAPES[kernel] if random_shapes is None else random_shapes
-    dims = len(shapes[0])
-    seen: set[tuple[int, ...]] = set(shapes)
-    while want > 0:
-        shape = tuple(int(round(math.exp(v))) for v in rng.uniform(math.log(lo), math.log(hi), dims))
-        if shape in seen or math.prod(shape) > (MAX_MATMUL_WORK if kernel == "matmul" else MAX_MATVEC_ELEMENTS):
-            continue
-        seen.add(shape)
-        shapes.append(shape)
-        want -= 1
-    return shapes
+    bound = MAX_MATMUL_WORK if kernel == "matmul" else MAX_MATVEC_ELEMENTS
+    return shapes + _log_uniform_shapes(np.random.default_rng(seed), [RANDOM_RANGE[kernel]] * len(shapes[0]), want,
+                                        set(shapes), bound)
+
+
+def _log_uniform_shapes(rng: np.random.Generator, ranges: list[tuple[int, int]], count: int,
+                        seen: set[tuple[int, ...]], max_product: float) -> list[tuple[int, ...]]:
+    """`count` shapes, each size log-uniform in its dimension's (low, high) and rounded; none of them in
+    `seen` (which gains them) and none whose product exceeds `max_product`. Deterministic in `rng`."""
+    lows = np.array([math.log(lo) for lo, _ in ranges])
+    highs = np.array([math.log(hi) for _, hi in ranges])
+    found: list[tuple[int, ...]] = []
+    while len(found) < count:
+        shape = tuple(int(round(math.exp(v))) for v in rng.uniform(lows, highs))
+        if shape not in seen and math.prod(shape) <= max_product:
+            seen.add(shape)
+            found.append(shape)
+    return found
 
 
 def decode_grid(seed: int = SURVEY_SEED, random_shapes: int = DECODE_RANDOM_SHAPES) -> list[tuple[int, ...]]:
     """Decode-size matmul shapes: every M of DECODE_GRID_ROWS against every N and K of DECODE_SIZES, then
     random ones (M log-uniform in 1 to DECODE_MAX_ROWS, N and K in 128 to 12288)."""
     shapes: list[tuple[int, ...]] = [(m, n, k) for m in DECODE_GRID_ROWS for n in DECODE_SIZES for k in DECODE_SIZES]
-    seen = set(shapes)
-    rng = np.random.default_rng(seed + 1)  # not the main grid's random shapes
-    while random_shapes > 0:
-        m = int(round(math.exp(rng.uniform(0.0, math.log(DECODE_MAX_ROWS)))))
-        n, k = (int(round(math.exp(v))) for v in rng.uniform(math.log(128), math.log(12288), 2))
-        if (m, n, k) not in seen:
-            seen.add((m, n, k))
-            shapes.append((m, n, k))
-            random_shapes -= 1
-    return shapes
+    ranges = [(1, DECODE_MAX_ROWS), (128, 12288), (128, 12288)]
+    # seed + 1: not the main grid's random shapes
+    return shapes + _log_uniform_shapes(np.random.default_rng(seed + 1), ranges, random_shapes, set(shapes), math.inf)
 
 
 def bmm_grid(seed: int = SURVEY_SEED, random_shapes: int = BMM_RANDOM_SHAPES) -> list[tuple[int, ...]]:
@@ -121,17 +120,10 @@ def bmm_grid(seed: int = SURVEY_SEED, random_shapes: int = BMM_RANDOM_SHAPES) ->
     then random ones (each size log-uniform in BMM_RANGE); all within MAX_BMM_WORK."""
     shapes: list[tuple[int, ...]] = [(b, m, n, k) for b in BMM_BATCHES for m in BMM_SIDES for n in BMM_SIDES
                                      for k in BMM_SIDES if b * m * n * k <= MAX_BMM_WORK]
-    seen = set(shapes)
-    rng = np.random.default_rng(seed + 2)  # neither the main grid's random shapes nor the decode grid's
-    (blo, bhi), (lo, hi) = BMM_RANGE["batch"], BMM_RANGE["side"]
-    while random_shapes > 0:
-        batch = int(round(math.exp(rng.uniform(math.log(blo), math.log(bhi)))))
-        shape = (batch, *(int(round(math.exp(v))) for v in rng.uniform(math.log(lo), math.log(hi), 3)))
-        if shape not in seen and math.prod(shape) <= MAX_BMM_WORK:
-            seen.add(shape)
-            shapes.append(shape)
-            random_shapes -= 1
-    return shapes
+    ranges = [BMM_RANGE["batch"], *[BMM_RANGE["side"]] * 3]
+    # seed + 2: neither the main grid's random shapes nor the decode grid's
+    return shapes + _log_uniform_shapes(np.random.default_rng(seed + 2), ranges, random_shapes, set(shapes),
+                                        MAX_BMM_WORK)
 
 
 def coverage(kernel: str, layout: str) -> list[int | None] | None:
@@ -214,7 +206,7 @@ def survey(kernel: str, dtype: str, layout: str, device: DeviceLimits, shapes: l
     import cupy
 
     from autotile.dispatch.database import Candidate, ShapeDatabase
-    from autotile.dispatch.model import Model, worth_timing
+    from autotile.dispatch.model import Model, fitted_environment, worth_timing
     from autotile.runtime.impl import Cublas, Generated
     from autotile.runtime.timing import L2Flusher, relative_error, time_launch
 
@@ -333,8 +325,7 @@ def survey(kernel: str, dtype: str, layout: str, device: DeviceLimits, shapes: l
     if db.shapes:
         model = Model(db, device)
         params, held_out = model.fit()
-        env["model"] = {"neighbours": params.neighbours, "margin": params.margin, "floor": params.floor,
-                        "by_copy_width": params.by_copy_width, "leave_one_out": held_out}
+        env["model"] = fitted_environment(params, held_out)
         db = database()
     if save is not None:
         save(db)
@@ -447,8 +438,8 @@ def run(args: argparse.Namespace) -> int:
                                     "(comma-separated)")
         layouts = [v.strip() for v in args.layouts.split(",") if v.strip()]
         if not layouts or any(v not in sum(SURVEYED_LAYOUTS.values(), ()) for v in layouts):
-            raise InvalidValueError(f"--layouts {args.layouts!r}: choose from row, col (matvec), nn, nt (matmul), "
-                                    "comma-separated")
+            choices = "; ".join(f"{', '.join(v)} ({k})" for k, v in SURVEYED_LAYOUTS.items())
+            raise InvalidValueError(f"--layouts {args.layouts!r}: choose from {choices}, comma-separated")
         budget = validate.seconds(args.budget, name="--budget", allow_none=True)
         if args.random_shapes is not None:
             validate.count(args.random_shapes, name="--random-shapes", minimum=0)
