@@ -23,7 +23,10 @@ from autotile.codegen.space import Config, Problem, Space
 
 # MATH=skinny (issue 28) added THREADS_K and STEPS, which only it activates, and tiles under 16.
 SKINNY_CONSTANTS = ("THREADS_K", "STEPS")
-SKINNY_CHOICES = {"MATH": ("skinny",), "BM": (1, 2, 4, 8), "BN": (4, 8)}
+# MATH=wgmma_direct (issue 30, the 16-bit types) came after skinny, with STAGES of 5 and 6.
+DIRECT_CHOICES = {"MATH": ("wgmma_direct",), "STAGES": (5, 6)}
+SKINNY_CHOICES = {"MATH": ("skinny", *DIRECT_CHOICES["MATH"]), "BM": (1, 2, 4, 8), "BN": (4, 8),
+                  "STAGES": DIRECT_CHOICES["STAGES"]}
 
 
 def space_as_it_was(kernel: str, *, dropped: Sequence[str] = (), constants: Sequence[str] = (),
@@ -35,6 +38,9 @@ def space_as_it_was(kernel: str, *, dropped: Sequence[str] = (), constants: Sequ
     data = yaml.safe_load(search_space_path(kernel).read_text())
     for name in dropped:
         data["params"].pop(name, None)
+    # A constraint that names a dropped parameter came with it or later (about choices added since): out.
+    data["constraints"] = [c for c in data["constraints"]
+                           if not any(re.search(rf"\b{name}\b", c["expr"]) for name in dropped)]
     for name in constants:
         default = data["params"].pop(name)["default"]
         value = repr(default) if isinstance(default, str) else str(default)  # as the expressions spell it
@@ -50,6 +56,9 @@ def space_as_it_was(kernel: str, *, dropped: Sequence[str] = (), constants: Sequ
     data["configs"] = {n: c for n, c in data["configs"].items()
                        if not set(c) & {*dropped, *constants}
                        and not any(c.get(k) in v for k, v in added_choices.items())}
+    default = data.get("default")  # defaults among the configs that left leave with them
+    if isinstance(default, list):
+        data["default"] = [n for n in default if n in data["configs"]]
     return Space(data, f"{kernel} space as it was sampled")
 
 

@@ -87,7 +87,8 @@ ADDED_SINCE_THE_SAMPLE = ("SPLIT_REDUCE",)
 # PRODUCERS and LOADER, which only wgmma activates, are then constants (their defaults), as MMA_K is.
 # MATH=skinny came later still, with tiles under 16 and THREADS_K and STEPS, which only it activates
 # (constants here, as MMA_K is); its kernels have their own tests (tests/test_skinny.py).
-CHOICES_ADDED_SINCE_THE_SAMPLE = {"MATH": ("dmma", "wgmma", "skinny"), "BM": (1, 2, 4, 8), "BN": (4, 8)}
+CHOICES_ADDED_SINCE_THE_SAMPLE = {"MATH": ("dmma", "wgmma", "skinny", "wgmma_direct"), "BM": (1, 2, 4, 8),
+                                  "BN": (4, 8), "STAGES": (5, 6)}
 CONSTANTS_SINCE_THE_SAMPLE = ("MMA_K", "PRODUCERS", "LOADER", "THREADS_K", "STEPS")
 OUT_OF_THE_KEYS = (*ADDED_SINCE_THE_SAMPLE, *CONSTANTS_SINCE_THE_SAMPLE)
 # Conditions as they read when the sample was drawn (skinny's exemptions added since change the
@@ -141,7 +142,7 @@ def _layout_cases(nn_cases: list[Case]) -> list[Case]:
     out = []
     space = kernels.get("matmul").space
     named = [(name, cfg) for name, cfg in space.named_configs.items()
-        if cfg["MATH"] not in ("dmma", "wgmma")]
+        if cfg["MATH"] not in ("dmma", "wgmma", "wgmma_direct")]
     for i, (name, cfg) in enumerate(named):
         out += [Case(PROFILE_NAMES[i % 2], "matmul", layout, "float32", name, cfg) for layout in TRANSPOSED]
         out.append(Case(PROFILE_NAMES[(i + 1) % 2], "matmul", MATMUL_LAYOUTS[i % 4], "float32", name, cfg, True))

@@ -522,8 +522,8 @@ def test_config_is_a_frozen_ordered_mapping(matmul):
 
 
 def test_problem_rejects_unknown_dtype_and_layout(matmul):
-    with pytest.raises(InvalidValueError, match="float16"):
-        matmul.is_feasible(matmul.named("seed-naive"), problem(dtype="float16"))
+    with pytest.raises(InvalidValueError, match="int4"):
+        matmul.is_feasible(matmul.named("seed-naive"), problem(dtype="int4"))
     with pytest.raises(InvalidValueError, match="diag"):
         matmul.derive(matmul.named("seed-naive"), problem(layout="diag"))
 

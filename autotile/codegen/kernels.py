@@ -9,6 +9,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from autotile.codegen import dtypes
 from autotile.codegen.expr import ceil_div
 from autotile.codegen.problem import KERNEL_DIMS, canonical_layout, parse_shape
 from autotile.codegen.render import render
@@ -28,7 +29,8 @@ class Launch:
     zero_output: bool  # split-K kernels with SPLIT_REDUCE=atomic add into the output, which must start at zero
     workspace_elems: int = 0  # last_block: partial results, in elements of the output's dtype (0: none)
     tickets: int = 0  # last_block: one unsigned int counter per output tile, zero between launches (0: none)
-    tensor_maps: tuple[TensorBox, ...] = ()  # TMA copies of the inputs (wgmma, LOADER=tma): one map each
+    tensor_maps: tuple[TensorBox, ...] = ()  # TMA copies of the inputs (wgmma LOADER=tma, wgmma_direct): one map each
+    workspace_dtype: str | None = None  # last_block: the partial results' type where it is not the output's
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,10 +92,15 @@ class KernelSpec:
         g = _geometry(self.space_name or self.name, config, dtype, self.layout(layout))
         dynamic = int(g["smem_bytes"]) if config["smem"] == "dynamic" else 0
         grid, block = self.grid(config, shape), (int(g["block_x"]), int(g["block_y"]), 1)
-        maps = _tensor_boxes(config, shape[-3:], self.layout(layout)) if config.get("LOADER") == "tma" else ()
+        direct = config.get("MATH") == "wgmma_direct"
+        if direct:
+            maps: tuple[TensorBox, ...] = _direct_boxes(config, shape[-3:], self.layout(layout), DTYPE_SIZES[dtype])
+        else:
+            maps = _tensor_boxes(config, shape[-3:], self.layout(layout)) if config.get("LOADER") == "tma" else ()
         if config["SPLIT_K"] > 1 and config.get("SPLIT_REDUCE", "atomic") == "last_block":
             workspace, tickets = self.split_buffers(config, shape)
-            return Launch(grid, block, dynamic, False, workspace, tickets, maps)
+            # wgmma_direct sums its K splits in float32, whatever the output's type
+            return Launch(grid, block, dynamic, False, workspace, tickets, maps, "float32" if direct else None)
         return Launch(grid, block, dynamic, config["SPLIT_K"] > 1, tensor_maps=maps)
 
     def parse_shape(self, text: str | tuple[int, ...]) -> tuple[int, ...]:
@@ -128,8 +135,12 @@ def _geometry(kernel: str, config: Config, dtype: str, layout: str) -> dict[str,
 
 
 def _random(shape: tuple[int, ...], dtype: str, rng: Any) -> Any:
-    """Uniform in [-1, 1): no zeros to hide unwritten outputs. `rng` is a NumPy or CuPy Generator."""
-    return (rng.random(shape, dtype="float64") * 2.0 - 1.0).astype(dtype)
+    """Uniform in [-1, 1): no zeros to hide unwritten outputs. `rng` is a NumPy or CuPy Generator. The
+    16-bit types are rounded from float32, and held as their storage (bfloat16: its bit patterns)."""
+    values = rng.random(shape, dtype="float64") * 2.0 - 1.0
+    if dtypes.get(dtype).is_ieee_wide:
+        return values.astype(dtype)
+    return dtypes.from_float32(values.astype("float32"), dtype)
 
 
 # -- matmul ------------------------------------------------------------------------------------------
@@ -150,6 +161,19 @@ def _tensor_boxes(config: Config, shape: tuple[int, ...], layout: str) -> tuple[
     BM, BN, BK = config["BM"], config["BN"], config["BK"]
     a = TensorBox(0, M, K, 32, BK) if layout in ("tn", "tt") else TensorBox(0, K, M, 32, BM)
     b = TensorBox(1, K, N, 32, BN) if layout in ("nt", "tt") else TensorBox(1, N, K, 32, BK)
+    return a, b
+
+
+def _direct_boxes(config: Config, shape: tuple[int, ...], layout: str, element_bytes: int
+                  ) -> tuple[TensorBox, TensorBox]:
+    """The TMA copies of a wgmma_direct kernel (matmul_wgmma_direct.cu.j2): A, then B, as stored; each copy
+    128 bytes along the contiguous dimension (BK elements of K where it is K, else 64 of M or N) by BM or
+    BN rows (K-contiguous) or BK rows of K (M- or N-contiguous)."""
+    M, N, K = shape
+    BM, BN, BK = config["BM"], config["BN"], config["BK"]
+    wide = 128 // element_bytes
+    a = TensorBox(0, M, K, wide, BK, element_bytes) if layout in ("tn", "tt") else TensorBox(0, K, M, BK, BM, element_bytes)
+    b = TensorBox(1, K, N, BK, BN, element_bytes) if layout in ("nt", "tt") else TensorBox(1, N, K, wide, BK, element_bytes)
     return a, b
 
 
@@ -251,7 +275,10 @@ def to_float64(x: Any) -> Any:
     """`x` as float64, denormals kept: NumPy's astype for host arrays; for a float32 CuPy array a kernel
     built with autotile's own options, because CuPy compiles its elementwise kernels (astype among them)
     with -ftz=true, which reads float32 denormals as zero, and a reference made that way is wrong exactly
-    where the numerics are delicate."""
+    where the numerics are delicate. A uint16 array is bfloat16's storage (`dtypes`): its values are read
+    as bfloat16 (exactly: every bfloat16 is a float32 with its low half zero)."""
+    if str(x.dtype) == "uint16":
+        return dtypes.to_float32(x, "bfloat16").astype("float64")
     if isinstance(x, np.ndarray) or str(x.dtype) != "float32":
         return x.astype("float64")
     import cupy
@@ -275,10 +302,19 @@ def get(kernel: str) -> KernelSpec:
 
 def tolerance(dtype: str, k: int) -> float:
     """Largest accepted ||out - ref|| / ||ref|| for a reduction of length `k` (the last dimension of both
-    kernels' shapes, MxNxK and MxK): rounding grows about like sqrt(K) ulps for random data;
-    the bound leaves a wide margin over that and stays far below what a wrong index gives (order 1)."""
-    eps = float(np.finfo(dtype).eps)
-    return max(64.0, 8.0 * float(np.sqrt(k))) * eps
+    kernels' shapes, MxNxK and MxK): rounding grows about like sqrt(K) ulps of the type the sums are kept
+    in for random data, plus, where that is wider than the output (bfloat16, float16: float32 sums), one
+    rounding of the output (half an ulp, here a whole one); the bound leaves a wide margin over that and
+    stays far below what a wrong index gives (order 1)."""
+    element = dtypes.get(dtype)
+    summed = max(64.0, 8.0 * float(np.sqrt(k))) * dtypes.get(element.accumulator).eps
+    return summed + (element.eps if element.accumulator != dtype else 0.0)
+
+
+def poison(out: Any) -> None:
+    """Fill `out` with NaN (bfloat16's storage with bfloat16's NaN): an element a kernel does not write
+    then fails every check."""
+    out.fill(0x7FC0 if str(out.dtype) == "uint16" else float("nan"))
 
 
 def compat_hash(kernel: str, space: Space | None = None) -> str:
@@ -318,5 +354,5 @@ def metric(kernel: str, shape: tuple[int, ...], dtype: str, time_ms: float) -> t
     return spec.min_bytes(shape, DTYPE_SIZES[dtype]) / (time_ms * 1e-3) / 1e9, "GB/s"
 
 
-__all__ = ["KERNELS", "SKINNY_MAX_ROWS", "KernelSpec", "Launch", "compat_hash", "get", "metric", "source_hash",
+__all__ = ["KERNELS", "SKINNY_MAX_ROWS", "KernelSpec", "Launch", "compat_hash", "get", "metric", "poison", "source_hash",
            "to_float64", "tolerance", "DTYPE_SIZES"]

@@ -12,12 +12,13 @@ import operator
 import re
 from collections.abc import Sequence
 
+from autotile.codegen.dtypes import DTYPE_NAMES
 from autotile.errors import InvalidValueError, UnknownNameError
 
 # Each kernel's dimensions, in the order a shape lists them. bmm is matmul over a batch of matrices.
 KERNEL_DIMS: dict[str, tuple[str, ...]] = {"matmul": ("M", "N", "K"), "bmm": ("batch", "M", "N", "K"),
                                            "matvec": ("M", "K")}
-DTYPES = ("float32", "float64")
+DTYPES = DTYPE_NAMES
 # How each kernel's operands may be stored. matvec: A row- or column-major. matmul and bmm, in BLAS's
 # words: the first letter for A, the second for B; "n" as written (A is M x K row-major, B is K x N
 # row-major), "t" stored transposed (A as a K x M row-major array, B as N x K: PyTorch's `x @ W.T` is nt).

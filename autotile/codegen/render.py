@@ -9,9 +9,7 @@ from typing import Any
 import jinja2
 
 from autotile.codegen.resources import templates_dir
-from autotile.codegen.space import DTYPE_SIZES
-
-CTYPES = {"float32": "float", "float64": "double"}
+from autotile.codegen.dtypes import DTYPES
 
 
 @functools.lru_cache(maxsize=1)
@@ -43,7 +41,7 @@ def render(template: str, kernel: str, config: Mapping[str, Any], dtype: str = "
     key = config_key if config_key is not None else ",".join(f"{k}={v}" for k, v in config.items())
     context = dict(geometry or {})
     context.update(config)
-    context.update(kernel_name=kernel_function_name(kernel), dtype=dtype, ctype=CTYPES[dtype],
-                   dtype_size=DTYPE_SIZES[dtype], layout=layout, config_key=key, batched=batched,
-                   vec_type=lambda n: f"{CTYPES[dtype]}{n}")
+    context.update(kernel_name=kernel_function_name(kernel), dtype=dtype, ctype=DTYPES[dtype].ctype,
+                   dtype_size=DTYPES[dtype].size, layout=layout, config_key=key, batched=batched,
+                   vec_type=lambda n: f"{DTYPES[dtype].ctype}{n}")
     return environment().get_template(template).render(**context)

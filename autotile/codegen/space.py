@@ -20,12 +20,11 @@ from typing import Any
 
 from autotile import safe_files
 from autotile.codegen import resources
+from autotile.codegen.dtypes import DTYPE_SIZES
 from autotile.codegen.expr import FUNCTIONS, Bound, Expr, check_size, value_bound
 from autotile.codegen.limits import DEFAULT_OFFLINE_PROFILE, PROFILES, DeviceLimits
 from autotile.codegen.problem import LAYOUT_ALIASES, LAYOUTS
 from autotile.errors import InfeasibleConfigError, InvalidValueError, SpaceDefinitionError, UnknownNameError
-
-DTYPE_SIZES = {"float32": 4, "float64": 8}
 
 # Occupancy: how many blocks of this config fit on one SM, by each resource. Registers are allocated per
 # warp in units of 256, that is 8 per thread.
@@ -151,6 +150,7 @@ class Problem:
         names: dict[str, Any] = dict(self.device.as_names())
         names["regs_per_block_limit"] = names.pop("regs_per_block")
         names["dtype_size"] = DTYPE_SIZES[self.dtype]
+        names["dtype"] = self.dtype
         names["layout"] = self.layout
         return names
 
@@ -158,7 +158,7 @@ class Problem:
 CONTEXT_NAMES = frozenset(Problem(PROFILES[DEFAULT_OFFLINE_PROFILE]).names())
 
 # What enumeration assumes of the problem's names (see `Bound` in expr.py): the device limits are integers
-# up to 2**40 (a terabyte), the element size is one of DTYPE_SIZES, the layout is text. A problem outside
+# up to 2**40 (a terabyte), the element size is one of DTYPE_SIZES, the dtype and the layout are text. A problem outside
 # these is enumerated with every guard on.
 _CONTEXT_BOUNDS: dict[str, Bound | None] = {
     name: (2.0**40, True) if type(value) is int else None

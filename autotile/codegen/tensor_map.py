@@ -20,7 +20,8 @@ MAP_BYTES = 128  # sizeof(CUtensorMap); its alignment is 64
 _ALIGNMENT = 16  # bytes: the global address and every row stride of a tensor map
 
 # CUDA's enums (cuda.h), as the driver takes them.
-_FLOAT32 = 7  # CU_TENSOR_MAP_DATA_TYPE_FLOAT32: raw 32-bit words, no conversion
+# CU_TENSOR_MAP_DATA_TYPE_UINT16, _FLOAT32, _FLOAT64 by element size: the copies move raw words, no conversion
+_DATA_TYPES = {2: 1, 4: 7, 8: 8}
 _INTERLEAVE_NONE = 0
 _SWIZZLE_128B = 3  # rows of 128 bytes, 16-byte chunk XOR row mod 8: what the kernels read back
 _L2_PROMOTION_256B = 3
@@ -33,12 +34,12 @@ class TensorMapError(AutotileError):
 
 @dataclasses.dataclass(frozen=True)
 class TensorBox:
-    """One operand's TMA copies as a kernel issues them, in elements of float32.
+    """One operand's TMA copies as a kernel issues them, in elements of `element_bytes` bytes.
 
     The matrix as it is stored: rows of `inner` contiguous elements, `outer` rows, each row right after
     the previous one (a row stride of `inner`). Each copy moves a box of `box_inner` x `box_outer`
-    elements (box_inner x 4 bytes wide: 128 for the 128-byte swizzle). `operand` is the input's index
-    among the kernel's inputs (0: A, 1: B).
+    elements (box_inner x element_bytes bytes wide: 128 for the 128-byte swizzle). `operand` is the
+    input's index among the kernel's inputs (0: A, 1: B).
     """
 
     operand: int
@@ -46,10 +47,11 @@ class TensorBox:
     outer: int
     box_inner: int
     box_outer: int
+    element_bytes: int = 4
 
     def describable(self, pointer: int) -> bool:
         """Whether a tensor map can describe this matrix at `pointer`: 16-byte aligned address and rows."""
-        return pointer % _ALIGNMENT == 0 and (self.inner * 4) % _ALIGNMENT == 0
+        return pointer % _ALIGNMENT == 0 and (self.inner * self.element_bytes) % _ALIGNMENT == 0
 
 
 _driver_lock = threading.Lock()
@@ -81,10 +83,10 @@ def encode(box: TensorBox, pointer: int) -> bytes:
     storage = (ctypes.c_uint8 * (MAP_BYTES + 64))()
     address = (ctypes.addressof(storage) + 63) & ~63  # the driver wants the map 64-byte aligned
     extents = (ctypes.c_uint64 * 2)(box.inner, box.outer)
-    row_stride = (ctypes.c_uint64 * 1)(box.inner * 4)  # bytes; the innermost stride is the element's size
+    row_stride = (ctypes.c_uint64 * 1)(box.inner * box.element_bytes)  # bytes; the innermost stride is the element's size
     box_dims = (ctypes.c_uint32 * 2)(box.box_inner, box.box_outer)
     element_strides = (ctypes.c_uint32 * 2)(1, 1)
-    status = _encoder()(address, _FLOAT32, 2, pointer, extents, row_stride, box_dims, element_strides,
+    status = _encoder()(address, _DATA_TYPES[box.element_bytes], 2, pointer, extents, row_stride, box_dims, element_strides,
                         _INTERLEAVE_NONE, _SWIZZLE_128B, _L2_PROMOTION_256B, _OOB_FILL_ZEROS)
     if status != 0:
         raise TensorMapError(f"cuTensorMapEncodeTiled refused {box} at 0x{pointer:x}: CUresult {status}")

@@ -272,7 +272,8 @@ class KernelRunner:
         tickets (zeroed on the stream, so the zeroing is ordered before this stream's first launch)."""
         import cupy
 
-        workspace, workspace_ptr = allocate(self.geometry.workspace_elems, dtype, stream_ptr)
+        workspace_dtype = self.geometry.workspace_dtype or dtype
+        workspace, workspace_ptr = allocate(self.geometry.workspace_elems, workspace_dtype, stream_ptr)
         tickets, tickets_ptr = allocate(self.geometry.tickets, "uint32", stream_ptr)
         cupy.cuda.runtime.memsetAsync(tickets_ptr, 0, 4 * self.geometry.tickets, stream_ptr)
         # Two threads may allocate for one stream at once: both zeroed their own, one pair is kept.

@@ -1,0 +1,88 @@
+"""The element types autotile computes in: one record per dtype, the one place each fact about it lives.
+
+float32 and float64 are IEEE types that every kernel family computes in. bfloat16 and float16 are the
+types models run in: the tensor cores multiply them and sum in float32, and the output is rounded to the
+input's type (PyTorch's and cuBLAS's contract). NumPy has no bfloat16 and CuPy none either, so on the host
+and in CuPy a bfloat16 matrix is held as its raw 16-bit patterns (`storage` "uint16"); torch tensors carry
+the type itself.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+
+from autotile.errors import InvalidValueError
+
+
+@dataclasses.dataclass(frozen=True)
+class Dtype:
+    """One element type. `size` in bytes; `ctype` the kernels' C type (16-bit types travel as raw
+    `unsigned short`: the tensor cores read them from shared memory, and the kernels convert only in their
+    epilogue, with PTX, so no CUDA header is needed); `storage` the NumPy/CuPy dtype that holds the values;
+    `eps` the type's machine epsilon (2^-(mantissa bits)); `accumulator` the type its sums are kept in."""
+
+    name: str
+    size: int
+    ctype: str
+    storage: str
+    eps: float
+    accumulator: str
+    max_finite: float
+
+    @property
+    def is_ieee_wide(self) -> bool:
+        """float32 or float64: every kernel family (SIMT, tensor-core splits, DMMA) computes in it."""
+        return self.name in ("float32", "float64")
+
+
+DTYPES: dict[str, Dtype] = {
+    "float32": Dtype("float32", 4, "float", "float32", 2.0**-23, "float32", 3.4028234663852886e38),
+    "float64": Dtype("float64", 8, "double", "float64", 2.0**-52, "float64", 1.7976931348623157e308),
+    "bfloat16": Dtype("bfloat16", 2, "unsigned short", "uint16", 2.0**-7, "float32", 3.3895313892515355e38),
+    "float16": Dtype("float16", 2, "unsigned short", "float16", 2.0**-10, "float32", 65504.0),
+}
+DTYPE_NAMES = tuple(DTYPES)
+DTYPE_SIZES = {name: d.size for name, d in DTYPES.items()}
+# The types of the models' matmuls: the tensor cores take them as they are (MATH=wgmma_direct).
+HALF_DTYPES = ("bfloat16", "float16")
+
+
+def get(name: str) -> Dtype:
+    try:
+        return DTYPES[name]
+    except KeyError:
+        raise InvalidValueError(f"dtype {name!r} is not supported; choose one of {list(DTYPES)}") from None
+
+
+def from_float32(values: Any, dtype: str) -> Any:
+    """`values` (a float32 NumPy or CuPy array) rounded to `dtype` to nearest, ties to even, as `dtype`'s
+    storage: bfloat16 as its 16-bit patterns (the top half of the float32, rounded; a NaN stays a NaN)."""
+    if dtype != "bfloat16":
+        return values.astype(get(dtype).storage)
+    xp = _array_module(values)
+    bits = xp.ascontiguousarray(values, dtype=xp.float32).view(xp.uint32)
+    rounded = (bits + xp.uint32(0x7FFF) + ((bits >> 16) & xp.uint32(1))) >> 16
+    is_nan = (bits & xp.uint32(0x7FFFFFFF)) > xp.uint32(0x7F800000)
+    return xp.where(is_nan, xp.uint32(0x7FC0), rounded).astype(xp.uint16)
+
+
+def to_float32(values: Any, dtype: str) -> Any:
+    """`values` held as `dtype`'s storage, widened exactly to float32 (NumPy or CuPy)."""
+    if dtype != "bfloat16":
+        return values.astype("float32")
+    xp = _array_module(values)
+    return (xp.ascontiguousarray(values).astype(xp.uint32) << 16).view(xp.float32)
+
+
+def _array_module(values: Any) -> Any:
+    if isinstance(values, np.ndarray):
+        return np
+    import cupy
+
+    return cupy
+
+
+__all__ = ["DTYPES", "DTYPE_NAMES", "DTYPE_SIZES", "Dtype", "HALF_DTYPES", "from_float32", "get", "to_float32"]
