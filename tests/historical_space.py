@@ -56,9 +56,6 @@ def space_as_it_was(kernel: str, *, dropped: Sequence[str] = (), constants: Sequ
     data["configs"] = {n: c for n, c in data["configs"].items()
                        if not set(c) & {*dropped, *constants}
                        and not any(c.get(k) in v for k, v in added_choices.items())}
-    default = data.get("default")  # defaults among the configs that left leave with them
-    if isinstance(default, list):
-        data["default"] = [n for n in default if n in data["configs"]]
     return Space(data, f"{kernel} space as it was sampled")
 
 

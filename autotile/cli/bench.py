@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from autotile.codegen import build, kernels
+from autotile.codegen.dtypes import DTYPE_NAMES
 from autotile.codegen.problem import ProblemKey
 from autotile.codegen.space import Problem
 from autotile.dispatch import precision as precision_mod
@@ -496,7 +497,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="a few representative shapes only")
     parser.add_argument("--kernels", default="matmul,matvec",
                         help="comma-separated, from matmul, matvec (default both)")
-    parser.add_argument("--dtype", default="float32", choices=["float32", "float64"])
+    parser.add_argument("--dtype", default="float32", choices=list(DTYPE_NAMES))
     parser.add_argument("--out", default="bench-results", help="folder for results.md and results.json")
     parser.add_argument("--tune", type=int, default=0, metavar="TRIALS",
                         help="first tune every shape that has no exact cache entry, with this many trials")

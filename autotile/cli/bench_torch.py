@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from autotile.cli import bench
+from autotile.codegen.dtypes import DTYPE_NAMES
 from autotile.library import calls as ops
 from autotile.library.api import matmul
 from autotile.runtime.timing import L2Flusher, relative_error, time_launch
@@ -208,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--random-decode", type=int, default=0, metavar="N",
                         help="also N random decode-size shapes (M 1-64, N and K 1024-16384), nt and nn in turn")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random shapes")
-    parser.add_argument("--dtype", default="float32", choices=["float32", "float64"])
+    parser.add_argument("--dtype", default="float32", choices=list(DTYPE_NAMES))
     parser.add_argument("--out", default="bench-results", help="folder for torch.md and torch.json")
     args = parser.parse_args(argv)
     import torch

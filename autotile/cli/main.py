@@ -8,6 +8,7 @@ import sys
 from typing import NoReturn, Sequence
 
 from autotile.codegen import kernels, limits
+from autotile.codegen.dtypes import DTYPE_NAMES
 from autotile.codegen.problem import LAYOUT_ALIASES, LAYOUTS
 from autotile.codegen.space import Problem
 from autotile.errors import AutotileError, InvalidValueError
@@ -18,7 +19,7 @@ def _add_problem_options(p: argparse.ArgumentParser, with_device: bool = True,
                          layout_default: str = "row") -> None:
     """--dtype, --layout and (unless `with_device` is False) --device. `layout_default` ends the --layout
     help: what the command does without it, which differs between commands."""
-    p.add_argument("--dtype", default="float32", choices=["float32", "float64"], help="element type")
+    p.add_argument("--dtype", default="float32", choices=list(DTYPE_NAMES), help="element type")
     p.add_argument("--layout", choices=list(LAYOUTS), default=None,
                    help="storage of the operands. matmul, bmm: nn, nt, tn, tt (A then B; t: stored transposed, "
                         "as PyTorch's W.T; 'row' is nn's former name). matvec: row or col (A). "

@@ -171,9 +171,9 @@ def _direct_boxes(config: Config, shape: tuple[int, ...], layout: str, element_b
     BN rows (K-contiguous) or BK rows of K (M- or N-contiguous)."""
     M, N, K = shape
     BM, BN, BK = config["BM"], config["BN"], config["BK"]
-    wide = 128 // element_bytes
-    a = TensorBox(0, M, K, wide, BK, element_bytes) if layout in ("tn", "tt") else TensorBox(0, K, M, BK, BM, element_bytes)
-    b = TensorBox(1, K, N, BK, BN, element_bytes) if layout in ("nt", "tt") else TensorBox(1, N, K, wide, BK, element_bytes)
+    wide, size = 128 // element_bytes, element_bytes
+    a = TensorBox(0, M, K, wide, BK, size) if layout in ("tn", "tt") else TensorBox(0, K, M, BK, BM, size)
+    b = TensorBox(1, K, N, BK, BN, size) if layout in ("nt", "tt") else TensorBox(1, N, K, wide, BK, size)
     return a, b
 
 
@@ -354,5 +354,5 @@ def metric(kernel: str, shape: tuple[int, ...], dtype: str, time_ms: float) -> t
     return spec.min_bytes(shape, DTYPE_SIZES[dtype]) / (time_ms * 1e-3) / 1e9, "GB/s"
 
 
-__all__ = ["KERNELS", "SKINNY_MAX_ROWS", "KernelSpec", "Launch", "compat_hash", "get", "metric", "poison", "source_hash",
-           "to_float64", "tolerance", "DTYPE_SIZES"]
+__all__ = ["KERNELS", "SKINNY_MAX_ROWS", "KernelSpec", "Launch", "compat_hash", "get", "metric", "poison",
+           "source_hash", "to_float64", "tolerance", "DTYPE_SIZES"]

@@ -8,8 +8,8 @@ from typing import Any
 
 import jinja2
 
-from autotile.codegen.resources import templates_dir
 from autotile.codegen.dtypes import DTYPES
+from autotile.codegen.resources import templates_dir
 
 
 @functools.lru_cache(maxsize=1)

@@ -83,11 +83,11 @@ def encode(box: TensorBox, pointer: int) -> bytes:
     storage = (ctypes.c_uint8 * (MAP_BYTES + 64))()
     address = (ctypes.addressof(storage) + 63) & ~63  # the driver wants the map 64-byte aligned
     extents = (ctypes.c_uint64 * 2)(box.inner, box.outer)
-    row_stride = (ctypes.c_uint64 * 1)(box.inner * box.element_bytes)  # bytes; the innermost stride is the element's size
+    row_stride = (ctypes.c_uint64 * 1)(box.inner * box.element_bytes)  # bytes; the innermost is the element's size
     box_dims = (ctypes.c_uint32 * 2)(box.box_inner, box.box_outer)
     element_strides = (ctypes.c_uint32 * 2)(1, 1)
-    status = _encoder()(address, _DATA_TYPES[box.element_bytes], 2, pointer, extents, row_stride, box_dims, element_strides,
-                        _INTERLEAVE_NONE, _SWIZZLE_128B, _L2_PROMOTION_256B, _OOB_FILL_ZEROS)
+    status = _encoder()(address, _DATA_TYPES[box.element_bytes], 2, pointer, extents, row_stride, box_dims,
+                        element_strides, _INTERLEAVE_NONE, _SWIZZLE_128B, _L2_PROMOTION_256B, _OOB_FILL_ZEROS)
     if status != 0:
         raise TensorMapError(f"cuTensorMapEncodeTiled refused {box} at 0x{pointer:x}: CUresult {status}")
     return ctypes.string_at(address, MAP_BYTES)

@@ -44,8 +44,9 @@ _RANK = {"highest": 0, "high": 1, "medium": 2}
 # The one place that says what each value of the matmul space's MATH parameter needs. A MATH value missing
 # here is refused (`needed` raises): a new math mode must say its class before any record of it is served.
 MATH_PARAM = "MATH"
+# wgmma_direct computes the 16-bit types only, which no float32 setting concerns: "highest" (never narrowed away).
 MATH_CLASS: dict[str, str] = {"simt": "highest", "tf32x3": "high", "dmma": "highest", "wgmma": "high",
-                              "skinny": "highest"}
+                              "skinny": "highest", "wgmma_direct": "highest"}
 
 _lock = threading.Lock()
 _setting: str | None = None  # None: not yet read from the environment
@@ -120,10 +121,11 @@ def loosest(setting: str) -> str:
 
 
 def needed(kernel: str, dtype: str, config: Mapping[str, Any] | None, implementation: str = "generated") -> str:
-    """The class a config (or cuBLAS) needs for `kernel` on `dtype`: cuBLAS and float64 are IEEE
-    ("highest"); a generated config needs what its MATH value needs (`MATH_CLASS`), and a config without
+    """The class a config (or cuBLAS) needs for `kernel` on `dtype`: cuBLAS and every dtype but float32
+    compute in their own type's arithmetic ("highest": float64, and the 16-bit types' float32 sums); a
+    generated float32 config needs what its MATH value needs (`MATH_CLASS`), and a config without
     MATH (matvec, or a matmul record made before MATH existed, which ran SIMT) needs "highest"."""
-    if implementation == "cublas" or dtype == "float64" or config is None:
+    if implementation == "cublas" or dtype != "float32" or config is None:
         return "highest"
     math = config.get(MATH_PARAM)
     if math is None:
@@ -137,9 +139,9 @@ def needed(kernel: str, dtype: str, config: Mapping[str, Any] | None, implementa
 
 def math_choices(space: Space, dtype: str, setting: str) -> list[Any] | None:
     """The MATH values `setting` allows in `space` for `dtype`, or None where the setting narrows nothing
-    (no MATH parameter, float64, or every value allowed)."""
+    (no MATH parameter, a dtype other than float32, or every value allowed)."""
     param = space.params.get(MATH_PARAM)
-    if param is None or dtype == "float64":
+    if param is None or dtype != "float32":
         return None
     allowed = [v for v in param.choices if allows(setting, needed(space.kernel, dtype, {MATH_PARAM: v}))]
     return None if len(allowed) == len(param.choices) else allowed

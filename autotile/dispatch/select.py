@@ -208,7 +208,7 @@ def device_default(ctx: Context) -> Selection | None:
 
 def builtin_default(ctx: Context) -> Selection:
     """The space's default for the layout, in the part of the space the setting allows (under "highest", a
-    SIMT config): the first default that is feasible, else the first feasible named config."""
+    SIMT config): the first default that is feasible, else the first feasible named config, else cuBLAS."""
     space = precision_mod.restricted(kernels.get(ctx.key.kernel).space, ctx.key.dtype, ctx.precision)
     problem = Problem(ctx.device, ctx.key.dtype, ctx.key.layout)
     try:
@@ -220,6 +220,10 @@ def builtin_default(ctx: Context) -> Selection:
         if fallback is None:
             raise
         config = fallback
+    if not space.is_feasible(config, problem):  # no generated kernel for this dtype here (bfloat16 before sm_90)
+        return Selection(None, "built-in default", None, None, "cublas",
+                         f"no generated {ctx.key.kernel} kernel runs {ctx.key.dtype} on {ctx.device.name}",
+                         ctx.precision)
     return Selection(config, "built-in default", None, precision=ctx.precision)
 
 

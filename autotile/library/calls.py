@@ -35,6 +35,7 @@ import math
 import threading
 from typing import TYPE_CHECKING, Any, Callable
 
+from autotile.codegen.dtypes import DTYPE_NAMES, DTYPE_SIZES
 from autotile.codegen.problem import MAX_DIM, ProblemKey, canonical_layout
 from autotile.dispatch import events, first_call
 from autotile.dispatch import precision as precision_mod
@@ -47,7 +48,9 @@ from autotile.runtime.operands import Framework, Operand, as_framework, framewor
 if TYPE_CHECKING:  # the selection chain reads the cache (filelock, platformdirs): imported on first call
     from autotile.dispatch.select import Selection
 
-_SUPPORTED = ("float32", "float64")
+_SUPPORTED = DTYPE_NAMES
+# CuPy (like NumPy) has no bfloat16: bfloat16 comes as torch tensors.
+_SUPPORTED_TEXT = ", ".join(n for n in _SUPPORTED if n != "bfloat16") + " and (torch tensors) bfloat16"
 MAX_GRID_Z = 65535  # CUDA's limit on gridDim.z, where a batch's matrices (times their K splits) go
 
 
@@ -80,7 +83,7 @@ _device_limits: dict[int, Any] = {}
 
 
 def _nbytes(op: Operand) -> int:
-    return math.prod(op.shape) * (8 if op.dtype == "float64" else 4)
+    return math.prod(op.shape) * DTYPE_SIZES[op.dtype]
 
 
 def _device(device_id: int) -> Any:
@@ -140,7 +143,7 @@ def _cupy() -> Any:
 def _check_dtypes(names: str, *ops: Operand) -> str:
     for name, op in zip(names, ops, strict=True):
         if op.dtype not in _SUPPORTED:
-            raise ArgumentError(f"{name} has dtype {op.dtype}; autotile supports {', '.join(_SUPPORTED)}")
+            raise ArgumentError(f"{name} has dtype {op.dtype}; autotile supports {_SUPPORTED_TEXT}")
     if len({op.dtype for op in ops}) > 1:
         raise ArgumentError(" and ".join(f"{name} is {op.dtype}" for name, op in zip(names, ops, strict=True))
                             + "; all must have the same dtype")

@@ -16,6 +16,7 @@ import functools
 import sys
 from typing import Any, Callable, NamedTuple
 
+from autotile.codegen.dtypes import DTYPE_NAMES
 from autotile.errors import ArgumentError, DeviceUnavailableError
 
 
@@ -86,7 +87,7 @@ class Framework:
         return self.pointer
 
 
-_DTYPES = ("float32", "float64")
+_DTYPES = DTYPE_NAMES
 
 
 class CupyFramework(Framework):
@@ -148,7 +149,8 @@ class TorchFramework(Framework):
 
     def __init__(self, torch: Any) -> None:
         self.torch = torch
-        self.dtype_names = {torch.float32: "float32", torch.float64: "float64"}
+        self.dtype_names = {torch.float32: "float32", torch.float64: "float64", torch.bfloat16: "bfloat16",
+                            torch.float16: "float16"}
         self.torch_dtypes = {name: dtype for dtype, name in self.dtype_names.items()}
         self.torch_dtypes["uint32"] = torch.int32  # the split-K tickets: only their bytes matter
         # The raw current-stream query (what torch.compile's generated code calls) skips the Stream object.

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from autotile.codegen import build, kernels
+from autotile.codegen.dtypes import DTYPE_NAMES
 from autotile.codegen.limits import DeviceLimits
 from autotile.codegen.problem import ProblemKey
 from autotile.codegen.space import Config, Problem
@@ -407,7 +408,7 @@ def main(argv: list[str] | None = None) -> int:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kernels", default=",".join(SURVEYED_KERNELS),
                         help=f"comma-separated, from {', '.join(SURVEYED_KERNELS)} (bmm: batched matmul)")
-    parser.add_argument("--dtype", default="float32", choices=["float32", "float64"],
+    parser.add_argument("--dtype", default="float32", choices=list(DTYPE_NAMES),
                         help="element type (default float32)")
     parser.add_argument("--layouts", default="row,col,nn,nt",
                         help="layouts, each kernel taking its own: matvec row, col; matmul nn (the whole grid) and "
