@@ -22,7 +22,8 @@ from autotile.codegen.resources import search_space_path
 from autotile.codegen.space import Config, Problem, Space
 
 # MATH=skinny (issue 28) added THREADS_K and STEPS, which only it activates, and tiles under 16.
-SKINNY_CONSTANTS = ("THREADS_K", "STEPS")
+# wgmma_direct's own knobs are constants (their defaults) there too.
+SKINNY_CONSTANTS = ("THREADS_K", "STEPS", "CLUSTER_M", "PERSISTENT", "STORE")
 # MATH=wgmma_direct (issue 30, the 16-bit types) came after skinny, with STAGES of 5 and 6.
 DIRECT_CHOICES = {"MATH": ("wgmma_direct",), "STAGES": (5, 6)}
 SKINNY_CHOICES = {"MATH": ("skinny", *DIRECT_CHOICES["MATH"]), "BM": (1, 2, 4, 8), "BN": (4, 8),

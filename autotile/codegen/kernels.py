@@ -86,12 +86,16 @@ class KernelSpec:
         return render(self.space.template, self.name, config, dtype, layout, self.space.source_key(config),
                       _geometry(self.space_name or self.name, config, dtype, layout), batched=self.batched)
 
-    def launch(self, config: Config, shape: tuple[int, ...], dtype: str = "float32", layout: str | None = None
-               ) -> Launch:
-        """Grid, block and dynamic shared memory of one launch of `config` on `shape`."""
+    def launch(self, config: Config, shape: tuple[int, ...], dtype: str = "float32", layout: str | None = None,
+               sm_count: int | None = None) -> Launch:
+        """Grid, block and dynamic shared memory of one launch of `config` on `shape`; a PERSISTENT config's
+        grid holds at most a cluster per SM of the device's `sm_count` (all its tiles where None)."""
         g = _geometry(self.space_name or self.name, config, dtype, self.layout(layout))
         dynamic = int(g["smem_bytes"]) if config["smem"] == "dynamic" else 0
         grid, block = self.grid(config, shape), (int(g["block_x"]), int(g["block_y"]), 1)
+        if config.get("PERSISTENT") and sm_count:
+            cluster = config.get("CLUSTER_M", 1)
+            grid = (min(grid[0], max(sm_count // cluster, 1) * cluster), grid[1], grid[2])
         direct = config.get("MATH") == "wgmma_direct"
         if direct:
             maps: tuple[TensorBox, ...] = _direct_boxes(config, shape[-3:], self.layout(layout), DTYPE_SIZES[dtype])
@@ -148,6 +152,9 @@ def _random(shape: tuple[int, ...], dtype: str, rng: Any) -> Any:
 def _matmul_grid(config: Config, shape: tuple[int, ...]) -> tuple[int, int, int]:
     M, N, _ = shape
     tiles_m, tiles_n = ceil_div(M, config["BM"]), ceil_div(N, config["BN"])
+    if config.get("MATH") == "wgmma_direct":  # one line of clusters of vertically adjacent tiles, ordered by the
+        cluster = config.get("CLUSTER_M", 1)  # kernel (the last cluster's rows may lie past M)
+        return (cluster * ceil_div(tiles_m, cluster) * tiles_n, 1, config["SPLIT_K"])
     if config["SWIZZLE"] > 1:  # one line of blocks, ordered by the kernel (tile_origin in matmul_parts.j2)
         return (tiles_m * tiles_n, 1, config["SPLIT_K"])
     return (tiles_n, tiles_m, config["SPLIT_K"])
@@ -173,7 +180,9 @@ def _direct_boxes(config: Config, shape: tuple[int, ...], layout: str, element_b
     BM, BN, BK = config["BM"], config["BN"], config["BK"]
     wide, size = 128 // element_bytes, element_bytes
     a = TensorBox(0, M, K, wide, BK, size) if layout in ("tn", "tt") else TensorBox(0, K, M, BK, BM, size)
-    b = TensorBox(1, K, N, BK, BN, size) if layout in ("nt", "tt") else TensorBox(1, N, K, wide, BK, size)
+    # CLUSTER_M = 2: each block of a pair copies half of B's K-contiguous tile (its rows) into both
+    rows_b = BN // config.get("CLUSTER_M", 1)
+    b = TensorBox(1, K, N, BK, rows_b, size) if layout in ("nt", "tt") else TensorBox(1, N, K, wide, BK, size)
     return a, b
 
 

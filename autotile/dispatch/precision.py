@@ -44,9 +44,10 @@ _RANK = {"highest": 0, "high": 1, "medium": 2}
 # The one place that says what each value of the matmul space's MATH parameter needs. A MATH value missing
 # here is refused (`needed` raises): a new math mode must say its class before any record of it is served.
 MATH_PARAM = "MATH"
-# wgmma_direct computes the 16-bit types only, which no float32 setting concerns: "highest" (never narrowed away).
+# wgmma_direct computes the 16-bit types only, which no setting concerns (`needed` answers "highest" for
+# them); as a MATH value it is not IEEE FP32, so a float32 space under "highest" leaves it out.
 MATH_CLASS: dict[str, str] = {"simt": "highest", "tf32x3": "high", "dmma": "highest", "wgmma": "high",
-                              "skinny": "highest", "wgmma_direct": "highest"}
+                              "skinny": "highest", "wgmma_direct": "high"}
 
 _lock = threading.Lock()
 _setting: str | None = None  # None: not yet read from the environment

@@ -1,5 +1,10 @@
 """cuBLAS called directly on device pointers: GEMM, strided batched GEMM and GEMV, for any framework's memory.
 
+float32 and float64 go through the typed routines (Sgemm/Dgemm, their strided batched forms, Sgemv/Dgemv).
+bfloat16 and float16 go through `cublasGemmEx` and `cublasGemmStridedBatchedEx`, A, B and C all of the 16-bit
+type, summed in float32 (CUBLAS_COMPUTE_32F) and rounded to that type: PyTorch's contract. cuBLAS has no
+16-bit GEMV, so their matvec is a GemmEx with one column.
+
 Where the selection chain picks cuBLAS, the library's repeated call should cost what cuBLAS costs, not a
 second framework's dispatch on top (CuPy's `matmul` spends tens of microseconds of Python per call, and even
 CuPy's thin bindings reset a handle's stream to CuPy's current stream on every call, checking for a graph
@@ -32,6 +37,11 @@ from autotile.codegen.problem import ProblemKey
 from autotile.errors import CublasError
 
 _OP_N, _OP_T = 0, 1  # cublasOperation_t
+# The 16-bit types' cudaDataType codes (library_types.h), routed through the Ex routines; their sums are
+# kept in float32 (cublasComputeType_t CUBLAS_COMPUTE_32F) and cuBLAS picks the algorithm (CUBLAS_GEMM_DEFAULT).
+_DATA_TYPES = {"bfloat16": 14, "float16": 2}  # CUDA_R_16BF, CUDA_R_16F
+_COMPUTE_32F = 68
+_GEMM_DEFAULT = -1
 # Workspace per stream, in bytes: what cuBLAS's documentation recommends (32 MiB on Hopper, 4 MiB before).
 WORKSPACE_BYTES = {90: 32 << 20}
 DEFAULT_WORKSPACE_BYTES = 4 << 20
@@ -49,6 +59,12 @@ _SIGNATURES: dict[str, tuple[Any, ...]] = {
     "cublasDgemmStridedBatched": (_I, _I, _I, _I, _I, _P, _P, _I, _LL, _P, _I, _LL, _P, _P, _I, _LL, _I),
     "cublasSgemv_v2": (_I, _I, _I, _P, _P, _I, _P, _I, _P, _P, _I),
     "cublasDgemv_v2": (_I, _I, _I, _P, _P, _I, _P, _I, _P, _P, _I),
+    # transa, transb, m, n, k, alpha, A, Atype, lda, B, Btype, ldb, beta, C, Ctype, ldc, computeType, algo
+    "cublasGemmEx": (_I, _I, _I, _I, _I, _P, _P, _I, _I, _P, _I, _I, _P, _P, _I, _I, _I, _I),
+    # as cublasGemmEx, with each operand's stride (long long) after its leading dimension and the batch count
+    # after C's
+    "cublasGemmStridedBatchedEx": (_I, _I, _I, _I, _I, _P, _P, _I, _I, _LL, _P, _I, _I, _LL, _P, _P, _I, _I, _LL,
+                                   _I, _I, _I),
 }
 
 
@@ -147,9 +163,11 @@ class _Handle:
 
 _handles: dict[int, _Handle] = {}  # device id -> autotile's handle there
 _lock = threading.Lock()
-# alpha = 1, beta = 0 in each precision, in host memory that lives as long as the process
-_SCALARS = {"float32": (ctypes.c_float(1.0), ctypes.c_float(0.0)),
-            "float64": (ctypes.c_double(1.0), ctypes.c_double(0.0))}
+# alpha = 1, beta = 0 in each precision, in host memory that lives as long as the process; the 16-bit types'
+# scalars are of their compute type, float32
+_FLOAT_SCALARS = (ctypes.c_float(1.0), ctypes.c_float(0.0))
+_SCALARS = {"float32": _FLOAT_SCALARS, "float64": (ctypes.c_double(1.0), ctypes.c_double(0.0)),
+            "bfloat16": _FLOAT_SCALARS, "float16": _FLOAT_SCALARS}
 
 
 def handle(device: int) -> _Handle:
@@ -165,8 +183,13 @@ class CublasCall:
     """One problem's cuBLAS routine with every argument but the pointers and the stream fixed.
 
     `key` is the library's problem: matmul (M, N, K) or bmm (batch, M, N, K) in a layout of two letters
-    ("n": row-major, "t": column-major; A's then B's), or matvec (M, K) with A "row" or "col". A call must
-    be made with `device` current."""
+    ("n": row-major, "t": column-major; A's then B's), or matvec (M, K) with A "row" or "col", in float32,
+    float64, bfloat16 or float16. A call must be made with `device` current.
+
+    Every routine here takes its arguments in one order: the fixed ones before the first operand, the first
+    operand's pointer and its fixed arguments (for a batch, then its stride), the second operand's likewise,
+    beta, the output's pointer and its fixed arguments. The first operand is the one cuBLAS multiplies from
+    the left: B for a matmul (C^T = B^T A^T), A for a matvec."""
 
     def __init__(self, key: ProblemKey, device: int):
         library = _library()
@@ -174,32 +197,51 @@ class CublasCall:
         self._handle = handle(device)  # made here, with `device` current, and kept: no lookup per call
         self.batched = key.kernel == "bmm"
         alpha, beta = (ctypes.addressof(s) for s in _SCALARS[key.dtype])
+        self._beta = beta
+        data_type = _DATA_TYPES.get(key.dtype)  # None: float32 or float64, through the typed routines
         double = key.dtype == "float64"
-        self._kind = "gemv" if key.kernel == "matvec" else "batched" if self.batched else "gemm"
-        self._before_a: tuple[int, ...]  # the routine's arguments before A's pointer, after the handle
+        self._before: tuple[int, ...]  # the routine's arguments after the handle, before the first operand
+        self._after_first: tuple[int, ...]
+        self._after_second: tuple[int, ...]
+        self._after_out: tuple[int, ...]
         if key.kernel == "matvec":
             M, K = key.shape
-            self._routine = library.routines["cublasDgemv_v2" if double else "cublasSgemv_v2"]
             # y = A x; a row-major A is, seen column-major, the K x M matrix A^T
-            trans, m, n, lda = (_OP_T, K, M, K) if key.layout == "row" else (_OP_N, M, K, M)
-            self._before_a = (trans, m, n, alpha)
-            self._after_a = (lda,)
-            self._beta = beta
+            trans, lda = (_OP_T, K) if key.layout == "row" else (_OP_N, M)
+            self._first, self._second = 0, 1  # A, then x
+            if data_type is None:
+                self._name = "cublasDgemv_v2" if double else "cublasSgemv_v2"
+                m, n = (K, M) if trans == _OP_T else (M, K)  # gemv's sizes are those of A as stored
+                self._before = (trans, m, n, alpha)
+                self._after_first, self._after_second, self._after_out = (lda,), (1,), (1,)  # x and y: unit steps
+            else:
+                # no 16-bit GEMV: y (M x 1) = op(A) (M x K) @ x (K x 1), the vectors as one-column matrices
+                self._name = "cublasGemmEx"
+                self._before = (trans, _OP_N, M, 1, K, alpha)
+                self._after_first, self._after_second = (data_type, lda), (data_type, K)
+                self._after_out = (data_type, M, _COMPUTE_32F, _GEMM_DEFAULT)
+            self._routine = library.routines[self._name]
             return
         *batch, M, N, K = key.shape
         a_rowmajor, b_rowmajor = key.layout[0] == "n", key.layout[1] == "n"
         # C^T (N x M) = op(B^T-view) (N x K) @ op(A^T-view) (K x M)
         op_b, ldb = (_OP_N, N) if b_rowmajor else (_OP_T, K)
         op_a, lda = (_OP_N, K) if a_rowmajor else (_OP_T, M)
-        self._before_a = (op_b, op_a, N, M, K, alpha)
-        self._ld = (ldb, lda, N)
-        self._beta = beta
-        self._out_stride = M * N
-        self._batch = batch[0] if batch else 1
-        if self.batched:
-            self._routine = library.routines["cublasDgemmStridedBatched" if double else "cublasSgemmStridedBatched"]
+        self._first, self._second = 1, 0  # B, then A
+        self._before = (op_b, op_a, N, M, K, alpha)
+        # a batch's output matrices follow one another: M * N elements apart
+        out_batch = (M * N, batch[0]) if self.batched else ()
+        if data_type is None:
+            self._after_first, self._after_second, self._after_out = (ldb,), (lda,), (N, *out_batch)
+            if self.batched:
+                self._name = "cublasDgemmStridedBatched" if double else "cublasSgemmStridedBatched"
+            else:
+                self._name = "cublasDgemm_v2" if double else "cublasSgemm_v2"
         else:
-            self._routine = library.routines["cublasDgemm_v2" if double else "cublasSgemm_v2"]
+            self._after_first, self._after_second = (data_type, ldb), (data_type, lda)
+            self._after_out = (data_type, N, *out_batch, _COMPUTE_32F, _GEMM_DEFAULT)
+            self._name = "cublasGemmStridedBatchedEx" if self.batched else "cublasGemmEx"
+        self._routine = library.routines[self._name]
 
     def __call__(self, pointers: tuple[int, ...], out_ptr: int, stream_ptr: int,
                  batch_strides: tuple[int, ...] = ()) -> None:
@@ -209,20 +251,17 @@ class CublasCall:
         with _lock:
             if entry.stream != stream_ptr:
                 entry.use_stream(stream_ptr)
-            if self._kind == "gemv":
-                status = self._routine(entry.handle, *self._before_a, pointers[0], *self._after_a, pointers[1], 1,
-                                       self._beta, out_ptr, 1)
-            elif self._kind == "batched":
-                ldb, lda, ldc = self._ld
+            if self.batched:  # B first, then A: their strides likewise
                 stride_a, stride_b = batch_strides
-                status = self._routine(entry.handle, *self._before_a, pointers[1], ldb, stride_b, pointers[0], lda,
-                                       stride_a, self._beta, out_ptr, ldc, self._out_stride, self._batch)
+                status = self._routine(entry.handle, *self._before, pointers[1], *self._after_first, stride_b,
+                                       pointers[0], *self._after_second, stride_a, self._beta, out_ptr,
+                                       *self._after_out)
             else:
-                ldb, lda, ldc = self._ld
-                status = self._routine(entry.handle, *self._before_a, pointers[1], ldb, pointers[0], lda, self._beta,
-                                       out_ptr, ldc)
+                status = self._routine(entry.handle, *self._before, pointers[self._first], *self._after_first,
+                                       pointers[self._second], *self._after_second, self._beta, out_ptr,
+                                       *self._after_out)
         if status:
-            raise CublasError(f"cuBLAS {self._kind} returned status {status}")
+            raise CublasError(f"{self._name} returned cuBLAS status {status}")
 
 
 __all__ = ["CublasCall", "CublasError", "handle", "loaded_library_path"]

@@ -297,14 +297,39 @@ class Generated:
         spec = kernels.get(key.kernel)
         source = self.source if self.source is not None else spec.render(self.config, key.dtype, key.layout)
         kernel = build.compile_kernel(source, "autotile_" + spec.name)
-        return KernelRunner(kernel, spec.launch(self.config, key.shape, key.dtype, key.layout),
-                            spec.size_args(key.shape), spec.batched)
+        launch = spec.launch(self.config, key.shape, key.dtype, key.layout, sm_count=_sm_count())
+        return KernelRunner(kernel, launch, spec.size_args(key.shape), spec.batched)
+
+
+_sm_counts: dict[int, int] = {}
+
+
+def _sm_count() -> int:
+    """The current device's SM count (a persistent kernel's grid), asked once per device."""
+    import cupy
+
+    device = cupy.cuda.Device()
+    count = _sm_counts.get(device.id)
+    if count is None:
+        count = _sm_counts[device.id] = int(device.attributes["MultiProcessorCount"])
+    return count
 
 
 class CublasRunner:
-    """cuBLAS through CuPy (SGEMM/DGEMM for matmul, SGEMV/DGEMV for matvec), the baseline of every ratio."""
+    """cuBLAS, the baseline of every ratio: float32 and float64 through CuPy (SGEMM/DGEMM for matmul,
+    SGEMV/DGEMV for matvec), bfloat16 and float16 through `autotile.runtime.cublas` (GemmEx, float32 sums:
+    PyTorch's contract). CuPy holds bfloat16 as uint16 bit patterns, so its matmul would multiply integers;
+    float16 takes the same route, so both 16-bit types are timed against one and the same cuBLAS call."""
+
+    def __init__(self, key: ProblemKey):
+        self.key = key
+        self._direct = key.dtype in ("bfloat16", "float16")
+        self._call: Any = None  # the CublasCall, made on the first run (with the device current then)
 
     def run(self, arrays: tuple[Any, ...], out: Any, stream: Any = None) -> None:
+        if self._direct:
+            self._run_direct(arrays, out, stream)
+            return
         import cupy
 
         a, b = arrays
@@ -313,6 +338,17 @@ class CublasRunner:
         else:
             with stream:
                 cupy.matmul(a, b, out=out)
+
+    def _run_direct(self, arrays: tuple[Any, ...], out: Any, stream: Any) -> None:
+        call = self._call
+        if call is None:
+            import cupy
+
+            from autotile.runtime.cublas import CublasCall
+
+            call = self._call = CublasCall(self.key, cupy.cuda.Device().id)
+        strides = tuple(int(s) for s in kernels.batch_strides(arrays)) if call.batched else ()
+        call(tuple(int(a.data.ptr) for a in arrays), int(out.data.ptr), _stream_ptr(stream), strides)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -324,7 +360,7 @@ class Cublas:
         return "cublas"
 
     def prepare(self, key: ProblemKey) -> CublasRunner:
-        return CublasRunner()
+        return CublasRunner(key)
 
 
 __all__ = ["Allocator", "Cublas", "CublasRunner", "Generated", "Implementation", "KernelRunner", "Runner",
