@@ -589,8 +589,10 @@ def test_conditional_parameters_are_not_drawn_where_inactive(matmul):
         elif cfg["MATH"] == "skinny":
             assert {"TN", "THREADS_K", "STEPS", "VEC"} <= drawn
             assert not {"WM", "WN", "TM", "PAD", "A_TRANSPOSED", "BK", "STAGES", "PRODUCERS"} & drawn
-        elif cfg["MATH"] == "wgmma":
-            assert not {"WM", "WN", "TM", "TN", "PAD", "A_TRANSPOSED"} & drawn and "PRODUCERS" in drawn
+        elif cfg["MATH"] in ("wgmma", "wgmma_direct"):
+            assert not {"WM", "WN", "TM", "TN", "PAD", "A_TRANSPOSED"} & drawn
+            assert ("PRODUCERS" in drawn) == (cfg["MATH"] == "wgmma")
+            assert ({"CLUSTER_M", "PERSISTENT", "STORE"} <= drawn) == (cfg["MATH"] == "wgmma_direct")
             assert (cfg["WM"], cfg["WN"], cfg["TM"], cfg["TN"]) == (32, 32, 1, 1)
         else:
             assert {"WM", "WN"} <= drawn and not {"TM", "TN", "PAD", "A_TRANSPOSED"} & drawn
@@ -601,7 +603,7 @@ def test_conditional_parameters_are_not_drawn_where_inactive(matmul):
             assert not {"THREADS_K", "STEPS"} & drawn and (cfg["THREADS_K"], cfg["STEPS"]) == (1, 1)
         seen.add(cfg["MATH"])
         study.tell(trial, 1.0)
-    assert seen == {"simt", "tf32x3", "dmma", "wgmma", "skinny"}
+    assert seen == {"simt", "tf32x3", "dmma", "wgmma", "wgmma_direct", "skinny"}
     # Where the sampler could not pick it, a config may not set it either.
     wrong = matmul.with_overrides(matmul.named("tf32x3-128"), {"TM": 8})
     assert any(line.startswith("breaks 'TM only where") for line in matmul.violations(wrong, problem()))

@@ -19,6 +19,7 @@ from typing import Any, Callable, Protocol
 import numpy as np
 
 from autotile.codegen import kernels
+from autotile.codegen.dtypes import HALF_DTYPES
 from autotile.codegen.problem import ProblemKey
 from autotile.codegen.space import Config
 from autotile.codegen.tensor_map import MAP_BYTES, TensorMapCache
@@ -323,7 +324,7 @@ class CublasRunner:
 
     def __init__(self, key: ProblemKey):
         self.key = key
-        self._direct = key.dtype in ("bfloat16", "float16")
+        self._direct = key.dtype in HALF_DTYPES
         self._call: Any = None  # the CublasCall, made on the first run (with the device current then)
 
     def run(self, arrays: tuple[Any, ...], out: Any, stream: Any = None) -> None:
