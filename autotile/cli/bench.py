@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from autotile.codegen import build, kernels
+from autotile.codegen import build, dtypes, kernels
 from autotile.codegen.dtypes import DTYPE_NAMES
 from autotile.codegen.problem import ProblemKey
 from autotile.codegen.space import Problem
@@ -196,7 +196,7 @@ class _Problem:
         self.kernel, self.shape, self.layout, self.dtype, self.flush = kernel, shape, layout, dtype, flush
         self.inputs = self.spec.make_inputs(shape, dtype, layout, rng, cupy)
         self.ref = self.spec.reference(self.inputs)
-        self.out = cupy.empty(self.spec.output_shape(shape), dtype=dtype)
+        self.out = cupy.empty(self.spec.output_shape(shape), dtype=dtypes.output_storage(dtype))
         self.tol = kernels.tolerance(dtype, shape[-1])
         self.timing = timing or {}
         if ceilings is None:

@@ -4,7 +4,9 @@ float32 and float64 are IEEE types that every kernel family computes in. bfloat1
 types models run in: the tensor cores multiply them and sum in float32, and the output is rounded to the
 input's type (PyTorch's and cuBLAS's contract). NumPy has no bfloat16 and CuPy none either, so on the host
 and in CuPy a bfloat16 matrix is held as its raw 16-bit patterns (`storage` "uint16"); torch tensors carry
-the type itself.
+the type itself. int8 is quantized inference's type: the tensor cores sum its products exactly in int32, and
+the output is int32 (torch._int_mm's contract): `output` names the output's type where it is not the
+input's.
 """
 
 from __future__ import annotations
@@ -22,7 +24,9 @@ class Dtype:
     """One element type. `size` in bytes; `ctype` the kernels' C type (16-bit types travel as raw
     `unsigned short`: the tensor cores read them from shared memory, and the kernels convert only in their
     epilogue, with PTX, so no CUDA header is needed); `storage` the NumPy/CuPy dtype that holds the values;
-    `eps` the type's machine epsilon (2^-(mantissa bits)); `accumulator` the type its sums are kept in."""
+    `eps` the type's machine epsilon (2^-(mantissa bits); 0 for an integer type, whose products and sums
+    are exact); `accumulator` the type its sums are kept in; `output` the type of the result (the input's
+    own where empty)."""
 
     name: str
     size: int
@@ -31,6 +35,12 @@ class Dtype:
     eps: float
     accumulator: str
     max_finite: float
+    output: str = ""
+
+    @property
+    def output_name(self) -> str:
+        """The result's dtype: int8's products come out as int32, every other type's as itself."""
+        return self.output or self.name
 
     @property
     def is_ieee_wide(self) -> bool:
@@ -43,11 +53,17 @@ DTYPES: dict[str, Dtype] = {
     "float64": Dtype("float64", 8, "double", "float64", 2.0**-52, "float64", 1.7976931348623157e308),
     "bfloat16": Dtype("bfloat16", 2, "unsigned short", "uint16", 2.0**-7, "float32", 3.3895313892515355e38),
     "float16": Dtype("float16", 2, "unsigned short", "float16", 2.0**-10, "float32", 65504.0),
+    # Raw bytes in the kernels, as the 16-bit types: only the tensor cores read them as numbers.
+    "int8": Dtype("int8", 1, "unsigned char", "int8", 0.0, "int32", 127.0, output="int32"),
 }
+# Output types that are no input's (int8's int32): their storage and C type.
+_OUTPUT_ONLY = {"int32": ("int32", "int")}
 DTYPE_NAMES = tuple(DTYPES)
 DTYPE_SIZES = {name: d.size for name, d in DTYPES.items()}
-# The types of the models' matmuls: the tensor cores take them as they are (MATH=wgmma_direct).
+# The 16-bit float types of the models' matmuls (float32 sums, cuBLAS through GemmEx).
 HALF_DTYPES = ("bfloat16", "float16")
+# The types the tensor cores take as they are (MATH=wgmma_direct): the 16-bit floats and int8.
+TENSOR_CORE_DTYPES = (*HALF_DTYPES, "int8")
 
 
 def get(name: str) -> Dtype:
@@ -57,9 +73,30 @@ def get(name: str) -> Dtype:
         raise InvalidValueError(f"dtype {name!r} is not supported; choose one of {list(DTYPES)}") from None
 
 
+def output_storage(name: str) -> str:
+    """The NumPy/CuPy dtype that holds `name`'s results (int8: int32; bfloat16: its uint16 patterns)."""
+    output = get(name).output_name
+    return _OUTPUT_ONLY[output][0] if output in _OUTPUT_ONLY else DTYPES[output].storage
+
+
+def itemsize(storage: str) -> int:
+    """Bytes per element of an input's or an output's type (by name: "int32" as well as the DTYPES)."""
+    return 4 if storage == "int32" else get(storage).size
+
+
+def output_ctype(name: str) -> str:
+    """The kernels' C type of `name`'s results."""
+    output = get(name).output_name
+    return _OUTPUT_ONLY[output][1] if output in _OUTPUT_ONLY else DTYPES[output].ctype
+
+
 def from_float32(values: Any, dtype: str) -> Any:
     """`values` (a float32 NumPy or CuPy array) rounded to `dtype` to nearest, ties to even, as `dtype`'s
-    storage: bfloat16 as its 16-bit patterns (the top half of the float32, rounded; a NaN stays a NaN)."""
+    storage: bfloat16 as its 16-bit patterns (the top half of the float32, rounded; a NaN stays a NaN);
+    int8 rounded and clipped to [-128, 127]."""
+    if dtype == "int8":
+        xp = _array_module(values)
+        return xp.clip(xp.rint(values), -128, 127).astype(xp.int8)
     if dtype != "bfloat16":
         return values.astype(get(dtype).storage)
     xp = _array_module(values)
@@ -85,4 +122,5 @@ def _array_module(values: Any) -> Any:
     return cupy
 
 
-__all__ = ["DTYPES", "DTYPE_NAMES", "DTYPE_SIZES", "Dtype", "HALF_DTYPES", "from_float32", "get", "to_float32"]
+__all__ = ["DTYPES", "DTYPE_NAMES", "DTYPE_SIZES", "Dtype", "HALF_DTYPES", "TENSOR_CORE_DTYPES", "from_float32", "get",
+           "itemsize", "output_ctype", "output_storage", "to_float32"]

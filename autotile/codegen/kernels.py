@@ -103,8 +103,9 @@ class KernelSpec:
             maps = _tensor_boxes(config, shape[-3:], self.layout(layout)) if config.get("LOADER") == "tma" else ()
         if config["SPLIT_K"] > 1 and config.get("SPLIT_REDUCE", "atomic") == "last_block":
             workspace, tickets = self.split_buffers(config, shape)
-            # wgmma_direct sums its K splits in float32, whatever the output's type
-            return Launch(grid, block, dynamic, False, workspace, tickets, maps, "float32" if direct else None)
+            # wgmma_direct keeps its K splits' partial sums in the accumulator's type (float32, int8's int32)
+            partial = dtypes.get(dtype).accumulator if direct else None
+            return Launch(grid, block, dynamic, False, workspace, tickets, maps, partial)
         return Launch(grid, block, dynamic, config["SPLIT_K"] > 1, tensor_maps=maps)
 
     def parse_shape(self, text: str | tuple[int, ...]) -> tuple[int, ...]:
@@ -144,6 +145,8 @@ def _random(shape: tuple[int, ...], dtype: str, rng: Any) -> Any:
     values = rng.random(shape, dtype="float64") * 2.0 - 1.0
     if dtypes.get(dtype).is_ieee_wide:
         return values.astype(dtype)
+    if dtype == "int8":  # every value in [-128, 127] equally likely
+        return dtypes.from_float32((values * 128.0 - 0.5).astype("float32"), dtype)
     return dtypes.from_float32(values.astype("float32"), dtype)
 
 
@@ -172,10 +175,14 @@ def _tensor_boxes(config: Config, shape: tuple[int, ...], layout: str) -> tuple[
 
 
 def _direct_boxes(config: Config, shape: tuple[int, ...], layout: str, element_bytes: int
-                  ) -> tuple[TensorBox, TensorBox]:
+                  ) -> tuple[TensorBox, ...]:
     """The TMA copies of a wgmma_direct kernel (matmul_wgmma_direct.cu.j2): A, then B, as stored; each copy
     128 bytes along the contiguous dimension (BK elements of K where it is K, else 64 of M or N) by BM or
-    BN rows (K-contiguous) or BK rows of K (M- or N-contiguous)."""
+    BN rows (K-contiguous) or BK rows of K (M- or N-contiguous). None for an 8-bit type unless both
+    operands are stored K-contiguous (layout nt): wgmma reads 8-bit operands K-major only, so the kernel's
+    producer transposes the other layouts through registers and takes no tensor maps."""
+    if element_bytes == 1 and layout != "nt":
+        return ()
     M, N, K = shape
     BM, BN, BK = config["BM"], config["BN"], config["BK"]
     wide, size = 128 // element_bytes, element_bytes
@@ -316,14 +323,18 @@ def tolerance(dtype: str, k: int) -> float:
     rounding of the output (half an ulp, here a whole one); the bound leaves a wide margin over that and
     stays far below what a wrong index gives (order 1)."""
     element = dtypes.get(dtype)
+    if element.eps == 0.0:  # an integer type: exact
+        return 0.0
     summed = max(64.0, 8.0 * float(np.sqrt(k))) * dtypes.get(element.accumulator).eps
     return summed + (element.eps if element.accumulator != dtype else 0.0)
 
 
 def poison(out: Any) -> None:
-    """Fill `out` with NaN (bfloat16's storage with bfloat16's NaN): an element a kernel does not write
-    then fails every check."""
-    out.fill(0x7FC0 if str(out.dtype) == "uint16" else float("nan"))
+    """Fill `out` with NaN (bfloat16's storage with bfloat16's NaN; an int32 output with its most negative
+    value, which no int8 product of a checked length reaches): an element a kernel does not write then
+    fails every check."""
+    kind = str(out.dtype)
+    out.fill(0x7FC0 if kind == "uint16" else -(2**31) if kind == "int32" else float("nan"))
 
 
 def compat_hash(kernel: str, space: Space | None = None) -> str:

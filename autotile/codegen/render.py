@@ -8,7 +8,7 @@ from typing import Any
 
 import jinja2
 
-from autotile.codegen.dtypes import DTYPES
+from autotile.codegen.dtypes import DTYPES, output_ctype
 from autotile.codegen.resources import templates_dir
 
 
@@ -42,6 +42,7 @@ def render(template: str, kernel: str, config: Mapping[str, Any], dtype: str = "
     context = dict(geometry or {})
     context.update(config)
     context.update(kernel_name=kernel_function_name(kernel), dtype=dtype, ctype=DTYPES[dtype].ctype,
+                   out_ctype=output_ctype(dtype),
                    dtype_size=DTYPES[dtype].size, layout=layout, config_key=key, batched=batched,
                    vec_type=lambda n: f"{DTYPES[dtype].ctype}{n}")
     return environment().get_template(template).render(**context)

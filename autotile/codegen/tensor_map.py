@@ -20,8 +20,9 @@ MAP_BYTES = 128  # sizeof(CUtensorMap); its alignment is 64
 _ALIGNMENT = 16  # bytes: the global address and every row stride of a tensor map
 
 # CUDA's enums (cuda.h), as the driver takes them.
-# CU_TENSOR_MAP_DATA_TYPE_UINT16, _FLOAT32, _FLOAT64 by element size: the copies move raw words, no conversion
-_DATA_TYPES = {2: 1, 4: 7, 8: 8}
+# CU_TENSOR_MAP_DATA_TYPE_UINT8, _UINT16, _FLOAT32, _FLOAT64 by element size: the copies move raw words, no
+# conversion
+_DATA_TYPES = {1: 0, 2: 1, 4: 7, 8: 8}
 _INTERLEAVE_NONE = 0
 _SWIZZLE_128B = 3  # rows of 128 bytes, 16-byte chunk XOR row mod 8: what the kernels read back
 _L2_PROMOTION_256B = 3

@@ -39,7 +39,7 @@ from autotile.codegen.space import Config, Problem
 from autotile.dispatch import precision as precision_mod
 from autotile.dispatch.cache import TuningCache
 from autotile.dispatch.record import Record
-from autotile.errors import UnknownNameError
+from autotile.errors import ArgumentError, UnknownNameError
 from autotile.runtime.impl import Cublas, Generated, Implementation
 
 MIN_K_PER_SPLIT = 128  # elements of K per split below which more splits only add atomics
@@ -220,10 +220,20 @@ def builtin_default(ctx: Context) -> Selection:
         if fallback is None:
             raise
         config = fallback
-    if not space.is_feasible(config, problem):  # no generated kernel for this dtype here (bfloat16 before sm_90)
-        return Selection(None, "built-in default", None, None, "cublas",
-                         f"no generated {ctx.key.kernel} kernel runs {ctx.key.dtype} on {ctx.device.name}",
-                         ctx.precision)
+    if not space.is_feasible(config, problem):  # the space's default is not for this dtype (16-bit, int8)
+        from autotile.runtime.cublas import unsupported_reason
+
+        cannot = unsupported_reason(ctx.key)
+        runnable: Config | None = next((c for c in space.named_configs.values() if space.is_feasible(c, problem)), None)
+        if cannot is not None:  # cuBLAS cannot run it (int8 with odd leading dimensions)
+            if runnable is None:
+                raise ArgumentError(f"{ctx.key.dtype} {ctx.key.kernel} {'x'.join(map(str, ctx.key.shape))} "
+                                    f"({ctx.key.layout}) on {ctx.device.name}: no generated kernel runs "
+                                    f"{ctx.key.dtype} there, and {cannot}")
+            return Selection(runnable, "built-in default", None, precision=ctx.precision)
+        reason = f"no tuned {ctx.key.kernel} record for {ctx.key.dtype}" if runnable is not None else \
+            f"no generated {ctx.key.kernel} kernel runs {ctx.key.dtype} on {ctx.device.name}"
+        return Selection(None, "built-in default", None, None, "cublas", reason, ctx.precision)
     return Selection(config, "built-in default", None, precision=ctx.precision)
 
 

@@ -14,7 +14,9 @@ from autotile.library.calls import matmul_no_autograd, matvec
 
 
 def matmul(A: Any, B: Any, out: Any = None, precision: str | None = None, stream: Any = None) -> Any:
-    """C = A @ B for float32 or float64 CuPy arrays or torch CUDA tensors; returns C in their framework.
+    """C = A @ B for CuPy arrays or torch CUDA tensors of float32, float64, float16, int8 or (torch)
+    bfloat16; returns C in their framework, of the inputs' type (16-bit types: float32 sums, rounded once;
+    int8: exact int32 sums and an int32 C, torch._int_mm's contract).
 
     A is (..., M, K), B is (..., K, N), C is (..., M, N): 2-D matrices, or batches (the batch dimensions of
     both equal, or one operand a single matrix, broadcast). Each matrix may be row- or column-major (`W.T`):

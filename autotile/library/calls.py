@@ -35,7 +35,8 @@ import math
 import threading
 from typing import TYPE_CHECKING, Any, Callable
 
-from autotile.codegen.dtypes import DTYPE_NAMES, DTYPE_SIZES
+from autotile.codegen import dtypes as dtypes_mod
+from autotile.codegen.dtypes import DTYPE_NAMES
 from autotile.codegen.problem import MAX_DIM, ProblemKey, canonical_layout
 from autotile.dispatch import events, first_call
 from autotile.dispatch import precision as precision_mod
@@ -51,6 +52,8 @@ if TYPE_CHECKING:  # the selection chain reads the cache (filelock, platformdirs
 _SUPPORTED = DTYPE_NAMES
 # CuPy (like NumPy) has no bfloat16: bfloat16 comes as torch tensors.
 _SUPPORTED_TEXT = ", ".join(n for n in _SUPPORTED if n != "bfloat16") + " and (torch tensors) bfloat16"
+# int8 is quantized inference's matmul (int32 results, torch._int_mm's contract); no int8 matvec
+_MATVEC_DTYPES = tuple(n for n in DTYPE_NAMES if n != "int8")
 MAX_GRID_Z = 65535  # CUDA's limit on gridDim.z, where a batch's matrices (times their K splits) go
 
 
@@ -83,7 +86,7 @@ _device_limits: dict[int, Any] = {}
 
 
 def _nbytes(op: Operand) -> int:
-    return math.prod(op.shape) * DTYPE_SIZES[op.dtype]
+    return math.prod(op.shape) * dtypes_mod.itemsize(op.dtype)
 
 
 def _device(device_id: int) -> Any:
@@ -223,7 +226,7 @@ class _Call:
     prepared: _Prepared
     out_shape: tuple[int, ...]
     out_nbytes: int
-    dtype: str
+    dtype: str  # the output's
     device: int
     batch_strides: tuple[int, ...]
 
@@ -287,6 +290,7 @@ def matmul_no_autograd(A: Any, B: Any, out: Any = None, precision: str | None = 
         return known(A, B, out, stream)
     a, b = as_framework(framework, A, "A"), as_framework(framework, B, "B")
     dtype = _check_dtypes("AB", a, b)
+    out_dtype = dtypes_mod.get(dtype).output_name  # int8's products are int32
     plan = plan_matmul(a.shape, a.strides, b.shape, b.strides)
     copied = plan.copy_a or plan.copy_b
     if copied:
@@ -296,13 +300,13 @@ def matmul_no_autograd(A: Any, B: Any, out: Any = None, precision: str | None = 
             b = framework.operand(framework.row_major(b.obj), "B")
         plan = plan_matmul(a.shape, a.strides, b.shape, b.strides)
     if not plan.kernel:
-        return _zeros(framework, out, plan.out_shape, dtype, a.device)
-    c = _output(framework, out, plan.out_shape, dtype, a.device)
+        return _zeros(framework, out, plan.out_shape, out_dtype, a.device)
+    c = _output(framework, out, plan.out_shape, out_dtype, a.device)
     stream_ptr = _stream(framework, stream, a.device)
     with _device_of(a.device):
         prepared = _prepare(plan.kernel, dtype, plan.layout, plan.shape, setting, a.device)
-    call = _Call(prepared, plan.out_shape, _nbytes(c), dtype, a.device, plan.batch_strides)
-    _launch_on(a.device, prepared, framework, (a.obj, b.obj), c.obj, call.out_nbytes, dtype, stream_ptr,
+    call = _Call(prepared, plan.out_shape, _nbytes(c), out_dtype, a.device, plan.batch_strides)
+    _launch_on(a.device, prepared, framework, (a.obj, b.obj), c.obj, call.out_nbytes, out_dtype, stream_ptr,
                plan.batch_strides)
     if not copied and None not in signature[:2] and (out is None or signature[2] is not None):
         with _lock:  # only signatures of the framework's own arrays: others are converted on every call
@@ -330,6 +334,9 @@ def matvec(A: Any, x: Any, out: Any = None, precision: str | None = None, stream
     if v.shape[0] != K:
         raise ArgumentError(f"matvec shapes do not match: A is {M}x{K}, x has {v.shape[0]} elements")
     dtype = _check_dtypes("Ax", a, v)
+    if dtype not in _MATVEC_DTYPES:
+        raise ArgumentError(f"matvec takes {', '.join(_MATVEC_DTYPES)}; got {dtype} (int8 is for matmul, with int32 "
+                            "results)")
     if min(M, K) == 0:
         return _zeros(framework, out, (M,), dtype, a.device)
     order = matrix_order(M, K, *a.strides)

@@ -41,7 +41,9 @@ def _matmul_shape(A: torch.Tensor, B: torch.Tensor, precision: Optional[str] = N
     if A.dim() < 2 or B.dim() < 2:
         raise ArgumentError(f"matmul takes tensors of 2 or more dimensions; got {A.dim()} and {B.dim()}")
     torch._check(A.shape[-1] == B.shape[-2], lambda: f"matmul shapes do not match: {A.shape} @ {B.shape}")
-    return A.new_empty((*_batch_shape(A, B), A.shape[-2], B.shape[-1]))
+    # int8's products are int32 (torch._int_mm's contract); every other type's are of the inputs' type
+    dtype = torch.int32 if A.dtype == torch.int8 else A.dtype
+    return A.new_empty((*_batch_shape(A, B), A.shape[-2], B.shape[-1]), dtype=dtype)
 
 
 def _matmul_backward(ctx, grad: torch.Tensor):

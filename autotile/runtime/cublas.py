@@ -3,7 +3,8 @@
 float32 and float64 go through the typed routines (Sgemm/Dgemm, their strided batched forms, Sgemv/Dgemv).
 bfloat16 and float16 go through `cublasGemmEx` and `cublasGemmStridedBatchedEx`, A, B and C all of the 16-bit
 type, summed in float32 (CUBLAS_COMPUTE_32F) and rounded to that type: PyTorch's contract. cuBLAS has no
-16-bit GEMV, so their matvec is a GemmEx with one column.
+16-bit GEMV, so their matvec is a GemmEx with one column. int8 goes through the same routines with int32
+sums and an int32 C (CUBLAS_COMPUTE_32I: torch._int_mm's contract).
 
 Where the selection chain picks cuBLAS, the library's repeated call should cost what cuBLAS costs, not a
 second framework's dispatch on top (CuPy's `matmul` spends tens of microseconds of Python per call, and even
@@ -37,10 +38,12 @@ from autotile.codegen.problem import ProblemKey
 from autotile.errors import CublasError
 
 _OP_N, _OP_T = 0, 1  # cublasOperation_t
-# The 16-bit types' cudaDataType codes (library_types.h), routed through the Ex routines; their sums are
-# kept in float32 (cublasComputeType_t CUBLAS_COMPUTE_32F) and cuBLAS picks the algorithm (CUBLAS_GEMM_DEFAULT).
-_DATA_TYPES = {"bfloat16": 14, "float16": 2}  # CUDA_R_16BF, CUDA_R_16F
-_COMPUTE_32F = 68
+# The types routed through the Ex routines: (A's and B's cudaDataType, C's, the cublasComputeType_t of the sums)
+# from library_types.h and cublas_api.h; cuBLAS picks the algorithm (CUBLAS_GEMM_DEFAULT).
+_CUDA_R_16F, _CUDA_R_16BF, _CUDA_R_8I, _CUDA_R_32I = 2, 14, 3, 10
+_COMPUTE_32F, _COMPUTE_32I = 68, 72
+_EX_TYPES = {"bfloat16": (_CUDA_R_16BF, _CUDA_R_16BF, _COMPUTE_32F),
+             "float16": (_CUDA_R_16F, _CUDA_R_16F, _COMPUTE_32F), "int8": (_CUDA_R_8I, _CUDA_R_32I, _COMPUTE_32I)}
 _GEMM_DEFAULT = -1
 # Workspace per stream, in bytes: what cuBLAS's documentation recommends (32 MiB on Hopper, 4 MiB before).
 WORKSPACE_BYTES = {90: 32 << 20}
@@ -164,10 +167,11 @@ class _Handle:
 _handles: dict[int, _Handle] = {}  # device id -> autotile's handle there
 _lock = threading.Lock()
 # alpha = 1, beta = 0 in each precision, in host memory that lives as long as the process; the 16-bit types'
-# scalars are of their compute type, float32
+# scalars are of their compute type: float32, and int32 for int8
 _FLOAT_SCALARS = (ctypes.c_float(1.0), ctypes.c_float(0.0))
-_SCALARS = {"float32": _FLOAT_SCALARS, "float64": (ctypes.c_double(1.0), ctypes.c_double(0.0)),
-            "bfloat16": _FLOAT_SCALARS, "float16": _FLOAT_SCALARS}
+_SCALARS: dict[str, tuple[Any, Any]] = {
+    "float32": _FLOAT_SCALARS, "float64": (ctypes.c_double(1.0), ctypes.c_double(0.0)),
+    "bfloat16": _FLOAT_SCALARS, "float16": _FLOAT_SCALARS, "int8": (ctypes.c_int32(1), ctypes.c_int32(0))}
 
 
 def handle(device: int) -> _Handle:
@@ -184,7 +188,8 @@ class CublasCall:
 
     `key` is the library's problem: matmul (M, N, K) or bmm (batch, M, N, K) in a layout of two letters
     ("n": row-major, "t": column-major; A's then B's), or matvec (M, K) with A "row" or "col", in float32,
-    float64, bfloat16 or float16. A call must be made with `device` current.
+    float64, bfloat16 or float16, or (matmul and bmm) int8 with an int32 C. A call must be made with
+    `device` current.
 
     Every routine here takes its arguments in one order: the fixed ones before the first operand, the first
     operand's pointer and its fixed arguments (for a batch, then its stride), the second operand's likewise,
@@ -198,7 +203,7 @@ class CublasCall:
         self.batched = key.kernel == "bmm"
         alpha, beta = (ctypes.addressof(s) for s in _SCALARS[key.dtype])
         self._beta = beta
-        data_type = _DATA_TYPES.get(key.dtype)  # None: float32 or float64, through the typed routines
+        ex_types = _EX_TYPES.get(key.dtype)  # None: float32 or float64, through the typed routines
         double = key.dtype == "float64"
         self._before: tuple[int, ...]  # the routine's arguments after the handle, before the first operand
         self._after_first: tuple[int, ...]
@@ -209,17 +214,18 @@ class CublasCall:
             # y = A x; a row-major A is, seen column-major, the K x M matrix A^T
             trans, lda = (_OP_T, K) if key.layout == "row" else (_OP_N, M)
             self._first, self._second = 0, 1  # A, then x
-            if data_type is None:
+            if ex_types is None:
                 self._name = "cublasDgemv_v2" if double else "cublasSgemv_v2"
                 m, n = (K, M) if trans == _OP_T else (M, K)  # gemv's sizes are those of A as stored
                 self._before = (trans, m, n, alpha)
                 self._after_first, self._after_second, self._after_out = (lda,), (1,), (1,)  # x and y: unit steps
             else:
                 # no 16-bit GEMV: y (M x 1) = op(A) (M x K) @ x (K x 1), the vectors as one-column matrices
+                data_type, out_type, compute = ex_types
                 self._name = "cublasGemmEx"
                 self._before = (trans, _OP_N, M, 1, K, alpha)
                 self._after_first, self._after_second = (data_type, lda), (data_type, K)
-                self._after_out = (data_type, M, _COMPUTE_32F, _GEMM_DEFAULT)
+                self._after_out = (out_type, M, compute, _GEMM_DEFAULT)
             self._routine = library.routines[self._name]
             return
         *batch, M, N, K = key.shape
@@ -231,15 +237,16 @@ class CublasCall:
         self._before = (op_b, op_a, N, M, K, alpha)
         # a batch's output matrices follow one another: M * N elements apart
         out_batch = (M * N, batch[0]) if self.batched else ()
-        if data_type is None:
+        if ex_types is None:
             self._after_first, self._after_second, self._after_out = (ldb,), (lda,), (N, *out_batch)
             if self.batched:
                 self._name = "cublasDgemmStridedBatched" if double else "cublasSgemmStridedBatched"
             else:
                 self._name = "cublasDgemm_v2" if double else "cublasSgemm_v2"
         else:
+            data_type, out_type, compute = ex_types
             self._after_first, self._after_second = (data_type, ldb), (data_type, lda)
-            self._after_out = (data_type, N, *out_batch, _COMPUTE_32F, _GEMM_DEFAULT)
+            self._after_out = (out_type, N, *out_batch, compute, _GEMM_DEFAULT)
             self._name = "cublasGemmStridedBatchedEx" if self.batched else "cublasGemmEx"
         self._routine = library.routines[self._name]
 
@@ -264,4 +271,18 @@ class CublasCall:
             raise CublasError(f"{self._name} returned cuBLAS status {status}")
 
 
-__all__ = ["CublasCall", "CublasError", "handle", "loaded_library_path"]
+def unsupported_reason(key: ProblemKey) -> str | None:
+    """Why cuBLAS cannot compute `key` (None where it can). Its int8 GEMM (IMMA) runs only where every
+    leading dimension is a multiple of 4 elements (and returns CUBLAS_STATUS_NOT_SUPPORTED elsewhere), and
+    it has no int8 GEMV."""
+    if key.dtype != "int8":
+        return None
+    if key.kernel == "matvec":
+        return "cuBLAS has no int8 matvec"
+    *_, M, N, K = key.shape
+    leading = {"lda": K if key.layout[0] == "n" else M, "ldb": N if key.layout[1] == "n" else K, "ldc": N}
+    bad = [f"{name} = {value}" for name, value in leading.items() if value % 4]
+    return f"cuBLAS's int8 GEMM needs leading dimensions that are multiples of 4 ({', '.join(bad)})" if bad else None
+
+
+__all__ = ["CublasCall", "CublasError", "handle", "loaded_library_path", "unsupported_reason"]

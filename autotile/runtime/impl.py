@@ -19,7 +19,7 @@ from typing import Any, Callable, Protocol
 import numpy as np
 
 from autotile.codegen import kernels
-from autotile.codegen.dtypes import HALF_DTYPES
+from autotile.codegen.dtypes import TENSOR_CORE_DTYPES
 from autotile.codegen.problem import ProblemKey
 from autotile.codegen.space import Config
 from autotile.codegen.tensor_map import MAP_BYTES, TensorMapCache
@@ -318,13 +318,14 @@ def _sm_count() -> int:
 
 class CublasRunner:
     """cuBLAS, the baseline of every ratio: float32 and float64 through CuPy (SGEMM/DGEMM for matmul,
-    SGEMV/DGEMV for matvec), bfloat16 and float16 through `autotile.runtime.cublas` (GemmEx, float32 sums:
-    PyTorch's contract). CuPy holds bfloat16 as uint16 bit patterns, so its matmul would multiply integers;
-    float16 takes the same route, so both 16-bit types are timed against one and the same cuBLAS call."""
+    SGEMV/DGEMV for matvec), bfloat16, float16 and int8 through `autotile.runtime.cublas` (GemmEx, float32
+    sums, or int32 sums and C for int8: PyTorch's contracts). CuPy holds bfloat16 as uint16 bit patterns, so
+    its matmul would multiply integers; float16 takes the same route, so both 16-bit types are timed against
+    one and the same cuBLAS call; CuPy's int8 matmul would sum in int8."""
 
     def __init__(self, key: ProblemKey):
         self.key = key
-        self._direct = key.dtype in HALF_DTYPES
+        self._direct = key.dtype in TENSOR_CORE_DTYPES
         self._call: Any = None  # the CublasCall, made on the first run (with the device current then)
 
     def run(self, arrays: tuple[Any, ...], out: Any, stream: Any = None) -> None:

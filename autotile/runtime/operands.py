@@ -150,7 +150,7 @@ class TorchFramework(Framework):
     def __init__(self, torch: Any) -> None:
         self.torch = torch
         self.dtype_names = {torch.float32: "float32", torch.float64: "float64", torch.bfloat16: "bfloat16",
-                            torch.float16: "float16"}
+                            torch.float16: "float16", torch.int8: "int8", torch.int32: "int32"}  # int32: int8's out
         self.torch_dtypes = {name: dtype for dtype, name in self.dtype_names.items()}
         self.torch_dtypes["uint32"] = torch.int32  # the split-K tickets: only their bytes matter
         # The raw current-stream query (what torch.compile's generated code calls) skips the Stream object.

@@ -23,13 +23,16 @@ import subprocess
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
+from autotile.codegen import dtypes
 from autotile.codegen.kernels import Launch
 from autotile.codegen.problem import ProblemKey
 from autotile.errors import AutotileError
+from autotile.runtime.cublas import unsupported_reason
 from autotile.runtime.timing import Timing
 
 OK, COMPILE, LAUNCH, CRASH, TIMEOUT, WRONG = "ok", "compile", "launch", "crash", "timeout", "wrong result"
@@ -97,13 +100,17 @@ class _WorkerState:
         self.inputs: dict[tuple[int, ...], tuple[Any, ...]] = {}
         self.refs: dict[tuple[int, ...], Any] = {}
         self.outputs: dict[tuple[int, ...], Any] = {}
+        out_dtype = dtypes.output_storage(setup.key.dtype)
         for shape in self.shapes:
             self.inputs[shape] = tuple(self.spec.make_inputs(shape, setup.key.dtype, setup.key.layout, rng, cupy))
             self.refs[shape] = self.spec.reference(self.inputs[shape])  # float64, on the GPU
-            self.outputs[shape] = cupy.empty(self.spec.output_shape(shape), dtype=setup.key.dtype)
+            self.outputs[shape] = cupy.empty(self.spec.output_shape(shape), dtype=out_dtype)
         cublas = Cublas().prepare(setup.key)
         args, out = self.inputs[setup.key.shape], self.outputs[setup.key.shape]
-        self.time_cublas = lambda: time_launch(lambda: cublas.run(args, out), self.flush)
+        # where cuBLAS cannot compute the problem (int8 with odd leading dimensions) there is no baseline
+        runs = unsupported_reason(setup.key) is None
+        self.time_cublas: Callable[[], Timing | None] = \
+            (lambda: time_launch(lambda: cublas.run(args, out), self.flush)) if runs else (lambda: None)
         self.baseline = self.time_cublas()
         self.kernels: dict[int, Any] = {}
 

@@ -20,7 +20,7 @@ import time
 import warnings
 from typing import TYPE_CHECKING, Any
 
-from autotile.codegen import kernels
+from autotile.codegen import dtypes, kernels
 from autotile.codegen.limits import DeviceLimits
 from autotile.codegen.problem import ProblemKey
 from autotile.dispatch import precision as precision_mod
@@ -99,7 +99,7 @@ def _tune(key: ProblemKey, device: DeviceLimits, cache: Any, setting: str) -> Se
     rng = cupy.random.default_rng(0)
     inputs = spec.make_inputs(key.shape, key.dtype, key.layout, rng, cupy)
     ref = spec.reference(inputs)
-    out = cupy.empty(spec.output_shape(key.shape), dtype=key.dtype)
+    out = cupy.empty(spec.output_shape(key.shape), dtype=dtypes.output_storage(key.dtype))
     tol = kernels.tolerance(key.dtype, key.shape[-1])
     if _flusher is None:
         _flusher = L2Flusher(device.l2_bytes)

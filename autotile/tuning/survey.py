@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from autotile.codegen import build, kernels
+from autotile.codegen import build, dtypes, kernels
 from autotile.codegen.dtypes import DTYPE_NAMES
 from autotile.codegen.limits import DeviceLimits
 from autotile.codegen.problem import ProblemKey
@@ -282,7 +282,7 @@ def survey(kernel: str, dtype: str, layout: str, device: DeviceLimits, shapes: l
         key = ProblemKey(kernel, dtype, layout, shape)
         inputs = spec.make_inputs(shape, dtype, layout, rng, cupy)
         ref = spec.reference(inputs)
-        out = cupy.empty(spec.output_shape(shape), dtype=dtype)
+        out = cupy.empty(spec.output_shape(shape), dtype=dtypes.output_storage(dtype))
         tol = kernels.tolerance(dtype, shape[-1])
         old = kept.get(shape)
         row: list[float | None] = []

@@ -1,0 +1,253 @@
+"""int8 matmul (torch._int_mm's contract: int8 A and B, exact int32 sums, int32 C) on MATH=wgmma_direct. Without
+a GPU: the dtype record, inputs and reference, the space keeps int8 to its own configs on sm_90, the tensor
+maps (layout nt only: wgmma reads 8-bit operands K-major, so the other layouts transpose through
+registers), the instruction and the int32 split-K workspace, and every int8 config compiles for sm_90a. On
+a Hopper GPU (`gpu` marker): every int8 config in every layout, batched, unaligned and split, exactly equal
+to the float64 reference (and to cuBLAS's int8 GEMM), and the library's calls from torch and CuPy."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from autotile.codegen import build, dtypes, kernels
+from autotile.codegen.limits import PROFILES
+from autotile.codegen.problem import ProblemKey
+from autotile.codegen.space import Problem
+from autotile.codegen.tensor_map import TensorBox
+
+SPEC = kernels.get("matmul")
+SPACE = SPEC.space
+NAMES = [n for n, c in SPACE.named_configs.items() if c["MATH"] == "wgmma_direct" and c["BK"] == 128]
+LAYOUTS = ("nn", "nt", "tn", "tt")
+NVRTC_MISSING = build.nvrtc_unavailable_reason()
+needs_nvrtc = pytest.mark.skipif(NVRTC_MISSING is not None, reason=f"NVRTC cannot be loaded ({NVRTC_MISSING})")
+
+
+# -- the dtype ----------------------------------------------------------------------------------------
+
+def test_int8_record_outputs_int32_and_is_exact():
+    record = dtypes.get("int8")
+    assert record.size == 1 and record.output_name == "int32" and record.accumulator == "int32"
+    assert dtypes.output_storage("int8") == "int32" and dtypes.output_ctype("int8") == "int"
+    assert dtypes.output_storage("bfloat16") == "uint16" and dtypes.output_storage("float16") == "float16"
+    assert dtypes.itemsize("int32") == 4 and dtypes.itemsize("int8") == 1
+    assert kernels.tolerance("int8", 1 << 16) == 0.0  # exact: any difference fails
+
+
+def test_rounding_to_int8_clips():
+    values = np.array([0.4, 0.5, 1.5, -1.5, 126.6, 300.0, -300.0, -128.4], dtype=np.float32)
+    assert dtypes.from_float32(values, "int8").tolist() == [0, 0, 2, -2, 127, 127, -128, -128]
+
+
+def test_inputs_span_int8_and_the_reference_is_exact():
+    rng = np.random.default_rng(0)
+    a, b = SPEC.make_inputs((300, 200, 500), "int8", "nt", rng, np)
+    assert a.dtype == np.int8 and b.dtype == np.int8 and b.shape == (500, 200)
+    assert a.min() == -128 and a.max() == 127  # the whole range, extremes included
+    ref = SPEC.reference((a, b))
+    assert np.array_equal(ref, a.astype(np.int64) @ b.astype(np.int64))
+
+
+def test_poison_of_an_int32_output_is_no_product():
+    out = np.zeros(3, dtype=np.int32)
+    kernels.poison(out)
+    assert (out == -(2**31)).all()  # beyond 128 * 128 * K for every K a test checks
+
+
+# -- the space ----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", NAMES)
+def test_int8_configs_only_for_int8_on_sm90(name):
+    config = SPACE.named(name)
+    for profile in ("h100", "h200"):
+        for layout in LAYOUTS:
+            assert SPACE.is_feasible(config, Problem(PROFILES[profile], "int8", layout))
+    assert not SPACE.is_feasible(config, Problem(PROFILES["a100"], "int8", "nt"))
+    for other in ("bfloat16", "float16", "float32"):
+        assert not SPACE.is_feasible(config, Problem(PROFILES["h100"], other, "nt"))
+
+
+def test_only_wgmma_direct_takes_int8_and_stores_int32_directly():
+    problem = Problem(PROFILES["h100"], "int8", "nt")
+    for name, config in SPACE.named_configs.items():
+        if name not in NAMES:
+            assert not SPACE.is_feasible(config, problem), name
+    staged = SPACE.with_overrides(SPACE.named("direct8-128x256"), {"STORE": "staged"})
+    assert any("stores int32 directly" in line for line in SPACE.violations(staged, problem))
+    assert SPACE.restricted({"MATH": "wgmma_direct"}).feasible(problem)  # the tuner has a space to search
+
+
+def test_int8_runs_cublas_without_a_record():
+    from autotile.dispatch.cache import TuningCache
+    from autotile.dispatch.select import select
+
+    for kernel, shape in (("matmul", (33, 4096, 4096)), ("bmm", (8, 64, 64, 64))):
+        found = select(ProblemKey(kernel, "int8", "nt", shape), PROFILES["h100"], TuningCache(None))
+        assert found.implementation == "cublas" and found.config is None, found.explain()
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_tensor_maps_only_where_both_operands_are_k_contiguous(layout):
+    config = SPACE.named("direct8-128x256")
+    M, N, K = 300, 500, 700
+    launch = SPEC.launch(config, (M, N, K), "int8", layout)
+    source = SPEC.render(config, "int8", layout)
+    assert "m64n256k32.s32.s8.s8" in source and "int* __restrict__ partials" not in source
+    if layout == "nt":
+        assert launch.tensor_maps == (TensorBox(0, K, M, 128, 128, 1), TensorBox(1, K, N, 128, 256, 1))
+        assert "int use_tma, const __grid_constant__ TensorMap map_a" in source
+    else:  # an operand to transpose: registers, and no tensor-map parameters at all
+        assert launch.tensor_maps == () and "TensorMap map_a" not in source and "constexpr int use_tma = 0;" in source
+
+
+def test_split_k_sums_in_int32():
+    config = SPACE.named("direct8-64-split8")
+    launch = SPEC.launch(config, (64, 64, 8192), "int8", "nn")
+    assert launch.workspace_dtype == "int32" and launch.workspace_elems == 8 * 64 * 64
+    assert "int* __restrict__ partials" in SPEC.render(config, "int8", "nn")
+
+
+CASES = [(n, layout, batched) for n in NAMES for layout in LAYOUTS for batched in (False, True)
+         if not batched or layout in ("nt", "tt")]
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    import concurrent.futures
+
+    if NVRTC_MISSING is not None:
+        pytest.skip(NVRTC_MISSING)
+
+    def job(case):
+        name, layout, batched = case
+        spec = kernels.get("bmm") if batched else SPEC
+        return build.compile(spec.render(SPACE.named(name), "int8", layout), "sm_90a")
+
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        futures = {case: pool.submit(job, case) for case in CASES}
+        return {case: f.result() for case, f in futures.items()}
+
+
+@needs_nvrtc
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-{c[1]}{'-batched' if c[2] else ''}")
+def test_compiles_for_sm90a_without_spills(compiled, case):
+    name, layout, _ = case
+    result = compiled[case]
+    (usage,) = result.usages
+    derived = SPACE.derive(SPACE.named(name), Problem(PROFILES["h100"], "int8", layout))
+    assert usage.registers <= min(255, 65536 // derived["threads"] // 8 * 8)
+    # as the 16-bit kernels: ptxas (CUDA 13) spills a few bytes in some 384-thread kernels
+    assert usage.spill_stores <= 32 and usage.static_smem == 0, (case, usage)
+    assert "C7508" not in result.log and "C7510" not in result.log, result.log
+
+
+# -- on a Hopper GPU ----------------------------------------------------------------------------------
+
+SHAPES = [(131, 67, 257), (1, 97, 33), (61, 1, 7), (257, 509, 1031), (1024, 768, 512), (17, 4096, 4099)]
+
+
+def _hopper() -> None:
+    cupy = pytest.importorskip("cupy")
+    try:
+        major = cupy.cuda.Device().compute_capability
+    except Exception as exc:  # no GPU or no driver
+        pytest.skip(f"no usable GPU: {exc}")
+    if major != "90":
+        pytest.skip("needs a Hopper GPU (sm_90)")
+
+
+def _run(name: str, key: ProblemKey, offset: int = 0):
+    """(autotile's output, the float64 reference, whether tensor maps were used) for `name` on `key`."""
+    import cupy
+
+    from autotile.runtime.impl import Generated
+
+    spec = kernels.get(key.kernel)
+    a, b = spec.make_inputs(key.shape, "int8", key.layout, cupy.random.default_rng(7), cupy)
+    if offset:  # operands that start one element past an aligned address: no tensor maps
+        a = cupy.concatenate([cupy.zeros(offset, a.dtype), a.reshape(-1)])[offset:].reshape(a.shape) \
+            if a.flags.c_contiguous else a
+    runner = Generated(SPACE.named(name)).prepare(key)
+    out = cupy.empty(spec.output_shape(key.shape), dtype=cupy.int32)
+    kernels.poison(out)
+    runner.run((a, b), out)
+    cupy.cuda.Device().synchronize()
+    return out, spec.reference((a, b)), runner.uses_tensor_maps((int(a.data.ptr), int(b.data.ptr))), (a, b)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("name", NAMES)
+def test_named_configs_are_exact(name, layout):
+    _hopper()
+    import cupy
+
+    for shape in SHAPES:
+        out, ref, tma, _ = _run(name, ProblemKey("matmul", "int8", layout, shape))
+        assert cupy.array_equal(out.astype(cupy.float64), ref), (name, layout, shape)
+        assert tma == (layout == "nt" and shape[-1] % 16 == 0)
+
+
+@pytest.mark.gpu
+def test_int8_unaligned_batched_and_cublas_agree():
+    _hopper()
+    import cupy
+
+    from autotile.runtime.cublas import unsupported_reason
+    from autotile.runtime.impl import Cublas
+
+    for name in ("direct8-128x256", "direct8-64-split8"):
+        out, ref, tma, _ = _run(name, ProblemKey("matmul", "int8", "nt", (130, 70, 272)), offset=1)
+        assert not tma and cupy.array_equal(out.astype(cupy.float64), ref)
+        for layout in ("nt", "nn", "tt"):
+            for shape in ((3, 131, 67, 257), (2, 132, 68, 256)):
+                key = ProblemKey("bmm", "int8", layout, shape)
+                out, ref, _, inputs = _run(name, key)
+                assert cupy.array_equal(out.astype(cupy.float64), ref), (name, key)
+                if unsupported_reason(key) is None:  # leading dimensions that cuBLAS's int8 GEMM takes
+                    theirs = cupy.empty_like(out)
+                    Cublas().prepare(key).run(inputs, theirs)
+                    assert cupy.array_equal(theirs, out), (name, key)
+
+
+@pytest.mark.gpu
+def test_library_int8_matmul_from_torch_and_cupy():
+    _hopper()
+    import cupy
+
+    import autotile
+    from autotile.errors import ArgumentError
+
+    torch = pytest.importorskip("torch")
+    a = torch.randint(-128, 128, (300, 4096), dtype=torch.int8, device="cuda")
+    w = torch.randint(-128, 128, (1000, 4096), dtype=torch.int8, device="cuda")
+    c = autotile.matmul(a, w.T)
+    assert c.dtype == torch.int32 and c.shape == (300, 1000)
+    assert torch.equal(c, torch._int_mm(a, w.T))  # torch._int_mm's contract, to the bit
+    out = torch.empty(300, 1000, dtype=torch.int32, device="cuda")
+    autotile.matmul(a, w.T, out=out)
+    assert torch.equal(out, c)
+    with pytest.raises(ArgumentError, match="int8 is for matmul"):
+        autotile.matvec(a, w[0])
+    x, y = cupy.asarray(a[:, :67].contiguous()), cupy.asarray(w[:5, :67].T)
+    z = autotile.matmul(x, y)
+    assert z.dtype == cupy.int32 and cupy.array_equal(z, x.astype(cupy.int64) @ y.astype(cupy.int64))
+
+
+def test_where_cublas_cannot_run_int8_a_generated_kernel_does():
+    """cuBLAS's int8 GEMM needs leading dimensions that are multiples of 4: elsewhere the built-in default is
+    an int8 config on sm_90, and a one-line ArgumentError before sm_90 (no kernel of either kind)."""
+    from autotile.dispatch.cache import TuningCache
+    from autotile.dispatch.select import select
+    from autotile.errors import ArgumentError
+    from autotile.runtime.cublas import unsupported_reason
+
+    odd = ProblemKey("matmul", "int8", "nn", (131, 67, 257))
+    assert "lda = 257, ldb = 67, ldc = 67" in unsupported_reason(odd)
+    assert unsupported_reason(ProblemKey("matmul", "int8", "nt", (131, 68, 256))) is None
+    assert unsupported_reason(ProblemKey("matmul", "bfloat16", "nn", (131, 67, 257))) is None
+    found = select(odd, PROFILES["h100"], TuningCache(None))
+    assert found.implementation == "generated" and found.config["MATH"] == "wgmma_direct", found.explain()
+    with pytest.raises(ArgumentError, match="no generated kernel runs int8 there, and cuBLAS's int8 GEMM needs"):
+        select(odd, PROFILES["a100"], TuningCache(None))
