@@ -88,7 +88,7 @@ ADDED_SINCE_THE_SAMPLE = ("SPLIT_REDUCE",)
 # MATH=skinny came later still, with tiles under 16 and THREADS_K and STEPS, which only it activates
 # (constants here, as MMA_K is); its kernels have their own tests (tests/test_skinny.py).
 CHOICES_ADDED_SINCE_THE_SAMPLE = {"MATH": ("dmma", "wgmma", "skinny", "wgmma_direct"), "BM": (1, 2, 4, 8),
-                                  "BN": (4, 8), "STAGES": (5, 6)}
+                                  "BN": (4, 8), "STAGES": (5, 6), "BK": (128,)}
 CONSTANTS_SINCE_THE_SAMPLE = ("MMA_K", "PRODUCERS", "LOADER", "THREADS_K", "STEPS", "CLUSTER_M",
                               "PERSISTENT", "STORE")
 OUT_OF_THE_KEYS = (*ADDED_SINCE_THE_SAMPLE, *CONSTANTS_SINCE_THE_SAMPLE)

@@ -386,11 +386,13 @@ def test_shipped_databases_are_valid_and_current():
     for device in ("NVIDIA-H100-80GB-HBM3_sm_90", "NVIDIA-H200_sm_90"):
         assert full <= {p.name for p in paths if p.parent.parent.name == device}, device
     assert any(p.name == "matmul-float32-nt.json" for p in paths)
+    # the tensor-core types' main layouts, surveyed on the whole grid (H100 so far)
+    full |= {"matmul-bfloat16-nn.json", "matmul-int8-nt.json"}
     retired = []
     for path in paths:
         db = database.ShapeDatabase.from_json(json.loads(path.read_text()))
         assert (path.name in full) == (db.environment.get("max_shape") is None), path  # the others: decode rows
-        assert db.environment.get("max_shape") == survey.coverage(db.kernel, db.layout), path
+        assert db.environment.get("max_shape") == survey.coverage(db.kernel, db.layout, db.dtype), path
         profile = next(p for p in PROFILES.values() if p.fingerprint == db.device)
         m = model.Model(db, profile)
         assert db.environment.get("model"), path

@@ -251,3 +251,35 @@ def test_where_cublas_cannot_run_int8_a_generated_kernel_does():
     assert found.implementation == "generated" and found.config["MATH"] == "wgmma_direct", found.explain()
     with pytest.raises(ArgumentError, match="no generated kernel runs int8 there, and cuBLAS's int8 GEMM needs"):
         select(odd, PROFILES["a100"], TuningCache(None))
+
+
+def test_int8_main_layout_is_nt_in_the_survey_and_the_selection():
+    """wgmma reads 8-bit operands K-major only: int8's fast layout is nt, surveyed on the whole grid and lent
+    to the others (nn surveyed on decode-size shapes only), the reverse of the 16-bit and 32-bit types."""
+    from autotile.dispatch.select import borrowed_keys
+    from autotile.tuning import survey
+
+    assert dtypes.main_layout("int8") == "nt" and dtypes.main_layout("bfloat16") == "nn"
+    assert survey.coverage("matmul", "nt", "int8") is None
+    assert survey.coverage("matmul", "nn", "int8") == [survey.DECODE_MAX_ROWS, None, None]
+    assert survey.grid("matmul", layout="nt", dtype="int8") == survey.grid("matmul", layout="nn")
+    assert [(k.kernel, k.layout) for k in borrowed_keys(ProblemKey("matmul", "int8", "nn", (64, 64, 64)))] == \
+        [("matmul", "nt")]
+    assert borrowed_keys(ProblemKey("matmul", "int8", "nt", (64, 64, 64))) == []
+    assert [(k.kernel, k.layout) for k in borrowed_keys(ProblemKey("bmm", "int8", "tt", (2, 64, 64, 64)))] == \
+        [("bmm", "nt"), ("matmul", "tt"), ("matmul", "nt")]
+
+
+def test_int8_other_layouts_take_cublas_rather_than_an_nt_kernel():
+    """A kernel the int8 database chose for nt would transpose every tile of an nn problem through
+    registers: an nn problem cuBLAS can run goes to cuBLAS, one it cannot to a generated kernel."""
+    from autotile.dispatch.cache import TuningCache
+    from autotile.dispatch.select import select
+
+    cache = TuningCache(None)  # the shipped databases only
+    nt = select(ProblemKey("matmul", "int8", "nt", (1024, 8192, 8192)), PROFILES["h100"], cache)
+    assert nt.implementation == "generated" and nt.source.startswith("model"), nt.explain()
+    nn = select(ProblemKey("matmul", "int8", "nn", (1024, 8192, 8192)), PROFILES["h100"], cache)
+    assert nn.implementation == "cublas", nn.explain()
+    odd = select(ProblemKey("matmul", "int8", "nn", (1023, 8191, 8191)), PROFILES["h100"], cache)
+    assert odd.implementation == "generated", odd.explain()

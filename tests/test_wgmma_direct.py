@@ -7,6 +7,8 @@ reference and against cuBLAS's error on the same inputs, specials included."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -297,3 +299,18 @@ def test_unaligned_batched_and_special_operands(dtype):
         assert cupy.array_equal(cupy.isnan(ours), cupy.isnan(theirs))
         assert cupy.array_equal(cupy.isinf(ours), cupy.isinf(theirs))
         assert cupy.array_equal(cupy.sign(ours[cupy.isinf(ours)]), cupy.sign(theirs[cupy.isinf(theirs)]))
+
+
+def test_float16_borrows_bfloat16s_database():
+    """float16 runs bfloat16's kernels at the same tensor-core rate: without a database of its own it takes
+    bfloat16's choices (a generated kernel where bfloat16's database chose one)."""
+    from autotile.dispatch.cache import TuningCache
+    from autotile.dispatch.select import borrowed_keys, select
+
+    key = ProblemKey("matmul", "float16", "nt", (8192, 8192, 1024))
+    assert [(k.dtype, k.layout) for k in borrowed_keys(key)] == [("float16", "nn"), ("bfloat16", "nt"),
+                                                                 ("bfloat16", "nn")]
+    found = select(key, PROFILES["h100"], TuningCache(None))
+    bf16 = select(dataclasses.replace(key, dtype="bfloat16"), PROFILES["h100"], TuningCache(None))
+    assert (found.implementation, found.config) == (bf16.implementation, bf16.config)
+    assert "bfloat16" in found.source or found.implementation == "cublas", found.explain()

@@ -12,6 +12,10 @@
   through a projection), `x @ W.T` and `x @ W` in turn;
 - the host time per call (no synchronisation) of autotile.matmul and torch.matmul on small tensors.
 
+--dtype int8: integers drawn from all of int8, against torch._int_mm (PyTorch's int8 matmul, int32 results)
+where it takes the shape (M > 16, K and N multiples of 8), rows it refuses left out; no batches (PyTorch has
+no batched int8 matmul on CUDA).
+
 Times: CUDA events around the launch alone, L2 flushed before each repetition, median (`autotile.runtime.timing`).
 Writes torch.md and torch.json to --out. Needs a GPU, CuPy and torch.
 """
@@ -59,16 +63,38 @@ def _pair(torch_call: Any, mine_call: Any, flush: Any) -> tuple[float, float]:
     return min(t1, t2), min(m1, m2)
 
 
-def _matmul_row(shape: tuple[int, ...], layout: str, dtype: Any, flush: Any, profile: bool) -> dict[str, Any]:
+def _operands(torch: Any, shape: tuple[int, ...], dtype: Any, generator: Any) -> Any:
+    """A random tensor: uniform in [-0.5, 0.5) for the float types, all of int8's values for int8."""
+    if dtype == torch.int8:
+        return torch.randint(-128, 128, shape, device="cuda", dtype=dtype, generator=generator)
+    return torch.rand(*shape, device="cuda", dtype=dtype, generator=generator) - 0.5
+
+
+def _torch_matmul(torch: Any, dtype: Any) -> Any:
+    """The call a PyTorch user makes: torch.matmul(a, b, out=), or torch._int_mm(a, b) for int8."""
+    if dtype == torch.int8:
+        return lambda a, b, out: torch._int_mm(a, b)
+    return lambda a, b, out: torch.matmul(a, b, out=out)
+
+
+def _matmul_row(shape: tuple[int, ...], layout: str, dtype: Any, flush: Any, profile: bool) -> dict[str, Any] | None:
+    """One shape's row; None where PyTorch has no call for it (torch._int_mm refuses the shape)."""
     import torch
 
     M, N, K = shape
     g = torch.Generator(device="cuda").manual_seed(sum(shape))
-    x = torch.rand(M, K, device="cuda", dtype=dtype, generator=g) - 0.5
-    w = torch.rand(N, K, device="cuda", dtype=dtype, generator=g) - 0.5
+    x, w = _operands(torch, (M, K), dtype, g), _operands(torch, (N, K), dtype, g)
     b = w.T if layout == "nt" else w.T.contiguous()
-    out_t, out_m = torch.empty(M, N, device="cuda", dtype=dtype), torch.empty(M, N, device="cuda", dtype=dtype)
-    torch_ms, mine_ms = _pair(lambda: torch.matmul(x, b, out=out_t), lambda: matmul(x, b, out=out_m), flush)
+    out_dtype = torch.int32 if dtype == torch.int8 else dtype
+    out_t, out_m = torch.empty(M, N, device="cuda", dtype=out_dtype), torch.empty(M, N, device="cuda", dtype=out_dtype)
+    reference_call = _torch_matmul(torch, dtype)
+    try:
+        out_t = reference_call(x, b, out_t)
+    except RuntimeError as exc:  # torch._int_mm's shape rules
+        print(f"{layout} {shape}: no PyTorch call ({' '.join(str(exc).split())[:120]})", flush=True)
+        return None
+    torch_ms, mine_ms = _pair(lambda: reference_call(x, b, out_t), lambda: matmul(x, b, out=out_m), flush)
+    out_t = reference_call(x, b, out_t)
     ref = x.double() @ b.double()
     row = {"case": f"x @ W{'.T' if layout == 'nt' else ''}", "layout": layout, "shape": list(shape),
            "torch_ms": torch_ms, "autotile_ms": mine_ms, "ratio": torch_ms / mine_ms,
@@ -96,16 +122,24 @@ def _bmm_row(shape: tuple[int, ...], dtype: Any, flush: Any) -> dict[str, Any]:
             "kernels": _kernels_launched(lambda: matmul(a, b, out=out_m))}
 
 
-def host_overhead(calls: int = 2000) -> dict[str, float]:
-    """Microseconds of host time per call on 64x64x64 torch tensors (no synchronisation), x @ W.T."""
+def host_overhead(calls: int = 2000, dtype: Any = None) -> dict[str, float]:
+    """Microseconds of host time per call on 64x64x64 torch tensors of `dtype` (default float32; no
+    synchronisation), x @ W.T."""
     import torch
 
-    x, w = torch.rand(64, 64, device="cuda"), torch.rand(64, 64, device="cuda")
-    out = torch.empty(64, 64, device="cuda")
-    cases = {"torch.matmul(x, w.T)": lambda: torch.matmul(x, w.T),
-             "autotile.matmul(x, w.T)": lambda: matmul(x, w.T),
-             "torch.matmul(x, w.T, out=)": lambda: torch.matmul(x, w.T, out=out),
-             "autotile.matmul(x, w.T, out=)": lambda: matmul(x, w.T, out=out)}
+    dtype = dtype or torch.float32
+    g = torch.Generator(device="cuda").manual_seed(64)
+    x, w = _operands(torch, (64, 64), dtype, g), _operands(torch, (64, 64), dtype, g)
+    out = torch.empty(64, 64, device="cuda", dtype=torch.int32 if dtype == torch.int8 else dtype)
+    if dtype == torch.int8:
+        cases = {"torch._int_mm(x, w.T)": lambda: torch._int_mm(x, w.T),
+                 "autotile.matmul(x, w.T)": lambda: matmul(x, w.T),
+                 "autotile.matmul(x, w.T, out=)": lambda: matmul(x, w.T, out=out)}
+    else:
+        cases = {"torch.matmul(x, w.T)": lambda: torch.matmul(x, w.T),
+                 "autotile.matmul(x, w.T)": lambda: matmul(x, w.T),
+                 "torch.matmul(x, w.T, out=)": lambda: torch.matmul(x, w.T, out=out),
+                 "autotile.matmul(x, w.T, out=)": lambda: matmul(x, w.T, out=out)}
     result: dict[str, float] = {}
     for _ in range(3):  # the best of three rounds: the host is shared too
         for name, call in cases.items():
@@ -221,25 +255,35 @@ def main(argv: list[str] | None = None) -> int:
     limits = live_device()
     flush = L2Flusher(limits.l2_bytes)
     env = {**bench.environment(limits), "torch": torch.__version__, "seed": args.seed, "dtype": args.dtype}
+    integer = dtype == torch.int8  # against torch._int_mm; no batched int8 matmul in PyTorch
     rows = []
     for shape in (QUICK_NT if args.quick else NT_SHAPES):
         for layout in ("nt", "nn"):
-            rows.append(_matmul_row(shape, layout, dtype, flush, profile=layout == "nt"))
-            print(f"{layout} {shape}: {rows[-1]['ratio']:.2f}x  {rows[-1]['runs']}", flush=True)
-    for batch_shape in (BMM_SHAPES[:2] if args.quick else BMM_SHAPES):
+            found = _matmul_row(shape, layout, dtype, flush, profile=layout == "nt")
+            if found is not None:
+                rows.append(found)
+                print(f"{layout} {shape}: {found['ratio']:.2f}x  {found['runs']}", flush=True)
+    for batch_shape in () if integer else (BMM_SHAPES[:2] if args.quick else BMM_SHAPES):
         rows.append(_bmm_row(batch_shape, dtype, flush))
         print(f"bmm {batch_shape}: {rows[-1]['ratio']:.2f}x  {rows[-1]['runs']}", flush=True)
-    random_rows = [_matmul_row(s, "nt", dtype, flush, profile=False)
-                   for s in bench.random_shapes("matmul", args.random, args.seed)] if args.random else []
-    for batch_shape in random_bmm_shapes(args.random_bmm, args.seed):
+    random_rows = []
+    for random_shape in bench.random_shapes("matmul", args.random, args.seed) if args.random else []:
+        found = _matmul_row(random_shape, "nt", dtype, flush, profile=False)
+        if found is not None:
+            random_rows.append(found)
+            print(f"random nt {random_shape}: {found['ratio']:.2f}x  {found['runs']}", flush=True)
+    for batch_shape in () if integer else random_bmm_shapes(args.random_bmm, args.seed):
         random_rows.append(_bmm_row(batch_shape, dtype, flush))
         print(f"random bmm {batch_shape}: {random_rows[-1]['ratio']:.2f}x  {random_rows[-1]['runs']}", flush=True)
     for i, shape in enumerate(random_decode_shapes(args.random_decode, args.seed)):
-        row = _matmul_row(shape, ("nt", "nn")[i % 2], dtype, flush, profile=False)
-        random_rows.append({**row, "group": "decode"})
+        found = _matmul_row(shape, ("nt", "nn")[i % 2], dtype, flush, profile=False)
+        if found is None:
+            continue
+        row = {**found, "group": "decode"}
+        random_rows.append(row)
         print(f"decode {row['layout']} {shape}: {row['ratio']:.2f}x (torch {row['torch_ms'] * 1e3:.1f} us)  "
               f"{row['runs']}", flush=True)
-    overhead = host_overhead()
+    overhead = host_overhead(dtype=dtype)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     text = _markdown(rows, random_rows, overhead, env)

@@ -73,6 +73,13 @@ def get(name: str) -> Dtype:
         raise InvalidValueError(f"dtype {name!r} is not supported; choose one of {list(DTYPES)}") from None
 
 
+def main_layout(name: str) -> str:
+    """The matmul layout whose kernels are a dtype's fastest, surveyed in full and lent to the others: nn,
+    or nt for an 8-bit type (wgmma reads 8-bit operands K-major only, so nt's copies go straight to the
+    tensor cores and every other layout's are transposed on the way)."""
+    return "nt" if get(name).size == 1 else "nn"
+
+
 def output_storage(name: str) -> str:
     """The NumPy/CuPy dtype that holds `name`'s results (int8: int32; bfloat16: its uint16 patterns)."""
     output = get(name).output_name
@@ -123,4 +130,4 @@ def _array_module(values: Any) -> Any:
 
 
 __all__ = ["DTYPES", "DTYPE_NAMES", "DTYPE_SIZES", "Dtype", "HALF_DTYPES", "TENSOR_CORE_DTYPES", "from_float32", "get",
-           "itemsize", "output_ctype", "output_storage", "to_float32"]
+           "itemsize", "main_layout", "output_ctype", "output_storage", "to_float32"]

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from autotile.codegen import kernels
+from autotile.codegen import dtypes, kernels
 from autotile.codegen.kernels import SKINNY_MAX_ROWS
 from autotile.codegen.limits import DeviceLimits
 from autotile.codegen.space import Config, Problem
@@ -112,7 +112,7 @@ class Model:
         # and one at a time elsewhere (several times the copy instructions: measured 0.76x cuBLAS on a
         # batch where aligned neighbours predicted 1.2x): two kernels in one, so a candidate of width over
         # one learns only from shapes of the query's kind (`aligned[width]`), not from the nearest of either.
-        element_bytes = np.dtype(db.dtype).itemsize
+        element_bytes = dtypes.DTYPE_SIZES[db.dtype]  # NumPy has no bfloat16
         self.widths = np.array([copy_width(self.configs[j], element_bytes) for j in self.usable], dtype=np.int64)
         self.tensor_maps = np.array([_copies_with_tensor_maps(self.configs[j]) for j in self.usable], dtype=np.bool_)
         self.aligned = {w: np.array([rows_allow(db.kernel, tuple(s), db.layout, w) for s in db.shapes], dtype=np.bool_)

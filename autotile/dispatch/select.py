@@ -32,7 +32,7 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from autotile.codegen import build, kernels
+from autotile.codegen import build, dtypes, kernels
 from autotile.codegen.limits import DeviceLimits
 from autotile.codegen.problem import ProblemKey
 from autotile.codegen.space import Config, Problem
@@ -183,7 +183,7 @@ def model(ctx: Context) -> Selection | None:
     if db is None or not db.shapes or not db.covers(ctx.key.shape):
         return None
     choice = model_for(db, ctx.device).choose(ctx.key.shape, params_of(db), setting=ctx.precision)
-    if choice is None:
+    if choice is None or (choice.config is None and _cublas_cannot(ctx.key)):
         return None
     return Selection(choice.config, f"model ({len(db.shapes)} surveyed shapes)", None, None,
                      choice.candidate.implementation, choice.explain(), ctx.precision)
@@ -294,20 +294,26 @@ def select(key: ProblemKey, device: DeviceLimits, cache: TuningCache | None = No
 # -- borrowing another problem's choice -----------------------------------------------------------------
 
 def borrowed_keys(key: ProblemKey) -> list[ProblemKey]:
-    """The problems whose choice serves `key` where it has no record of its own, nearest first: a transposed
-    layout borrows nn's (the same tiles and arithmetic; only the copies into shared memory differ), a batch
-    in a transposed layout the nn batch's first (how the batch fills the GPU decides more than the copies
-    do), then one matrix's (the same kernel, one more grid dimension)."""
+    """The problems whose choice serves `key` where it has no record of its own, nearest first: another
+    layout borrows the dtype's main layout's (`dtypes.main_layout`: nn, or nt for the 8-bit types; the same
+    tiles and arithmetic, only the copies into shared memory differ), a batch in another layout the main
+    layout's batch first (how the batch fills the GPU decides more than the copies do), then one matrix's
+    (the same kernel, one more grid dimension). float16 borrows bfloat16's choices after its own."""
     found: list[ProblemKey] = []
+    if key.kernel == "matvec":
+        return found
+    main = dtypes.main_layout(key.dtype)  # nn; nt for the 8-bit types
     if key.kernel == "bmm":
-        if key.layout != "nn":
-            found.append(dataclasses.replace(key, layout="nn"))
+        if key.layout != main:
+            found.append(dataclasses.replace(key, layout=main))
         single = ProblemKey("matmul", key.dtype, key.layout, key.shape[1:])
         found.append(single)
-        if key.layout != "nn":
-            found.append(dataclasses.replace(single, layout="nn"))
-    elif key.kernel == "matmul" and key.layout != "nn":
-        found.append(dataclasses.replace(key, layout="nn"))
+        if key.layout != main:
+            found.append(dataclasses.replace(single, layout=main))
+    elif key.layout != main:
+        found.append(dataclasses.replace(key, layout=main))
+    if key.dtype == "float16":  # the same kernels as bfloat16's, at the same tensor-core rate: its choices
+        found += [dataclasses.replace(k, dtype="bfloat16") for k in (key, *found)]
     return found
 
 
@@ -316,9 +322,15 @@ def borrowed(found: Selection, lender: ProblemKey, key: ProblemKey, device: Devi
     config the other layout's limits refuse). cuBLAS stays cuBLAS (it takes every layout and batches). For a
     batch, the K splits are lowered where the batch fills the GPU by itself: the fewest splits that launch
     as many blocks as the config did on one matrix."""
-    source = f"{found.source} of {lender.kernel} {lender.layout} {lender.shape_text}"
+    dtype = f" {lender.dtype}" if lender.dtype != key.dtype else ""
+    source = f"{found.source} of {lender.kernel}{dtype} {lender.layout} {lender.shape_text}"
     if found.config is None:
-        return dataclasses.replace(found, source=source)
+        return None if _cublas_cannot(key) else dataclasses.replace(found, source=source)
+    if key.layout != lender.layout and key.layout != dtypes.main_layout(key.dtype) and \
+            dtypes.get(key.dtype).size == 1 and not _cublas_cannot(key):
+        # an 8-bit kernel chosen for nt (tiles copied straight to the tensor cores) transposes every tile
+        # of another layout through registers (0.3x cuBLAS measured on an H100): cuBLAS there instead
+        return None
     config = found.config
     if key.kernel == "bmm" and lender.kernel == "matmul":
         config = fewer_splits_for_batch(config, lender.shape, key.shape[0])
@@ -326,6 +338,13 @@ def borrowed(found: Selection, lender: ProblemKey, key: ProblemKey, device: Devi
     if not space.is_feasible(config, Problem(device, key.dtype, key.layout)):
         return None
     return dataclasses.replace(found, config=config, source=source)
+
+
+def _cublas_cannot(key: ProblemKey) -> bool:
+    """Whether cuBLAS cannot compute `key` (int8 with leading dimensions that are not multiples of 4)."""
+    from autotile.runtime.cublas import unsupported_reason
+
+    return unsupported_reason(key) is not None
 
 
 def fewer_splits_for_batch(config: Config, shape: tuple[int, ...], batch: int) -> Config:

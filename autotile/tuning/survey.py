@@ -46,7 +46,7 @@ RANDOM_SHAPES = {"matmul": 80, "matvec": 40}
 # shapes borrow nn's database, `ShapeDatabase.covers`).
 DECODE_ROWS = (1, 2, 4, 8)
 DECODE_MAX_ROWS = kernels.SKINNY_MAX_ROWS  # the rows of A the skinny kernels serve
-DECODE_LAYOUTS = ("nt",)
+DECODE_LAYOUTS = ("nt",)  # those of the types whose main layout is nn; of the 8-bit types (main nt): nn
 # The decode-only databases' rows of A, denser than the main grid's between 8 and 64 (where the winner
 # changes from a skinny kernel to a tensor-core tile with K splits), and their N and K.
 DECODE_GRID_ROWS = (1, 2, 4, 8, 12, 16, 24, 32, 45, 64)
@@ -70,12 +70,18 @@ SPLITS = {"matmul": (2, 4, 8, 16, 32, 64), "bmm": (2, 4, 8, 16, 32, 64), "matvec
 SAVE_EVERY_S = 30.0
 
 
+def decode_only(kernel: str, layout: str | None, dtype: str = "float32") -> bool:
+    """Whether a matmul database of `layout` is surveyed on decode-size shapes only: every layout but the
+    dtype's main one (`dtypes.main_layout`: nn, or nt for the 8-bit types), which has the whole grid."""
+    return kernel == "matmul" and layout in SURVEYED_LAYOUTS["matmul"] and layout != dtypes.main_layout(dtype)
+
+
 def grid(kernel: str, seed: int = SURVEY_SEED, random_shapes: int | None = None,
-         layout: str | None = None) -> list[tuple[int, ...]]:
-    """The survey's shapes: the grid's combinations, then log-uniform random ones (deterministic). matmul
-    nn also has the decode rows; a matmul layout of DECODE_LAYOUTS has only decode-size shapes (M up to
-    DECODE_MAX_ROWS, `decode_grid`); bmm has its own (`bmm_grid`)."""
-    if kernel == "matmul" and layout in DECODE_LAYOUTS:
+         layout: str | None = None, dtype: str = "float32") -> list[tuple[int, ...]]:
+    """The survey's shapes: the grid's combinations, then log-uniform random ones (deterministic). The
+    dtype's main matmul layout also has the decode rows; its other surveyed layout has only decode-size
+    shapes (M up to DECODE_MAX_ROWS, `decode_grid`); bmm has its own (`bmm_grid`)."""
+    if decode_only(kernel, layout, dtype):
         return decode_grid(seed, DECODE_RANDOM_SHAPES if random_shapes is None else random_shapes)
     if kernel == "bmm":
         return bmm_grid(seed, BMM_RANDOM_SHAPES if random_shapes is None else random_shapes)
@@ -127,10 +133,10 @@ def bmm_grid(seed: int = SURVEY_SEED, random_shapes: int = BMM_RANDOM_SHAPES) ->
                                         MAX_BMM_WORK)
 
 
-def coverage(kernel: str, layout: str) -> list[int | None] | None:
-    """The largest size per dimension a database of (kernel, layout) is surveyed for (None: unbounded), or
-    None where it covers every shape."""
-    if kernel == "matmul" and layout in DECODE_LAYOUTS:
+def coverage(kernel: str, layout: str, dtype: str = "float32") -> list[int | None] | None:
+    """The largest size per dimension a database of (kernel, layout, dtype) is surveyed for (None:
+    unbounded), or None where it covers every shape."""
+    if decode_only(kernel, layout, dtype):
         return [DECODE_MAX_ROWS, None, None]
     return None
 
@@ -208,6 +214,7 @@ def survey(kernel: str, dtype: str, layout: str, device: DeviceLimits, shapes: l
 
     from autotile.dispatch.database import Candidate, ShapeDatabase
     from autotile.dispatch.model import Model, fitted_environment, worth_timing
+    from autotile.runtime.cublas import unsupported_reason
     from autotile.runtime.impl import Cublas, Generated
     from autotile.runtime.timing import L2Flusher, relative_error, time_launch
 
@@ -221,7 +228,7 @@ def survey(kernel: str, dtype: str, layout: str, device: DeviceLimits, shapes: l
     kept: dict[tuple[int, ...], list[float | None | str]] = {}
     env = _environment(device)
     env["failures"] = {}
-    covered = coverage(kernel, layout)
+    covered = coverage(kernel, layout, dtype)
     if covered is not None:
         env["max_shape"] = covered
     if previous is not None:
@@ -293,7 +300,8 @@ def survey(kernel: str, dtype: str, layout: str, device: DeviceLimits, shapes: l
                 continue
             if cand.name in env["failures"] or (
                     cand.config is not None
-                    and not worth_timing(kernel, spec.space.config(cand.config), shape, device.sm_count)):
+                    and not worth_timing(kernel, spec.space.config(cand.config), shape, device.sm_count)) or (
+                    cand.config is None and unsupported_reason(key) is not None):  # int8's odd leading dimensions
                 row.append(None)
                 continue
             try:
@@ -412,8 +420,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="element type (default float32)")
     parser.add_argument("--layouts", default="row,col,nn,nt",
                         help="layouts, each kernel taking its own: matvec row, col; matmul nn (the whole grid) and "
-                             "nt (decode-size shapes only: its other shapes, and tn and tt, borrow nn's database); "
-                             "bmm nn (its other layouts borrow bmm nn's database)")
+                             "nt (decode-size shapes only: its other shapes, and tn and tt, borrow nn's database; "
+                             "for int8 the other way round: nt has the whole grid); bmm nn (its other layouts "
+                             "borrow bmm nn's database)")
     parser.add_argument("--root", default=None, help="cache root to write to (default: the user cache)")
     parser.add_argument("--budget", type=float, default=None, metavar="SECONDS",
                         help="stop each kernel's survey after this long (it resumes on the next run)")
@@ -464,7 +473,7 @@ def run(args: argparse.Namespace) -> int:
                         print(check_report(previous, device))
                     continue
                 configs = portfolio(kernel, args.dtype, layout, device, cache)
-                shapes = grid(kernel, random_shapes=args.random_shapes, layout=layout)
+                shapes = grid(kernel, random_shapes=args.random_shapes, layout=layout, dtype=args.dtype)
                 db = survey(kernel, args.dtype, layout, device, shapes,
                             configs, previous=previous, save=lambda d: database.save(cache, d),
                             budget_s=budget, log=lambda m: print(m, flush=True))
