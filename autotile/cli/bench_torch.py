@@ -13,8 +13,8 @@
 - the host time per call (no synchronisation) of autotile.matmul and torch.matmul on small tensors.
 
 --dtype int8: integers drawn from all of int8, against torch._int_mm (PyTorch's int8 matmul, int32 results)
-where it takes the shape (M > 16, K and N multiples of 8), rows it refuses left out; no batches (PyTorch has
-no batched int8 matmul on CUDA).
+where it takes the shape (M > 16, K and N multiples of 8: the random sides are rounded up to multiples of 8),
+rows it refuses left out; no batches (PyTorch has no batched int8 matmul on CUDA).
 
 Times: CUDA events around the launch alone, L2 flushed before each repetition, median (`autotile.runtime.timing`).
 Writes torch.md and torch.json to --out. Needs a GPU, CuPy and torch.
@@ -267,7 +267,9 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(_bmm_row(batch_shape, dtype, flush))
         print(f"bmm {batch_shape}: {rows[-1]['ratio']:.2f}x  {rows[-1]['runs']}", flush=True)
     random_rows = []
-    for random_shape in bench.random_shapes("matmul", args.random, args.seed) if args.random else []:
+    # torch._int_mm takes K and N in multiples of 8 only: int8's random sides are rounded up to them
+    multiple = 8 if integer else 1
+    for random_shape in bench.random_shapes("matmul", args.random, args.seed, multiple) if args.random else []:
         found = _matmul_row(random_shape, "nt", dtype, flush, profile=False)
         if found is not None:
             random_rows.append(found)
