@@ -88,17 +88,24 @@ def test_int8_runs_cublas_without_a_record():
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
-def test_tensor_maps_only_where_both_operands_are_k_contiguous(layout):
+def test_tensor_maps_only_for_k_contiguous_operands(layout):
+    """The TMA copies an int8 operand stored K-contiguous (A in nn and nt, B in nt and tt); the producer
+    transposes the others through registers (tn: both, and no tensor-map parameters at all)."""
     config = SPACE.named("direct8-128x256")
     M, N, K = 300, 500, 700
     launch = SPEC.launch(config, (M, N, K), "int8", layout)
     source = SPEC.render(config, "int8", layout)
     assert "m64n256k32.s32.s8.s8" in source and "int* __restrict__ partials" not in source
-    if layout == "nt":
-        assert launch.tensor_maps == (TensorBox(0, K, M, 128, 128, 1), TensorBox(1, K, N, 128, 256, 1))
-        assert "int use_tma, const __grid_constant__ TensorMap map_a" in source
-    else:  # an operand to transpose: registers, and no tensor-map parameters at all
-        assert launch.tensor_maps == () and "TensorMap map_a" not in source and "constexpr int use_tma = 0;" in source
+    a, b = TensorBox(0, K, M, 128, 128, 1), TensorBox(1, K, N, 128, 256, 1)
+    expected = {"nt": (a, b), "nn": (a,), "tt": (b,), "tn": ()}[layout]
+    assert launch.tensor_maps == expected
+    assert ("TensorMap map_a" in source) == (a in expected) and ("TensorMap map_b" in source) == (b in expected)
+    if layout == "tn":
+        assert "constexpr int use_tma = 0;" in source
+    if layout in ("nn", "tt"):  # one operand by the TMA, the other transposed: every producer thread arrives
+        assert "mbarrier.expect_tx" in source and "mbar_init(bars + 8 * s, 128);" in source
+    derived = SPACE.derive(config, Problem(PROFILES["h100"], "int8", layout))
+    assert derived["producer_regs"] == (40 if layout == "nt" else 64)  # the transposes need registers
 
 
 def test_split_k_sums_in_int32():
@@ -108,8 +115,12 @@ def test_split_k_sums_in_int32():
     assert "int* __restrict__ partials" in SPEC.render(config, "int8", "nn")
 
 
-CASES = [(n, layout, batched) for n in NAMES for layout in LAYOUTS for batched in (False, True)
-         if not batched or layout in ("nt", "tt")]
+# Every int8 config in nt; two that cover the knobs (clusters and persistence; K splits) in the other layouts
+# (the transposing producer) and batched.
+COVERING = ("direct8-128x256-c2p", "direct8-64-split8")
+CASES = [(n, "nt", False) for n in NAMES] + [
+    (n, layout, batched) for n in COVERING for layout in LAYOUTS for batched in (False, True)
+    if (layout, batched) != ("nt", False) and (not batched or layout in ("nt", "tt"))]
 
 
 @pytest.fixture(scope="module")
@@ -186,7 +197,8 @@ def test_named_configs_are_exact(name, layout):
     for shape in SHAPES:
         out, ref, tma, _ = _run(name, ProblemKey("matmul", "int8", layout, shape))
         assert cupy.array_equal(out.astype(cupy.float64), ref), (name, layout, shape)
-        assert tma == (layout == "nt" and shape[-1] % 16 == 0)
+        # the TMA copies K-contiguous operands whose rows are 16-byte aligned (K % 16 == 0)
+        assert tma == (layout != "tn" and shape[-1] % 16 == 0)
 
 
 @pytest.mark.gpu
@@ -236,16 +248,18 @@ def test_library_int8_matmul_from_torch_and_cupy():
 
 
 def test_where_cublas_cannot_run_int8_a_generated_kernel_does():
-    """cuBLAS's int8 GEMM needs leading dimensions that are multiples of 4: elsewhere the built-in default is
-    an int8 config on sm_90, and a one-line ArgumentError before sm_90 (no kernel of either kind)."""
+    """cuBLAS's int8 GEMM needs layout nt and leading dimensions that are multiples of 4: elsewhere the
+    built-in default is an int8 config on sm_90, and a one-line ArgumentError before sm_90 (no kernel of
+    either kind)."""
     from autotile.dispatch.cache import TuningCache
     from autotile.dispatch.select import select
     from autotile.errors import ArgumentError
     from autotile.runtime.cublas import unsupported_reason
 
-    odd = ProblemKey("matmul", "int8", "nn", (131, 67, 257))
-    assert "lda = 257, ldb = 67, ldc = 67" in unsupported_reason(odd)
+    odd = ProblemKey("matmul", "int8", "nt", (131, 67, 257))
+    assert "lda = 257, ldb = 257, ldc = 67" in unsupported_reason(odd)
     assert unsupported_reason(ProblemKey("matmul", "int8", "nt", (131, 68, 256))) is None
+    assert "layout nt" in unsupported_reason(ProblemKey("matmul", "int8", "nn", (128, 128, 128)))
     assert unsupported_reason(ProblemKey("matmul", "bfloat16", "nn", (131, 67, 257))) is None
     found = select(odd, PROFILES["h100"], TuningCache(None))
     assert found.implementation == "generated" and found.config["MATH"] == "wgmma_direct", found.explain()
@@ -254,32 +268,46 @@ def test_where_cublas_cannot_run_int8_a_generated_kernel_does():
 
 
 def test_int8_main_layout_is_nt_in_the_survey_and_the_selection():
-    """wgmma reads 8-bit operands K-major only: int8's fast layout is nt, surveyed on the whole grid and lent
-    to the others (nn surveyed on decode-size shapes only), the reverse of the 16-bit and 32-bit types."""
+    """wgmma reads 8-bit operands K-major only: int8's fast layout is nt (the TMA alone), nn and tt transpose
+    one operand in the producer, tn both: nt and nn are surveyed on the whole grid, tt and tn borrow nn's
+    choices first."""
     from autotile.dispatch.select import borrowed_keys
     from autotile.tuning import survey
 
     assert dtypes.main_layout("int8") == "nt" and dtypes.main_layout("bfloat16") == "nn"
-    assert survey.coverage("matmul", "nt", "int8") is None
-    assert survey.coverage("matmul", "nn", "int8") == [survey.DECODE_MAX_ROWS, None, None]
-    assert survey.grid("matmul", layout="nt", dtype="int8") == survey.grid("matmul", layout="nn")
+    for layout in ("nt", "nn"):  # the kernels differ by layout: both surveyed on the whole grid
+        assert survey.coverage("matmul", layout, "int8") is None
+        assert survey.grid("matmul", layout=layout, dtype="int8") == survey.grid("matmul", layout="nn")
+    assert survey.coverage("matmul", "nt", "bfloat16") == [survey.DECODE_MAX_ROWS, None, None]
     assert [(k.kernel, k.layout) for k in borrowed_keys(ProblemKey("matmul", "int8", "nn", (64, 64, 64)))] == \
         [("matmul", "nt")]
     assert borrowed_keys(ProblemKey("matmul", "int8", "nt", (64, 64, 64))) == []
+    # tt transposes one operand, as nn does: nn's choices first
     assert [(k.kernel, k.layout) for k in borrowed_keys(ProblemKey("bmm", "int8", "tt", (2, 64, 64, 64)))] == \
-        [("bmm", "nt"), ("matmul", "tt"), ("matmul", "nt")]
+        [("bmm", "nn"), ("bmm", "nt"), ("matmul", "tt"), ("matmul", "nn"), ("matmul", "nt")]
 
 
-def test_int8_other_layouts_take_cublas_rather_than_an_nt_kernel():
-    """A kernel the int8 database chose for nt would transpose every tile of an nn problem through
-    registers: an nn problem cuBLAS can run goes to cuBLAS, one it cannot to a generated kernel."""
+def test_int8_other_layouts_run_generated_kernels():
+    """cuBLAS's int8 GEMM runs layout nt only: every other int8 problem runs a generated kernel on sm_90
+    (the producer transposes: 1.5-3.5x cuBLAS's nn measured where it ran), chosen from nn's database."""
     from autotile.dispatch.cache import TuningCache
     from autotile.dispatch.select import select
 
     cache = TuningCache(None)  # the shipped databases only
-    nt = select(ProblemKey("matmul", "int8", "nt", (1024, 8192, 8192)), PROFILES["h100"], cache)
-    assert nt.implementation == "generated" and nt.source.startswith("model"), nt.explain()
-    nn = select(ProblemKey("matmul", "int8", "nn", (1024, 8192, 8192)), PROFILES["h100"], cache)
-    assert nn.implementation == "cublas", nn.explain()
-    odd = select(ProblemKey("matmul", "int8", "nn", (1023, 8191, 8191)), PROFILES["h100"], cache)
-    assert odd.implementation == "generated", odd.explain()
+    for layout in ("nn", "tt", "tn"):
+        for shape in ((1024, 8192, 8192), (33, 4096, 4096), (1023, 8191, 8191)):
+            found = select(ProblemKey("matmul", "int8", layout, shape), PROFILES["h100"], cache)
+            assert found.implementation == "generated", found.explain()
+
+
+def test_tt_borrows_nns_tile_mirrored():
+    """tt is nn with the operands' roles swapped: nn's tile, mirrored, keeps the TMA's operand on the long
+    side."""
+    from autotile.dispatch.cache import TuningCache
+    from autotile.dispatch.select import select
+
+    shape = (8192, 8192, 8192)
+    nn = select(ProblemKey("matmul", "int8", "nn", shape), PROFILES["h100"], TuningCache(None))
+    tt = select(ProblemKey("matmul", "int8", "tt", shape), PROFILES["h100"], TuningCache(None))
+    assert "of matmul nn" in tt.source and nn.config is not None and tt.config is not None
+    assert (tt.config["BM"], tt.config["BN"]) == (nn.config["BN"], nn.config["BM"])

@@ -178,18 +178,19 @@ def _direct_boxes(config: Config, shape: tuple[int, ...], layout: str, element_b
                   ) -> tuple[TensorBox, ...]:
     """The TMA copies of a wgmma_direct kernel (matmul_wgmma_direct.cu.j2): A, then B, as stored; each copy
     128 bytes along the contiguous dimension (BK elements of K where it is K, else 64 of M or N) by BM or
-    BN rows (K-contiguous) or BK rows of K (M- or N-contiguous). None for an 8-bit type unless both
-    operands are stored K-contiguous (layout nt): wgmma reads 8-bit operands K-major only, so the kernel's
-    producer transposes the other layouts through registers and takes no tensor maps."""
-    if element_bytes == 1 and layout != "nt":
-        return ()
+    BN rows (K-contiguous) or BK rows of K (M- or N-contiguous). An 8-bit type's operand stored M- or
+    N-contiguous has none: wgmma reads 8-bit operands K-major only, so the kernel's producer transposes it
+    through registers (and in layout tn, both)."""
     M, N, K = shape
     BM, BN, BK = config["BM"], config["BN"], config["BK"]
     wide, size = 128 // element_bytes, element_bytes
-    a = TensorBox(0, M, K, wide, BK, size) if layout in ("tn", "tt") else TensorBox(0, K, M, BK, BM, size)
+    a_kmajor, b_kmajor = layout[0] == "n", layout[1] == "t"
+    a = TensorBox(0, K, M, BK, BM, size) if a_kmajor else TensorBox(0, M, K, wide, BK, size)
     # CLUSTER_M = 2: each block of a pair copies half of B's K-contiguous tile (its rows) into both
     rows_b = BN // config.get("CLUSTER_M", 1)
-    b = TensorBox(1, K, N, BK, rows_b, size) if layout in ("nt", "tt") else TensorBox(1, N, K, wide, BK, size)
+    b = TensorBox(1, K, N, BK, rows_b, size) if b_kmajor else TensorBox(1, N, K, wide, BK, size)
+    if element_bytes == 1:
+        return tuple(box for box, kmajor in ((a, a_kmajor), (b, b_kmajor)) if kmajor)
     return a, b
 
 

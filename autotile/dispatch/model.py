@@ -58,11 +58,13 @@ class Choice:
     predicted: float
     neighbours: tuple[tuple[tuple[int, ...], float, float | None], ...]
     runner_up: str | None = None
+    reference: str = "cuBLAS"  # what the speed-ups are over (`Model.reference`)
 
     def explain(self) -> str:
         near = ", ".join(f"{'x'.join(map(str, s))} {'-' if r is None else format(r, '.2f') + 'x'}"
                          for s, _, r in self.neighbours)
-        why = (f"predicted {self.predicted:.2f}x cuBLAS" if self.candidate.implementation == "generated"
+        fallback = self.candidate.implementation == "cublas" or self.candidate.name == self.reference
+        why = (f"predicted {self.predicted:.2f}x {self.reference}" if not fallback
                else f"no candidate predicted safely faster (best: {self.runner_up or '-'})")
         return f"{self.candidate.name}, {why}; at the nearest surveyed shapes: {near}"
 
@@ -84,7 +86,9 @@ def worth_timing(kernel: str, config: Config, shape: tuple[int, ...], sm_count: 
 
 
 class Model:
-    """A database prepared for one device: usable candidates, log shapes, log speed-ups over cuBLAS."""
+    """A database prepared for one device: usable candidates, log shapes, log speed-ups over the reference
+    (cuBLAS; where cuBLAS cannot run the database's problems at all, int8 outside layout nt, the generated
+    candidate timed on the most shapes, which is then also what runs where no other is predicted faster)."""
 
     def __init__(self, db: ShapeDatabase, device: DeviceLimits):
         self.db, self.device = db, device
@@ -96,14 +100,17 @@ class Model:
             self.configs.append(config)
             if cand.implementation == "cublas" or config is not None:
                 usable.append(j)
-        self.cublas = db.cublas_index
-        self.usable = [j for j in usable if j != self.cublas]
-        self.usable_columns = np.asarray(self.usable, dtype=np.intp)
-        self.log_shapes = np.log2(np.array(db.shapes, dtype=np.float64))
         times = np.array([[np.nan if t is None else t for t in row] for row in db.times_ms], dtype=np.float64)
         self.times = times
-        # log2 speed-up over cuBLAS; NaN where either was not timed.
-        self.gain = (np.log2(times[:, [self.cublas]]) - np.log2(times)) if self.cublas is not None else None
+        self.cublas = self.reference = db.cublas_index
+        if self.cublas is not None and not np.isfinite(times[:, self.cublas]).any() and len(usable) > 1:
+            timed = [(int(np.isfinite(times[:, j]).sum()), -j) for j in usable if j != self.cublas]
+            self.reference = -max(timed)[1]
+        self.usable = [j for j in usable if j not in (self.cublas, self.reference)]
+        self.usable_columns = np.asarray(self.usable, dtype=np.intp)
+        self.log_shapes = np.log2(np.array(db.shapes, dtype=np.float64))
+        # log2 speed-up over the reference; NaN where either was not timed.
+        self.gain = (np.log2(times[:, [self.reference]]) - np.log2(times)) if self.reference is not None else None
         self.fill = np.full(times.shape, np.nan)
         self.worth = np.zeros((len(db.shapes), len(self.usable)), dtype=bool)  # rows x usable candidates
         for i, shape in enumerate(db.shapes):
@@ -118,6 +125,13 @@ class Model:
         self.aligned = {w: np.array([rows_allow(db.kernel, tuple(s), db.layout, w) for s in db.shapes], dtype=np.bool_)
                         for w in sorted(set(self.widths.tolist())) if w > 1}
         self._allowed: dict[str, np.ndarray] = {}
+
+    @property
+    def reference_name(self) -> str:
+        """What the speed-ups are over: "cuBLAS", or the reference candidate's name."""
+        if self.reference is None or self.reference == self.cublas:
+            return "cuBLAS"
+        return self.db.candidates[self.reference].name
 
     def allowed(self, setting: str | None) -> np.ndarray:
         """For each usable candidate, whether the precision `setting` allows it (None: every one)."""
@@ -143,7 +157,7 @@ class Model:
         """The candidate to run on `shape` (None where the database has no cuBLAS column); `exclude` leaves
         one database row out (for cross-validation); `setting`, a precision setting, leaves out the
         candidates it does not allow (None: none left out)."""
-        if self.gain is None or self.cublas is None:
+        if self.gain is None or self.reference is None:
             return None
         shape_t = tuple(int(d) for d in shape)
         dist = self._distances(shape_t)
@@ -181,14 +195,16 @@ class Model:
                 runner_up = f"{self.db.candidates[self.usable[k]].name} {2 ** predicted[k]:.2f}x"
             near: tuple[tuple[tuple[int, ...], float, float | None], ...] = tuple(
                 (tuple(int(d) for d in self.db.shapes[i]), float(dist[i]), None) for i in order)
-            return Choice(self.db.candidates[self.cublas], None, 1.0, near, runner_up)
+            return Choice(self.db.candidates[self.reference], self.configs[self.reference], 1.0, near, runner_up,
+                          self.reference_name)
         k = int(np.argmax(np.where(safe, predicted, -np.inf)))
         j = self.usable[k]
         if by_kind[k] and int(self.widths[k]) in learned_from:  # the neighbours it learned from
             order, gain, ok = learned_from[int(self.widths[k])]
         near = tuple((tuple(int(d) for d in self.db.shapes[i]), float(dist[i]),
                       None if not ok[n, k] else float(2 ** gain[n, k])) for n, i in enumerate(order))
-        return Choice(self.db.candidates[j], self.configs[j], float(2 ** predicted[k]), near)
+        return Choice(self.db.candidates[j], self.configs[j], float(2 ** predicted[k]), near,
+                      reference=self.reference_name)
 
     def _distances(self, shape: tuple[int, ...]) -> np.ndarray:
         """Each database shape's distance to `shape`: the sum over dimensions of |log2| ratios."""
@@ -246,13 +262,13 @@ class Model:
         assert self.gain is not None
         out = []
         for i, shape in enumerate(self.db.shapes):
-            if not np.isfinite(self.times[i, self.cublas]):
+            if not np.isfinite(self.times[i, self.reference]):
                 continue
             choice = self.choose(shape, params, exclude=i)
             if choice is None:
                 continue
             j = self.db.candidates.index(choice.candidate)
-            g = 0.0 if j == self.cublas else self.gain[i, j]
+            g = 0.0 if j == self.reference else self.gain[i, j]
             if not np.isfinite(g):
                 continue
             best = max(0.0, float(np.nanmax(self.gain[i, self.usable]))) if self.usable else 0.0

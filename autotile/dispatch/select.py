@@ -293,25 +293,34 @@ def select(key: ProblemKey, device: DeviceLimits, cache: TuningCache | None = No
 
 # -- borrowing another problem's choice -----------------------------------------------------------------
 
+def lending_layouts(dtype: str, layout: str) -> list[str]:
+    """The matmul layouts whose choices serve `layout`'s where it has none, nearest first. Every layout
+    borrows nn's (the same tiles and arithmetic; only the copies into shared memory differ), except for the
+    8-bit types, whose kernels differ by layout (wgmma reads 8-bit operands K-major only: nt's tiles go
+    straight to the tensor cores, nn's and tt's producer transposes one operand, tn's both): tt and tn
+    borrow nn's (a transposed operand too), then nt's; nn borrows nt's."""
+    if dtypes.get(dtype).size == 1:
+        return {"nt": [], "nn": ["nt"], "tt": ["nn", "nt"], "tn": ["nn", "nt"]}[layout]
+    main = dtypes.main_layout(dtype)
+    return [] if layout == main else [main]
+
+
 def borrowed_keys(key: ProblemKey) -> list[ProblemKey]:
-    """The problems whose choice serves `key` where it has no record of its own, nearest first: another
-    layout borrows the dtype's main layout's (`dtypes.main_layout`: nn, or nt for the 8-bit types; the same
-    tiles and arithmetic, only the copies into shared memory differ), a batch in another layout the main
-    layout's batch first (how the batch fills the GPU decides more than the copies do), then one matrix's
-    (the same kernel, one more grid dimension). float16 borrows bfloat16's choices after its own."""
+    """The problems whose choice serves `key` where it has no record of its own, nearest first: other
+    layouts' (`lending_layouts`), a batch's in another layout before one matrix's (how the batch fills
+    the GPU decides more than the copies do), then one matrix's (the same kernel, one more grid
+    dimension). float16 borrows bfloat16's choices after its own."""
     found: list[ProblemKey] = []
     if key.kernel == "matvec":
         return found
-    main = dtypes.main_layout(key.dtype)  # nn; nt for the 8-bit types
+    layouts = lending_layouts(key.dtype, key.layout)
     if key.kernel == "bmm":
-        if key.layout != main:
-            found.append(dataclasses.replace(key, layout=main))
+        found += [dataclasses.replace(key, layout=layout) for layout in layouts]
         single = ProblemKey("matmul", key.dtype, key.layout, key.shape[1:])
         found.append(single)
-        if key.layout != main:
-            found.append(dataclasses.replace(single, layout=main))
-    elif key.layout != main:
-        found.append(dataclasses.replace(key, layout=main))
+        found += [dataclasses.replace(single, layout=layout) for layout in layouts]
+    else:
+        found += [dataclasses.replace(key, layout=layout) for layout in layouts]
     if key.dtype == "float16":  # the same kernels as bfloat16's, at the same tensor-core rate: its choices
         found += [dataclasses.replace(k, dtype="bfloat16") for k in (key, *found)]
     return found
@@ -326,12 +335,16 @@ def borrowed(found: Selection, lender: ProblemKey, key: ProblemKey, device: Devi
     source = f"{found.source} of {lender.kernel}{dtype} {lender.layout} {lender.shape_text}"
     if found.config is None:
         return None if _cublas_cannot(key) else dataclasses.replace(found, source=source)
-    if key.layout != lender.layout and key.layout != dtypes.main_layout(key.dtype) and \
-            dtypes.get(key.dtype).size == 1 and not _cublas_cannot(key):
-        # an 8-bit kernel chosen for nt (tiles copied straight to the tensor cores) transposes every tile
-        # of another layout through registers (0.3x cuBLAS measured on an H100): cuBLAS there instead
+    if lender.layout == "nt" and key.layout != "nt" and dtypes.get(key.dtype).size == 1 and not _cublas_cannot(key):
+        # an 8-bit kernel chosen for nt, where the TMA feeds the tensor cores, may be the wrong one where
+        # the producer transposes (nn, tt: the best tile puts the TMA's operand on the long side): cuBLAS
         return None
     config = found.config
+    if dtypes.get(key.dtype).size == 1 and {lender.layout, key.layout} == {"nn", "tt"}:
+        # tt is nn with the operands' roles swapped (A transposed in the producer instead of B): the tile
+        # mirrored keeps the TMA's operand on its long side (8192^3 on an H100: 477 TOP/s with 128 x 256
+        # in tt against 268 with nn's 256 x 128)
+        config = kernels.get(key.kernel).space.with_overrides(config, {"BM": config["BN"], "BN": config["BM"]})
     if key.kernel == "bmm" and lender.kernel == "matmul":
         config = fewer_splits_for_batch(config, lender.shape, key.shape[0])
     space = kernels.get(key.kernel).space
@@ -411,6 +424,7 @@ def explain(key: ProblemKey, device: DeviceLimits, cache: Any = None, precision:
 
 
 __all__ = ["MIN_K_PER_SPLIT", "RECORD_STEPS", "Selection", "allowed", "borrowed", "borrowed_keys", "builtin_default",
+           "lending_layouts",
            "counts", "device_default", "fewer_splits_for_batch",
            "exact", "explain", "is_current", "keep_grid_filled", "log_distance", "model", "nearest", "record_options",
            "runs_here", "same_compiler", "select", "tuned_with"]

@@ -72,8 +72,11 @@ SAVE_EVERY_S = 30.0
 
 def decode_only(kernel: str, layout: str | None, dtype: str = "float32") -> bool:
     """Whether a matmul database of `layout` is surveyed on decode-size shapes only: every layout but the
-    dtype's main one (`dtypes.main_layout`: nn, or nt for the 8-bit types), which has the whole grid."""
-    return kernel == "matmul" and layout in SURVEYED_LAYOUTS["matmul"] and layout != dtypes.main_layout(dtype)
+    dtype's main one (nn), which has the whole grid; an 8-bit type's kernels differ by layout (its nt
+    copies with the TMA alone, its nn transposes B), so both of its layouts have the whole grid."""
+    if kernel != "matmul" or layout not in SURVEYED_LAYOUTS["matmul"] or dtypes.get(dtype).size == 1:
+        return False
+    return layout != dtypes.main_layout(dtype)
 
 
 def grid(kernel: str, seed: int = SURVEY_SEED, random_shapes: int | None = None,
@@ -421,7 +424,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--layouts", default="row,col,nn,nt",
                         help="layouts, each kernel taking its own: matvec row, col; matmul nn (the whole grid) and "
                              "nt (decode-size shapes only: its other shapes, and tn and tt, borrow nn's database; "
-                             "for int8 the other way round: nt has the whole grid); bmm nn (its other layouts "
+                             "for int8 both have the whole grid); bmm nn (its other layouts "
                              "borrow bmm nn's database)")
     parser.add_argument("--root", default=None, help="cache root to write to (default: the user cache)")
     parser.add_argument("--budget", type=float, default=None, metavar="SECONDS",
