@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from direct_support import check_compile, compile_cases, require_hopper
 
 from autotile.codegen import build, dtypes, kernels
 from autotile.codegen.limits import PROFILES
@@ -118,54 +119,27 @@ def test_split_k_sums_in_int32():
 # Every int8 config in nt; two that cover the knobs (clusters and persistence; K splits) in the other layouts
 # (the transposing producer) and batched.
 COVERING = ("direct8-128x256-c2p", "direct8-64-split8")
-CASES = [(n, "nt", False) for n in NAMES] + [
-    (n, layout, batched) for n in COVERING for layout in LAYOUTS for batched in (False, True)
+CASES = [(n, "int8", "nt", False) for n in NAMES] + [
+    (n, "int8", layout, batched) for n in COVERING for layout in LAYOUTS for batched in (False, True)
     if (layout, batched) != ("nt", False) and (not batched or layout in ("nt", "tt"))]
 
 
 @pytest.fixture(scope="module")
 def compiled():
-    import concurrent.futures
-
     if NVRTC_MISSING is not None:
         pytest.skip(NVRTC_MISSING)
-
-    def job(case):
-        name, layout, batched = case
-        spec = kernels.get("bmm") if batched else SPEC
-        return build.compile(spec.render(SPACE.named(name), "int8", layout), "sm_90a")
-
-    with concurrent.futures.ThreadPoolExecutor(2) as pool:
-        futures = {case: pool.submit(job, case) for case in CASES}
-        return {case: f.result() for case, f in futures.items()}
+    return compile_cases(CASES)
 
 
 @needs_nvrtc
-@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-{c[1]}{'-batched' if c[2] else ''}")
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-{c[2]}{'-batched' if c[3] else ''}")
 def test_compiles_for_sm90a_without_spills(compiled, case):
-    name, layout, _ = case
-    result = compiled[case]
-    (usage,) = result.usages
-    derived = SPACE.derive(SPACE.named(name), Problem(PROFILES["h100"], "int8", layout))
-    assert usage.registers <= min(255, 65536 // derived["threads"] // 8 * 8)
-    # as the 16-bit kernels: ptxas (CUDA 13) spills a few bytes in some 384-thread kernels
-    assert usage.spill_stores <= 32 and usage.static_smem == 0, (case, usage)
-    assert "C7508" not in result.log and "C7510" not in result.log, result.log
+    check_compile(case, compiled[case])
 
 
 # -- on a Hopper GPU ----------------------------------------------------------------------------------
 
 SHAPES = [(131, 67, 257), (1, 97, 33), (61, 1, 7), (257, 509, 1031), (1024, 768, 512), (17, 4096, 4099)]
-
-
-def _hopper() -> None:
-    cupy = pytest.importorskip("cupy")
-    try:
-        major = cupy.cuda.Device().compute_capability
-    except Exception as exc:  # no GPU or no driver
-        pytest.skip(f"no usable GPU: {exc}")
-    if major != "90":
-        pytest.skip("needs a Hopper GPU (sm_90)")
 
 
 def _run(name: str, key: ProblemKey, offset: int = 0):
@@ -191,7 +165,7 @@ def _run(name: str, key: ProblemKey, offset: int = 0):
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("name", NAMES)
 def test_named_configs_are_exact(name, layout):
-    _hopper()
+    require_hopper()
     import cupy
 
     for shape in SHAPES:
@@ -203,7 +177,7 @@ def test_named_configs_are_exact(name, layout):
 
 @pytest.mark.gpu
 def test_int8_unaligned_batched_and_cublas_agree():
-    _hopper()
+    require_hopper()
     import cupy
 
     from autotile.runtime.cublas import unsupported_reason
@@ -225,7 +199,7 @@ def test_int8_unaligned_batched_and_cublas_agree():
 
 @pytest.mark.gpu
 def test_library_int8_matmul_from_torch_and_cupy():
-    _hopper()
+    require_hopper()
     import cupy
 
     import autotile
