@@ -285,3 +285,13 @@ def test_tt_borrows_nns_tile_mirrored():
     tt = select(ProblemKey("matmul", "int8", "tt", shape), PROFILES["h100"], TuningCache(None))
     assert "of matmul nn" in tt.source and nn.config is not None and tt.config is not None
     assert (tt.config["BM"], tt.config["BN"]) == (nn.config["BN"], nn.config["BM"])
+
+
+def test_where_cublas_refuses_an_nt_shape_the_model_still_chooses():
+    """An nt shape cuBLAS refuses (K = 4095: leading dimensions not multiples of 4) takes the candidate the
+    database predicts best, whatever its margin over cuBLAS, rather than the built-in default."""
+    from autotile.dispatch.cache import TuningCache
+    from autotile.dispatch.select import select
+
+    found = select(ProblemKey("matmul", "int8", "nt", (33, 4096, 4095)), PROFILES["h100"], TuningCache(None))
+    assert found.implementation == "generated" and found.source.startswith("model"), found.explain()

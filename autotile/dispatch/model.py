@@ -153,10 +153,12 @@ class Model:
         return fill, worth.astype(np.bool_)
 
     def choose(self, shape: Sequence[int], params: ModelParams = ModelParams(),
-               exclude: int | None = None, setting: str | None = None) -> Choice | None:
+               exclude: int | None = None, setting: str | None = None, reference_runs: bool = True) -> Choice | None:
         """The candidate to run on `shape` (None where the database has no cuBLAS column); `exclude` leaves
         one database row out (for cross-validation); `setting`, a precision setting, leaves out the
-        candidates it does not allow (None: none left out)."""
+        candidates it does not allow (None: none left out). `reference_runs` False: the reference cannot run
+        `shape` (cuBLAS on an int8 shape it refuses), so the best predicted candidate is taken whatever
+        its margin over the reference."""
         if self.gain is None or self.reference is None:
             return None
         shape_t = tuple(int(d) for d in shape)
@@ -188,6 +190,8 @@ class Model:
                 enough = enough & np.logical_not(group)
         eligible = worth & enough & np.isfinite(predicted) & self.allowed(setting)
         safe = eligible & (predicted >= math.log2(1 + params.margin)) & (worst >= math.log2(params.floor))
+        if not reference_runs:
+            safe = eligible
         if not safe.any():
             runner_up = None
             if eligible.any():

@@ -182,8 +182,10 @@ def model(ctx: Context) -> Selection | None:
     db = database.load(ctx.cache, ctx.device.fingerprint, *_key_parts(ctx.key))
     if db is None or not db.shapes or not db.covers(ctx.key.shape):
         return None
-    choice = model_for(db, ctx.device).choose(ctx.key.shape, params_of(db), setting=ctx.precision)
-    if choice is None or (choice.config is None and _cublas_cannot(ctx.key)):
+    reference_runs = not _cublas_cannot(ctx.key)  # int8 shapes cuBLAS refuses: the best generated candidate
+    choice = model_for(db, ctx.device).choose(ctx.key.shape, params_of(db), setting=ctx.precision,
+                                              reference_runs=reference_runs)
+    if choice is None or (choice.config is None and not reference_runs):
         return None
     return Selection(choice.config, f"model ({len(db.shapes)} surveyed shapes)", None, None,
                      choice.candidate.implementation, choice.explain(), ctx.precision)
