@@ -229,7 +229,7 @@ def format_result(r: Any) -> str:
                      f"{f.seed_name + ': ' if f.seed_name else ''}{f.config.key()}")
     if r.baseline_ms:
         m = kernels.metric(r.kernel, r.shape, r.dtype, r.baseline_ms)[0]
-        lines.append(f"{'cuBLAS':<6} {r.baseline_ms:>7.4f} {'':>7} {m:>10,.0f} {1.0:>9.2f}  cupy.matmul")
+        lines.append(f"{'cuBLAS':<6} {r.baseline_ms:>7.4f} {'':>7} {m:>10,.0f} {1.0:>9.2f}  {_cublas_routine(r.dtype)}")
     lines.append("")
     lines.append(f"best: {r.best.median_ms:.4f} ms, {r.metric:,.0f} {unit}"
                  + (f", {r.vs_baseline:.2f}x cuBLAS" if r.vs_baseline else "")
@@ -325,3 +325,9 @@ def cmd_cache_clear(args: argparse.Namespace) -> int:
         return 0
     print(f"removed {n} entr{'y' if n == 1 else 'ies'} from {cache.root}")
     return 0
+
+
+def _cublas_routine(dtype: str) -> str:
+    """What the baseline called (`autotile.runtime.impl.CublasRunner`): CuPy's matmul for the IEEE types,
+    cublasGemmEx for the 16-bit types and int8."""
+    return "cupy.matmul" if dtype in ("float32", "float64") else "cublasGemmEx"
