@@ -166,6 +166,21 @@ def load(cache: TuningCache, device: str, kernel: str, dtype: str, layout: str) 
     return None
 
 
+def load_sibling(cache: TuningCache, device: str, kernel: str, dtype: str, layout: str) -> ShapeDatabase | None:
+    """Where `device` (a fingerprint, "NAME_sm_XY") has no database for this problem family: one of another
+    GPU of the same architecture (the first by name), whose kernels are the same and whose measured ranking
+    is the nearest there is (an H200 reading the H100's bfloat16 and int8 databases). None where there is
+    none."""
+    arch = device.rsplit("_", 1)[-1]
+    others = sorted({path.name for root in cache._roots() if root.is_dir()
+                     for path in root.glob(f"*_{arch}") if path.is_dir() and path.name != _device_dir(device)})
+    for other in others:
+        db = load(cache, other, kernel, dtype, layout)
+        if db is not None:
+            return db
+    return None
+
+
 @functools.lru_cache(maxsize=32)
 def _read(path: str, mtime_ns: int, size: int) -> ShapeDatabase:
     # Keyed by modification time and size: a rebuilt database is read again, an unchanged one once.

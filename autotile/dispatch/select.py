@@ -180,6 +180,8 @@ def model(ctx: Context) -> Selection | None:
     from autotile.dispatch.model import model_for, params_of
 
     db = database.load(ctx.cache, ctx.device.fingerprint, *_key_parts(ctx.key))
+    if db is None:  # another GPU's of the same architecture, where this one has none
+        db = database.load_sibling(ctx.cache, ctx.device.fingerprint, *_key_parts(ctx.key))
     if db is None or not db.shapes or not db.covers(ctx.key.shape):
         return None
     reference_runs = not _cublas_cannot(ctx.key)  # int8 shapes cuBLAS refuses: the best generated candidate
@@ -187,7 +189,8 @@ def model(ctx: Context) -> Selection | None:
                                               reference_runs=reference_runs)
     if choice is None or (choice.config is None and not reference_runs):
         return None
-    return Selection(choice.config, f"model ({len(db.shapes)} surveyed shapes)", None, None,
+    whose = "" if db.device == ctx.device.fingerprint else f" on {db.environment.get('gpu', db.device)}"
+    return Selection(choice.config, f"model ({len(db.shapes)} surveyed shapes{whose})", None, None,
                      choice.candidate.implementation, choice.explain(), ctx.precision)
 
 
