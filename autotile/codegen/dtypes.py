@@ -74,9 +74,10 @@ def get(name: str) -> Dtype:
 
 
 def main_layout(name: str) -> str:
-    """The matmul layout whose kernels are a dtype's fastest, surveyed in full and lent to the others: nn,
-    or nt for an 8-bit type (wgmma reads 8-bit operands K-major only, so nt's copies go straight to the
-    tensor cores and every other layout's are transposed on the way)."""
+    """The matmul layout whose kernels are a dtype's fastest: nn (surveyed in full and lent to the other
+    layouts), or nt for an 8-bit type (wgmma reads 8-bit operands K-major only, so nt's copies go straight
+    to the tensor cores and every other layout's are transposed on the way; `dispatch.select` says which
+    layouts lend to which)."""
     return "nt" if get(name).size == 1 else "nn"
 
 

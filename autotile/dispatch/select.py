@@ -39,7 +39,7 @@ from autotile.codegen.space import Config, Problem
 from autotile.dispatch import precision as precision_mod
 from autotile.dispatch.cache import TuningCache
 from autotile.dispatch.record import Record
-from autotile.errors import ArgumentError, UnknownNameError
+from autotile.errors import ArgumentError, AutotileError, UnknownNameError
 from autotile.runtime.impl import Cublas, Generated, Implementation
 
 MIN_K_PER_SPLIT = 128  # elements of K per split below which more splits only add atomics
@@ -230,7 +230,7 @@ def builtin_default(ctx: Context) -> Selection:
 
         cannot = unsupported_reason(ctx.key)
         runnable: Config | None = next((c for c in space.named_configs.values() if space.is_feasible(c, problem)), None)
-        if cannot is not None:  # cuBLAS cannot run it (int8 with odd leading dimensions)
+        if cannot is not None:  # cuBLAS cannot run it (int8 outside layout nt, or with odd leading dimensions)
             if runnable is None:
                 raise ArgumentError(f"{ctx.key.dtype} {ctx.key.kernel} {'x'.join(map(str, ctx.key.shape))} "
                                     f"({ctx.key.layout}) on {ctx.device.name}: no generated kernel runs "
@@ -333,23 +333,23 @@ def borrowed_keys(key: ProblemKey) -> list[ProblemKey]:
 
 def borrowed(found: Selection, lender: ProblemKey, key: ProblemKey, device: DeviceLimits) -> Selection | None:
     """`found`, chosen for `lender`, as the choice for `key`; None where its config cannot run `key` (a
-    config the other layout's limits refuse). cuBLAS stays cuBLAS (it takes every layout and batches). For a
+    config the other layout's limits refuse). cuBLAS stays cuBLAS (it takes every layout and batches), except
+    where it cannot run `key` (`autotile.runtime.cublas.unsupported_reason`: int8 outside nt). For a
     batch, the K splits are lowered where the batch fills the GPU by itself: the fewest splits that launch
     as many blocks as the config did on one matrix."""
     dtype = f" {lender.dtype}" if lender.dtype != key.dtype else ""
     source = f"{found.source} of {lender.kernel}{dtype} {lender.layout} {lender.shape_text}"
     if found.config is None:
         return None if _cublas_cannot(key) else dataclasses.replace(found, source=source)
-    if lender.layout == "nt" and key.layout != "nt" and dtypes.get(key.dtype).size == 1 and not _cublas_cannot(key):
-        # an 8-bit kernel chosen for nt, where the TMA feeds the tensor cores, may be the wrong one where
-        # the producer transposes (nn, tt: the best tile puts the TMA's operand on the long side): cuBLAS
-        return None
     config = found.config
     if dtypes.get(key.dtype).size == 1 and {lender.layout, key.layout} == {"nn", "tt"}:
         # tt is nn with the operands' roles swapped (A transposed in the producer instead of B): the tile
         # mirrored keeps the TMA's operand on its long side (8192^3 on an H100: 477 TOP/s with 128 x 256
         # in tt against 268 with nn's 256 x 128)
-        config = kernels.get(key.kernel).space.with_overrides(config, {"BM": config["BN"], "BN": config["BM"]})
+        try:
+            config = kernels.get(key.kernel).space.with_overrides(config, {"BM": config["BN"], "BN": config["BM"]})
+        except AutotileError:  # a tile the space has no mirror of: not a choice for tt
+            return None
     if key.kernel == "bmm" and lender.kernel == "matmul":
         config = fewer_splits_for_batch(config, lender.shape, key.shape[0])
     space = kernels.get(key.kernel).space
@@ -359,7 +359,8 @@ def borrowed(found: Selection, lender: ProblemKey, key: ProblemKey, device: Devi
 
 
 def _cublas_cannot(key: ProblemKey) -> bool:
-    """Whether cuBLAS cannot compute `key` (int8 with leading dimensions that are not multiples of 4)."""
+    """Whether cuBLAS cannot compute `key` (int8 outside layout nt, or with leading dimensions that are not
+    multiples of 4)."""
     from autotile.runtime.cublas import unsupported_reason
 
     return unsupported_reason(key) is not None
