@@ -70,6 +70,11 @@ def _operands(torch: Any, shape: tuple[int, ...], dtype: Any, generator: Any) ->
     return torch.rand(*shape, device="cuda", dtype=dtype, generator=generator) - 0.5
 
 
+def _out_dtype(torch: Any, dtype: Any) -> Any:
+    """The result's torch dtype: int32 for int8 (torch._int_mm's and autotile's contract), else the inputs'."""
+    return torch.int32 if dtype == torch.int8 else dtype
+
+
 def _torch_matmul(torch: Any, dtype: Any) -> Any:
     """The call a PyTorch user makes: torch.matmul(a, b, out=), or torch._int_mm(a, b) for int8."""
     if dtype == torch.int8:
@@ -85,7 +90,7 @@ def _matmul_row(shape: tuple[int, ...], layout: str, dtype: Any, flush: Any, pro
     g = torch.Generator(device="cuda").manual_seed(sum(shape))
     x, w = _operands(torch, (M, K), dtype, g), _operands(torch, (N, K), dtype, g)
     b = w.T if layout == "nt" else w.T.contiguous()
-    out_dtype = torch.int32 if dtype == torch.int8 else dtype
+    out_dtype = _out_dtype(torch, dtype)
     out_t, out_m = torch.empty(M, N, device="cuda", dtype=out_dtype), torch.empty(M, N, device="cuda", dtype=out_dtype)
     reference_call = _torch_matmul(torch, dtype)
     try:
@@ -94,7 +99,6 @@ def _matmul_row(shape: tuple[int, ...], layout: str, dtype: Any, flush: Any, pro
         print(f"{layout} {shape}: no PyTorch call ({' '.join(str(exc).split())[:120]})", flush=True)
         return None
     torch_ms, mine_ms = _pair(lambda: reference_call(x, b, out_t), lambda: matmul(x, b, out=out_m), flush)
-    out_t = reference_call(x, b, out_t)
     ref = x.double() @ b.double()
     row = {"case": f"x @ W{'.T' if layout == 'nt' else ''}", "layout": layout, "shape": list(shape),
            "torch_ms": torch_ms, "autotile_ms": mine_ms, "ratio": torch_ms / mine_ms,
@@ -130,7 +134,7 @@ def host_overhead(calls: int = 2000, dtype: Any = None) -> dict[str, float]:
     dtype = dtype or torch.float32
     g = torch.Generator(device="cuda").manual_seed(64)
     x, w = _operands(torch, (64, 64), dtype, g), _operands(torch, (64, 64), dtype, g)
-    out = torch.empty(64, 64, device="cuda", dtype=torch.int32 if dtype == torch.int8 else dtype)
+    out = torch.empty(64, 64, device="cuda", dtype=_out_dtype(torch, dtype))
     if dtype == torch.int8:
         cases = {"torch._int_mm(x, w.T)": lambda: torch._int_mm(x, w.T),
                  "autotile.matmul(x, w.T)": lambda: matmul(x, w.T),

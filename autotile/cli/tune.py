@@ -8,6 +8,7 @@ import sys
 from typing import Any, Callable
 
 from autotile.codegen import kernels
+from autotile.codegen.dtypes import TENSOR_CORE_DTYPES
 from autotile.codegen.problem import LAYOUT_ALIASES
 from autotile.dispatch import precision
 from autotile.errors import InvalidValueError
@@ -328,6 +329,6 @@ def cmd_cache_clear(args: argparse.Namespace) -> int:
 
 
 def _cublas_routine(dtype: str) -> str:
-    """What the baseline called (`autotile.runtime.impl.CublasRunner`): CuPy's matmul for the IEEE types,
-    cublasGemmEx for the 16-bit types and int8."""
-    return "cupy.matmul" if dtype in ("float32", "float64") else "cublasGemmEx"
+    """What the baseline called (`autotile.runtime.impl.CublasRunner`): cublasGemmEx for the types the tensor
+    cores take as they are, CuPy's matmul for the others."""
+    return "cublasGemmEx" if dtype in TENSOR_CORE_DTYPES else "cupy.matmul"

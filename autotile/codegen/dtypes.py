@@ -43,6 +43,12 @@ class Dtype:
         return self.output or self.name
 
     @property
+    def k_major_only(self) -> bool:
+        """An 8-bit type: wgmma reads its operands K-major only, so its kernels differ by layout (a tile
+        stored M- or N-contiguous is transposed on its way to the tensor cores)."""
+        return self.size == 1
+
+    @property
     def is_ieee_wide(self) -> bool:
         """float32 or float64: every kernel family (SIMT, tensor-core splits, DMMA) computes in it."""
         return self.name in ("float32", "float64")
@@ -78,7 +84,7 @@ def main_layout(name: str) -> str:
     layouts), or nt for an 8-bit type (wgmma reads 8-bit operands K-major only, so nt's copies go straight
     to the tensor cores and every other layout's are transposed on the way; `dispatch.select` says which
     layouts lend to which)."""
-    return "nt" if get(name).size == 1 else "nn"
+    return "nt" if get(name).k_major_only else "nn"
 
 
 def output_storage(name: str) -> str:
@@ -89,7 +95,9 @@ def output_storage(name: str) -> str:
 
 def itemsize(storage: str) -> int:
     """Bytes per element of an input's or an output's type (by name: "int32" as well as the DTYPES)."""
-    return 4 if storage == "int32" else get(storage).size
+    if storage in _OUTPUT_ONLY:
+        return int(np.dtype(_OUTPUT_ONLY[storage][0]).itemsize)
+    return get(storage).size
 
 
 def output_ctype(name: str) -> str:

@@ -304,7 +304,7 @@ def lending_layouts(dtype: str, layout: str) -> list[str]:
     8-bit types, whose kernels differ by layout (wgmma reads 8-bit operands K-major only: nt's tiles go
     straight to the tensor cores, nn's and tt's producer transposes one operand, tn's both): tt and tn
     borrow nn's (a transposed operand too), then nt's; nn borrows nt's."""
-    if dtypes.get(dtype).size == 1:
+    if dtypes.get(dtype).k_major_only:
         return {"nt": [], "nn": ["nt"], "tt": ["nn", "nt"], "tn": ["nn", "nt"]}[layout]
     main = dtypes.main_layout(dtype)
     return [] if layout == main else [main]
@@ -342,7 +342,7 @@ def borrowed(found: Selection, lender: ProblemKey, key: ProblemKey, device: Devi
     if found.config is None:
         return None if _cublas_cannot(key) else dataclasses.replace(found, source=source)
     config = found.config
-    if dtypes.get(key.dtype).size == 1 and {lender.layout, key.layout} == {"nn", "tt"}:
+    if dtypes.get(key.dtype).k_major_only and {lender.layout, key.layout} == {"nn", "tt"}:
         # tt is nn with the operands' roles swapped (A transposed in the producer instead of B): the tile
         # mirrored keeps the TMA's operand on its long side (8192^3 on an H100: 477 TOP/s with 128 x 256
         # in tt against 268 with nn's 256 x 128)

@@ -107,7 +107,7 @@ class _WorkerState:
             self.outputs[shape] = cupy.empty(self.spec.output_shape(shape), dtype=out_dtype)
         cublas = Cublas().prepare(setup.key)
         args, out = self.inputs[setup.key.shape], self.outputs[setup.key.shape]
-        # where cuBLAS cannot compute the problem (int8 with odd leading dimensions) there is no baseline
+        # where cuBLAS cannot compute the problem (int8 outside nt or with odd leading dimensions): no baseline
         runs = unsupported_reason(setup.key) is None
         self.time_cublas: Callable[[], Timing | None] = \
             (lambda: time_launch(lambda: cublas.run(args, out), self.flush)) if runs else (lambda: None)

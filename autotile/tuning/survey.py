@@ -74,7 +74,7 @@ def decode_only(kernel: str, layout: str | None, dtype: str = "float32") -> bool
     """Whether a matmul database of `layout` is surveyed on decode-size shapes only: every layout but the
     dtype's main one (nn), which has the whole grid; an 8-bit type's kernels differ by layout (its nt
     copies with the TMA alone, its nn transposes B), so both of its layouts have the whole grid."""
-    if kernel != "matmul" or layout not in SURVEYED_LAYOUTS["matmul"] or dtypes.get(dtype).size == 1:
+    if kernel != "matmul" or layout not in SURVEYED_LAYOUTS["matmul"] or dtypes.get(dtype).k_major_only:
         return False
     return layout != dtypes.main_layout(dtype)
 
