@@ -386,8 +386,9 @@ def test_shipped_databases_are_valid_and_current():
     for device in ("NVIDIA-H100-80GB-HBM3_sm_90", "NVIDIA-H200_sm_90"):
         assert full <= {p.name for p in paths if p.parent.parent.name == device}, device
     assert any(p.name == "matmul-float32-nt.json" for p in paths)
-    # the tensor-core types' main layouts, surveyed on the whole grid (H100 so far)
-    full |= {"matmul-bfloat16-nn.json", "matmul-int8-nt.json", "matmul-int8-nn.json"}
+    # the tensor-core types' main layouts and the 16-bit matvec, surveyed on the whole grid (H100 so far)
+    full |= {"matmul-bfloat16-nn.json", "matmul-int8-nt.json", "matmul-int8-nn.json", "matvec-bfloat16-row.json",
+             "matvec-bfloat16-col.json"}
     retired = []
     for path in paths:
         db = database.ShapeDatabase.from_json(json.loads(path.read_text()))
@@ -558,7 +559,8 @@ def test_model_can_learn_every_multi_element_copier_from_shapes_of_the_query_kin
     aligned = [(8, 512, 512, 512), (8, 516, 516, 516), (8, 520, 520, 520)]
     odd = [(8, 1001, 1001, 1001), (8, 1003, 1003, 1003), (8, 1005, 1005, 1005)]
     assert all(rows_allow("bmm", s, "nn", 4) for s in aligned) and not any(rows_allow("bmm", s, "nn", 4) for s in odd)
-    assert rows_allow("bmm", (8, 1001, 1002, 1004), "nn", 2) and rows_allow("matvec", (3, 5), "row", 4)
+    assert rows_allow("bmm", (8, 1001, 1002, 1004), "nn", 2) and rows_allow("matvec", (3, 8), "row", 4)
+    assert not rows_allow("matvec", (3, 5), "row", 4) and rows_allow("matvec", (8, 5), "col", 8)
     # cuBLAS 1 ms everywhere; the config 0.6 ms where rows are aligned, 1.5 ms where they are not
     times = tuple((1.0, 0.6) for _ in aligned) + tuple((1.0, 1.5) for _ in odd)
     db = ShapeDatabase("bmm", "float32", "nn", "h100", (Candidate("cublas", "cublas"),

@@ -103,8 +103,9 @@ class KernelSpec:
             maps = _tensor_boxes(config, shape[-3:], self.layout(layout)) if config.get("LOADER") == "tma" else ()
         if config["SPLIT_K"] > 1 and config.get("SPLIT_REDUCE", "atomic") == "last_block":
             workspace, tickets = self.split_buffers(config, shape)
-            # wgmma_direct keeps its K splits' partial sums in the accumulator's type (float32, int8's int32)
-            partial = dtypes.get(dtype).accumulator if direct else None
+            # partial sums are kept in the accumulator's type: float32 for the 16-bit types, int8's int32
+            accumulator = dtypes.get(dtype).accumulator
+            partial = accumulator if accumulator != dtype else None
             return Launch(grid, block, dynamic, False, workspace, tickets, maps, partial)
         return Launch(grid, block, dynamic, config["SPLIT_K"] > 1, tensor_maps=maps)
 

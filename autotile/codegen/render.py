@@ -8,8 +8,11 @@ from typing import Any
 
 import jinja2
 
-from autotile.codegen.dtypes import DTYPES, output_ctype
+from autotile.codegen.dtypes import DTYPES, HALF_DTYPES, output_ctype
 from autotile.codegen.resources import templates_dir
+
+# CUDA's vector types of the raw storage types (`unsigned short2` is no type; `ushort2` is)
+_VECTOR_BASE = {"unsigned short": "ushort", "unsigned char": "uchar"}
 
 
 @functools.lru_cache(maxsize=1)
@@ -42,7 +45,14 @@ def render(template: str, kernel: str, config: Mapping[str, Any], dtype: str = "
     context = dict(geometry or {})
     context.update(config)
     context.update(kernel_name=kernel_function_name(kernel), dtype=dtype, ctype=DTYPES[dtype].ctype,
-                   out_ctype=output_ctype(dtype),
+                   out_ctype=output_ctype(dtype), acc_ctype=accumulator_ctype(dtype),
                    dtype_size=DTYPES[dtype].size, layout=layout, config_key=key, batched=batched,
-                   vec_type=lambda n: f"{DTYPES[dtype].ctype}{n}")
+                   vec_type=lambda n: f"{_VECTOR_BASE.get(DTYPES[dtype].ctype, DTYPES[dtype].ctype)}{n}")
     return environment().get_template(template).render(**context)
+
+
+def accumulator_ctype(dtype: str) -> str:
+    """The C type a CUDA-core kernel sums `dtype`'s products in: float for the 16-bit floats (their widened
+    values; the result is rounded once, at the end), else `T` itself, written as `T` so that the float32
+    and float64 kernels' text (and the source hashes of their tuned records) reads as it always has."""
+    return "float" if dtype in HALF_DTYPES else "T"

@@ -348,10 +348,12 @@ def _copies_with_tensor_maps(config: Config | None) -> bool:
 
 def rows_allow(kernel: str, shape: tuple[int, ...], layout: str, width: int) -> bool:
     """Whether every operand's rows on `shape` in `layout` start aligned to `width` elements (their
-    contiguous dimension a multiple of it), the operands taken to be aligned as allocators give them.
-    Only matmul and bmm kernels are told apart by it (True for the others)."""
-    if kernel not in ("matmul", "bmm") or width <= 1:
+    contiguous dimension a multiple of it), the operands taken to be aligned as allocators give them: a
+    matvec's A has rows of K elements (row) or columns of M (col); x is one aligned vector."""
+    if width <= 1:
         return True
+    if kernel == "matvec":
+        return shape[1 if layout == "row" else 0] % width == 0
     M, N, K = shape[-3:]
     a_inner = M if layout in ("tn", "tt") else K
     b_inner = K if layout in ("nt", "tt") else N

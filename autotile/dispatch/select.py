@@ -314,11 +314,10 @@ def borrowed_keys(key: ProblemKey) -> list[ProblemKey]:
     """The problems whose choice serves `key` where it has no record of its own, nearest first: other
     layouts' (`lending_layouts`), a batch's in another layout before one matrix's (how the batch fills
     the GPU decides more than the copies do), then one matrix's (the same kernel, one more grid
-    dimension). float16 borrows bfloat16's choices after its own."""
+    dimension); a matvec borrows no other layout's (row- and column-major kernels differ). float16 borrows
+    bfloat16's choices after its own (the same kernels, at the same speed)."""
     found: list[ProblemKey] = []
-    if key.kernel == "matvec":
-        return found
-    layouts = lending_layouts(key.dtype, key.layout)
+    layouts = [] if key.kernel == "matvec" else lending_layouts(key.dtype, key.layout)
     if key.kernel == "bmm":
         found += [dataclasses.replace(key, layout=layout) for layout in layouts]
         single = ProblemKey("matmul", key.dtype, key.layout, key.shape[1:])

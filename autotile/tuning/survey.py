@@ -28,7 +28,8 @@ from autotile.codegen import build, dtypes, kernels
 from autotile.codegen.dtypes import DTYPE_NAMES
 from autotile.codegen.limits import DeviceLimits
 from autotile.codegen.problem import ProblemKey
-from autotile.codegen.space import Config, Problem
+from autotile.codegen.space import Config, Problem, Space
+from autotile.errors import AutotileError
 
 if TYPE_CHECKING:  # the cache needs filelock: imported where used, so that `autotile render` needs none
     from autotile.dispatch.cache import TuningCache
@@ -40,6 +41,11 @@ if TYPE_CHECKING:  # the cache needs filelock: imported where used, so that `aut
 GRID = {"matmul": (16, 45, 128, 362, 1024, 2896, 8192), "matvec": (64, 174, 472, 1283, 3487, 9474, 25746, 65536)}
 RANDOM_RANGE = {"matmul": (16, 12288), "matvec": (64, 65536)}
 RANDOM_SHAPES = {"matmul": 80, "matvec": 40}
+# matvec's random shapes with sizes rounded up to multiples of 8 (as frameworks pad them): a matvec kernel
+# loads VEC elements at a time only where A's rows (or columns) start aligned to that, and the grid's sizes
+# and the random ones above rarely are, so without these the model would judge aligned shapes by unaligned
+# ones (measured on an H100, 2026-11-25: bfloat16 column-major 8192x8192 0.88x cuBLAS)
+ALIGNED_RANDOM_SHAPES = {"matvec": 40}
 # Decode-size rows (an LLM's tokens through a projection: M of 1 to 64 against large N and K), where the
 # kernels that win (MATH=skinny) differ between layouts of B. matmul nn's grid has them as extra rows of A;
 # other layouts get a database of their own over these rows only (DECODE_MAX_ROWS and below; their other
@@ -97,19 +103,25 @@ def grid(kernel: str, seed: int = SURVEY_SEED, random_shapes: int | None = None,
         shapes = [(m, k) for m in sizes for k in sizes if m * k <= MAX_MATVEC_ELEMENTS]
     want = RANDOM_SHAPES[kernel] if random_shapes is None else random_shapes
     bound = MAX_MATMUL_WORK if kernel == "matmul" else MAX_MATVEC_ELEMENTS
-    return shapes + _log_uniform_shapes(np.random.default_rng(seed), [RANDOM_RANGE[kernel]] * len(shapes[0]), want,
-                                        set(shapes), bound)
+    seen = set(shapes)
+    shapes += _log_uniform_shapes(np.random.default_rng(seed), [RANDOM_RANGE[kernel]] * len(shapes[0]), want, seen,
+                                  bound)
+    aligned = ALIGNED_RANDOM_SHAPES.get(kernel, 0) if random_shapes is None else 0
+    # seed + 3: none of the other random shapes
+    return shapes + _log_uniform_shapes(np.random.default_rng(seed + 3), [RANDOM_RANGE[kernel]] * len(shapes[0]),
+                                        aligned, seen, bound, multiple=8)
 
 
 def _log_uniform_shapes(rng: np.random.Generator, ranges: list[tuple[int, int]], count: int,
-                        seen: set[tuple[int, ...]], max_product: float) -> list[tuple[int, ...]]:
-    """`count` shapes, each size log-uniform in its dimension's (low, high) and rounded; none of them in
-    `seen` (which gains them) and none whose product exceeds `max_product`. Deterministic in `rng`."""
+                        seen: set[tuple[int, ...]], max_product: float, multiple: int = 1) -> list[tuple[int, ...]]:
+    """`count` shapes, each size log-uniform in its dimension's (low, high), rounded, then rounded up to a
+    multiple of `multiple`; none of them in `seen` (which gains them) and none whose product exceeds
+    `max_product`. Deterministic in `rng`."""
     lows = np.array([math.log(lo) for lo, _ in ranges])
     highs = np.array([math.log(hi) for _, hi in ranges])
     found: list[tuple[int, ...]] = []
     while len(found) < count:
-        shape = tuple(int(round(math.exp(v))) for v in rng.uniform(lows, highs))
+        shape = tuple(-(-int(round(math.exp(v))) // multiple) * multiple for v in rng.uniform(lows, highs))
         if shape not in seen and math.prod(shape) <= max_product:
             seen.add(shape)
             found.append(shape)
@@ -171,12 +183,20 @@ def portfolio(kernel: str, dtype: str, layout: str, device: DeviceLimits,
     from autotile.dispatch.select import record_config
 
     for _, record in (cache or TuningCache()).entries(device.fingerprint, include_shipped=True):
-        if (record.kernel, record.dtype, record.layout) == (kernel, dtype, layout):
-            tuned = record_config(record)
-            if tuned is not None:
-                add("tuned-" + "x".join(map(str, record.shape)), tuned)
+        if (record.kernel, record.layout) != (kernel, layout):
+            continue
+        tuned = record_config(record)
+        if tuned is None:
+            continue
+        shape = "x".join(map(str, record.shape))
+        if record.dtype == dtype:
+            add("tuned-" + shape, tuned)
+        elif kernel == "matvec":  # a matvec is bandwidth-bound whatever it sums: another dtype's tunes lend
+            lent = lent_matvec_config(space, tuned, record.dtype, dtype)
+            if lent is not None:
+                add(f"tuned-{record.dtype}-{shape}", lent)
     if kernel == "matvec" and layout == "row":
-        vec = 4 if dtype == "float32" else 2
+        vec = 16 // dtypes.get(dtype).size  # 16-byte loads
         for lanes in (2, 4, 8, 16):
             add(f"rows-{lanes}-lanes", space.config({
                 "smem": "none", "ROWS": 256 // lanes, "THREADS_K": lanes, "VEC": vec, "X_SHARED": False,
@@ -199,6 +219,20 @@ def portfolio(kernel: str, dtype: str, layout: str, device: DeviceLimits,
             except Exception:  # a variant the space refuses (a constraint on SPLIT_K): not a candidate
                 continue
     return [(name, config) for config, name in found.items()]
+
+
+def lent_matvec_config(space: Space, config: Config, tuned_dtype: str, dtype: str) -> Config | None:
+    """A matvec config tuned for `tuned_dtype`, as `dtype` would run it: the same bytes per load (VEC scaled
+    by the ratio of the element sizes), and K splits summed by the last block, as the 16-bit types must (their
+    float32 sums are rounded once); None where the space has no such config."""
+    vec = config["VEC"] * dtypes.get(tuned_dtype).size // dtypes.get(dtype).size
+    overrides: dict[str, Any] = {"VEC": vec}
+    if config["SPLIT_K"] > 1:
+        overrides["SPLIT_REDUCE"] = "last_block"
+    try:
+        return space.with_overrides(config, overrides)
+    except AutotileError:
+        return None
 
 
 def survey(kernel: str, dtype: str, layout: str, device: DeviceLimits, shapes: list[tuple[int, ...]],
