@@ -28,7 +28,7 @@ from autotile.errors import (
     SpaceDefinitionError,
     UnknownNameError,
 )
-from autotile.library.api import matmul, matvec
+from autotile.library.api import matmul, matvec, scaled_matmul
 from autotile.runtime.device import live_device
 
 if TYPE_CHECKING:
@@ -42,7 +42,7 @@ __all__ = [
     "AutotileError", "ArgumentError", "CacheError", "CompileError", "Config", "DeviceLimits",
     "DeviceUnavailableError", "InfeasibleConfigError", "InvalidValueError", "KERNELS", "PROFILES", "Problem",
     "Space", "SpaceDefinitionError", "UnknownNameError", "get_float32_matmul_precision", "get_kernel", "live_device",
-    "load_space", "profile", "matmul", "matvec", "render", "set_float32_matmul_precision", "tune",
+    "load_space", "profile", "matmul", "matvec", "render", "scaled_matmul", "set_float32_matmul_precision", "tune",
     "tune_at_first_call",
 ]
 

@@ -195,7 +195,7 @@ class _Problem:
         self.spec = kernels.get(kernel)
         self.kernel, self.shape, self.layout, self.dtype, self.flush = kernel, shape, layout, dtype, flush
         self.inputs = self.spec.make_inputs(shape, dtype, layout, rng, cupy)
-        self.ref = self.spec.reference(self.inputs)
+        self.ref = self.spec.reference(self.inputs, dtype)
         self.out = cupy.empty(self.spec.output_shape(shape), dtype=dtypes.output_storage(dtype))
         self.tol = kernels.tolerance(dtype, shape[-1])
         self.timing = timing or {}

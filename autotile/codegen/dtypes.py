@@ -6,7 +6,10 @@ input's type (PyTorch's and cuBLAS's contract). NumPy has no bfloat16 and CuPy n
 and in CuPy a bfloat16 matrix is held as its raw 16-bit patterns (`storage` "uint16"); torch tensors carry
 the type itself. int8 is quantized inference's type: the tensor cores sum its products exactly in int32, and
 the output is int32 (torch._int_mm's contract): `output` names the output's type where it is not the
-input's.
+input's. The 8-bit floats (float8_e4m3fn, float8_e5m2; torch's names) follow torch._scaled_mm: each operand
+comes with a float32 scale (a one-element device array), the tensor cores sum the products in float32, and
+C = (scale_a scale_b) sum, rounded once to bfloat16. Neither NumPy nor CuPy has them: both hold them as
+their raw bytes (`storage` "uint8"), which only the dtype's name tells apart.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ class Dtype:
     accumulator: str
     max_finite: float
     output: str = ""
+    scaled: bool = False  # the operands come with a float32 scale each (torch._scaled_mm's contract)
 
     @property
     def output_name(self) -> str:
@@ -61,6 +65,12 @@ DTYPES: dict[str, Dtype] = {
     "float16": Dtype("float16", 2, "unsigned short", "float16", 2.0**-10, "float32", 65504.0),
     # Raw bytes in the kernels, as the 16-bit types: only the tensor cores read them as numbers.
     "int8": Dtype("int8", 1, "unsigned char", "int8", 0.0, "int32", 127.0, output="int32"),
+    # 4 exponent bits (bias 7), 3 mantissa bits, no infinities, one NaN pattern per sign (S.1111.111)
+    "float8_e4m3fn": Dtype("float8_e4m3fn", 1, "unsigned char", "uint8", 2.0**-3, "float32", 448.0,
+                           output="bfloat16", scaled=True),
+    # 5 exponent bits (bias 15), 2 mantissa bits: the top byte of a float16, infinities and NaNs as IEEE's
+    "float8_e5m2": Dtype("float8_e5m2", 1, "unsigned char", "uint8", 2.0**-2, "float32", 57344.0,
+                         output="bfloat16", scaled=True),
 }
 # Output types that are no input's (int8's int32): their storage and C type.
 _OUTPUT_ONLY = {"int32": ("int32", "int")}
@@ -68,8 +78,10 @@ DTYPE_NAMES = tuple(DTYPES)
 DTYPE_SIZES = {name: d.size for name, d in DTYPES.items()}
 # The 16-bit float types of the models' matmuls (float32 sums, cuBLAS through GemmEx).
 HALF_DTYPES = ("bfloat16", "float16")
-# The types the tensor cores take as they are (MATH=wgmma_direct): the 16-bit floats and int8.
-TENSOR_CORE_DTYPES = (*HALF_DTYPES, "int8")
+# The 8-bit floats (torch._scaled_mm's contract: scaled operands, float32 sums, a bfloat16 C).
+FLOAT8_DTYPES = ("float8_e4m3fn", "float8_e5m2")
+# The types the tensor cores take as they are (MATH=wgmma_direct): the 16-bit floats, int8 and the 8-bit floats.
+TENSOR_CORE_DTYPES = (*HALF_DTYPES, "int8", *FLOAT8_DTYPES)
 
 
 def get(name: str) -> Dtype:
@@ -109,7 +121,10 @@ def output_ctype(name: str) -> str:
 def from_float32(values: Any, dtype: str) -> Any:
     """`values` (a float32 NumPy or CuPy array) rounded to `dtype` to nearest, ties to even, as `dtype`'s
     storage: bfloat16 as its 16-bit patterns (the top half of the float32, rounded; a NaN stays a NaN);
-    int8 rounded and clipped to [-128, 127]."""
+    int8 rounded and clipped to [-128, 127]; an 8-bit float as its byte (past the largest finite value by
+    more than half a step: NaN for float8_e4m3fn, which has no infinity, infinity for float8_e5m2)."""
+    if dtype in FLOAT8_DTYPES:
+        return _float8_from_float32(values, dtype)
     if dtype == "int8":
         xp = _array_module(values)
         return xp.clip(xp.rint(values), -128, 127).astype(xp.int8)
@@ -124,10 +139,48 @@ def from_float32(values: Any, dtype: str) -> Any:
 
 def to_float32(values: Any, dtype: str) -> Any:
     """`values` held as `dtype`'s storage, widened exactly to float32 (NumPy or CuPy)."""
+    if dtype in FLOAT8_DTYPES:
+        xp = _array_module(values)
+        return xp.asarray(float8_values(dtype))[xp.asarray(values).astype(xp.int32)]
     if dtype != "bfloat16":
         return values.astype("float32")
     xp = _array_module(values)
     return (xp.ascontiguousarray(values).astype(xp.uint32) << 16).view(xp.float32)
+
+
+def float8_values(dtype: str) -> np.ndarray:
+    """The float32 value of each of the 256 bytes of an 8-bit float (NaN for its NaN patterns)."""
+    exponent_bits, bias = (4, 7) if dtype == "float8_e4m3fn" else (5, 15)
+    mantissa_bits = 7 - exponent_bits
+    codes = np.arange(256)
+    exponent = (codes >> mantissa_bits) & ((1 << exponent_bits) - 1)
+    mantissa = (codes & ((1 << mantissa_bits) - 1)).astype(np.float64) / (1 << mantissa_bits)
+    magnitude = np.where(exponent == 0, mantissa * 2.0 ** (1 - bias), (1 + mantissa) * 2.0 ** (exponent - bias))
+    top = exponent == (1 << exponent_bits) - 1
+    if dtype == "float8_e4m3fn":  # S.1111.111 is NaN; the rest of the top binade is finite
+        magnitude = np.where(top & ((codes & 7) == 7), np.nan, magnitude)
+    else:  # IEEE: the top binade is infinity (mantissa 0) or NaN
+        magnitude = np.where(top, np.where((codes & 3) == 0, np.inf, np.nan), magnitude)
+    return np.where(codes & 0x80, -magnitude, magnitude).astype(np.float32)
+
+
+def _float8_from_float32(values: Any, dtype: str) -> Any:
+    xp = _array_module(values)
+    table = float8_values(dtype)[:128]
+    finite = xp.asarray(table[np.isfinite(table)].astype(np.float64))  # codes 0, 1, ...: increasing values
+    v = xp.asarray(values, dtype=xp.float64)
+    magnitude = xp.abs(v)
+    above = xp.clip(xp.searchsorted(finite, magnitude), 1, len(finite) - 1)
+    low, high = finite[above - 1], finite[above]
+    # nearest; a tie goes to the even code (the one whose last mantissa bit is 0)
+    code = xp.where((magnitude - low < high - magnitude) | ((magnitude - low == high - magnitude) & (above % 2 == 1)),
+                    above - 1, above)
+    code = xp.where(magnitude <= finite[0], 0, code)
+    largest, step = float(finite[-1]), float(finite[-1] - finite[-2])
+    overflow = 0x7F if dtype == "float8_e4m3fn" else 0x7C  # NaN / infinity
+    code = xp.where(magnitude > largest + step / 2, overflow, code)
+    code = xp.where(xp.isnan(v), 0x7F, code)
+    return (code | xp.where(xp.signbit(v), 0x80, 0)).astype(xp.uint8)
 
 
 def _array_module(values: Any) -> Any:
@@ -138,5 +191,6 @@ def _array_module(values: Any) -> Any:
     return cupy
 
 
-__all__ = ["DTYPES", "DTYPE_NAMES", "DTYPE_SIZES", "Dtype", "HALF_DTYPES", "TENSOR_CORE_DTYPES", "from_float32", "get",
+__all__ = ["DTYPES", "DTYPE_NAMES", "DTYPE_SIZES", "Dtype", "FLOAT8_DTYPES", "HALF_DTYPES", "TENSOR_CORE_DTYPES",
+           "float8_values", "from_float32", "get",
            "itemsize", "main_layout", "output_ctype", "output_storage", "to_float32"]

@@ -54,19 +54,30 @@ class KernelSpec:
         """The sizes as the kernel takes them, 32-bit ints: M, N, K (a batch's count is in the grid)."""
         return tuple(np.int32(d) for d in (shape[1:] if self.batched else shape))
 
+    @staticmethod
+    def operand_count(dtype: str) -> int:
+        """Device arrays a launch reads: A and B (a matvec's A and x), then, for a scaled dtype (the 8-bit
+        floats), A's and B's one-element float32 scales."""
+        return 4 if dtypes.get(dtype).scaled else 2
+
     def kernel_args(self, inputs: tuple[Any, ...], out: Any, shape: tuple[int, ...],
                     buffers: tuple[Any, ...] = ()) -> tuple[Any, ...]:
-        """The launch arguments: input and output arrays, the sizes as 32-bit ints, (batched) the batch
-        strides of A and B in elements (0: one matrix for the whole batch), then (last_block only) the
-        workspace and the tickets."""
+        """The launch arguments: input arrays (A, B and, scaled, their scales), the output, the sizes as
+        32-bit ints, (batched) the batch strides of A and B in elements (0: one matrix for the whole batch),
+        then (last_block only) the workspace and the tickets."""
         strides = batch_strides(inputs) if self.batched else ()
         return (*inputs, out, *self.size_args(shape), *strides, *buffers)
 
     @staticmethod
-    def reference(inputs: tuple[Any, ...]) -> Any:
-        """The float64 result of the same inputs (NumPy or CuPy arrays: the product runs where they are)."""
-        a, b = inputs
-        return to_float64(a) @ to_float64(b)
+    def reference(inputs: tuple[Any, ...], dtype: str | None = None) -> Any:
+        """The float64 result of the same inputs (NumPy or CuPy arrays: the product runs where they are);
+        `dtype` names what the arrays hold where their storage does not (the 8-bit floats' bytes): their
+        scales multiply the product."""
+        a, b, *scales = inputs
+        product = to_float64(a, dtype) @ to_float64(b, dtype)
+        for scale in scales:
+            product = product * scale.astype("float64")  # one element: broadcast
+        return product
 
     @property
     def space(self) -> Space:
@@ -142,10 +153,13 @@ def _geometry(kernel: str, config: Config, dtype: str, layout: str) -> dict[str,
 
 def _random(shape: tuple[int, ...], dtype: str, rng: Any) -> Any:
     """Uniform in [-1, 1): no zeros to hide unwritten outputs. `rng` is a NumPy or CuPy Generator. The
-    16-bit types are rounded from float32, and held as their storage (bfloat16: its bit patterns)."""
+    16-bit and 8-bit floats are rounded from float32, and held as their storage (bfloat16: its bit
+    patterns; the 8-bit floats: their bytes, [-4, 4) to use more of their exponents)."""
     values = rng.random(shape, dtype="float64") * 2.0 - 1.0
     if dtypes.get(dtype).is_ieee_wide:
         return values.astype(dtype)
+    if dtypes.get(dtype).scaled:
+        return dtypes.from_float32((values * 4.0).astype("float32"), dtype)
     if dtype == "int8":  # every value in [-128, 127] equally likely
         return dtypes.from_float32((values * 128.0 - 0.5).astype("float32"), dtype)
     return dtypes.from_float32(values.astype("float32"), dtype)
@@ -212,8 +226,12 @@ def _matmul_inputs(shape, dtype, layout, rng, xp=np):
     *batch, M, N, K = shape
     a, b = _random((*batch, M, K), dtype, rng), _random((*batch, K, N), dtype, rng)
     layout = canonical_layout("bmm" if batch else "matmul", layout)
-    return (stored_transposed(a, xp) if layout[0] == "t" else a,
-            stored_transposed(b, xp) if layout[1] == "t" else b)
+    operands = (stored_transposed(a, xp) if layout[0] == "t" else a,
+                stored_transposed(b, xp) if layout[1] == "t" else b)
+    if not dtypes.get(dtype).scaled:
+        return operands
+    # scales in [0.5, 2): not 1, so that a kernel that ignores them fails
+    return (*operands, *(xp.asarray(rng.random(1, dtype="float64") * 1.5 + 0.5).astype("float32") for _ in "ab"))
 
 
 def batch_strides(inputs: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -289,12 +307,15 @@ extern "C" __global__ void autotile_widen(const float* __restrict__ x, double* _
 """
 
 
-def to_float64(x: Any) -> Any:
+def to_float64(x: Any, dtype: str | None = None) -> Any:
     """`x` as float64, denormals kept: NumPy's astype for host arrays; for a float32 CuPy array a kernel
     built with autotile's own options, because CuPy compiles its elementwise kernels (astype among them)
     with -ftz=true, which reads float32 denormals as zero, and a reference made that way is wrong exactly
     where the numerics are delicate. A uint16 array is bfloat16's storage (`dtypes`): its values are read
-    as bfloat16 (exactly: every bfloat16 is a float32 with its low half zero)."""
+    as bfloat16 (exactly: every bfloat16 is a float32 with its low half zero); `dtype` an 8-bit float: the
+    bytes are read as its values."""
+    if dtype in dtypes.FLOAT8_DTYPES:
+        return dtypes.to_float32(x, dtype).astype("float64")
     if str(x.dtype) == "uint16":
         return dtypes.to_float32(x, "bfloat16").astype("float64")
     if isinstance(x, np.ndarray) or str(x.dtype) != "float32":
@@ -328,7 +349,8 @@ def tolerance(dtype: str, k: int) -> float:
     if element.eps == 0.0:  # an integer type: exact
         return 0.0
     summed = max(64.0, 8.0 * float(np.sqrt(k))) * dtypes.get(element.accumulator).eps
-    return summed + (element.eps if element.accumulator != dtype else 0.0)
+    output = dtypes.get(element.output_name)  # the 8-bit floats' C is bfloat16
+    return summed + (output.eps if element.accumulator != output.name else 0.0)
 
 
 def poison(out: Any) -> None:

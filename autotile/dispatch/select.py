@@ -86,6 +86,7 @@ class Context:
     cache: TuningCache
     accept: Callable[[Record], bool]  # which records count (current, and maybe same compiler)
     precision: str = precision_mod.DEFAULT  # the setting: what may run
+    serves: ProblemKey | None = None  # a lender's context: the problem its choice is for (None: `key` itself)
 
 
 Step = Callable[[Context], "Selection | None"]
@@ -184,7 +185,9 @@ def model(ctx: Context) -> Selection | None:
         db = database.load_sibling(ctx.cache, ctx.device.fingerprint, *_key_parts(ctx.key))
     if db is None or not db.shapes or not db.covers(ctx.key.shape):
         return None
-    reference_runs = not _cublas_cannot(ctx.key)  # int8 shapes cuBLAS refuses: the best generated candidate
+    # where cuBLAS cannot run the problem (int8 shapes it refuses; any 8-bit float problem, even one that
+    # borrows int8's database): the best generated candidate
+    reference_runs = not _cublas_cannot(ctx.key) and not (ctx.serves is not None and _cublas_cannot(ctx.serves))
     choice = model_for(db, ctx.device).choose(ctx.key.shape, params_of(db), setting=ctx.precision,
                                               reference_runs=reference_runs)
     if choice is None or (choice.config is None and not reference_runs):
@@ -275,7 +278,7 @@ def select(key: ProblemKey, device: DeviceLimits, cache: TuningCache | None = No
     setting = precision_mod.resolve(precision)
     cache = cache if cache is not None else TuningCache()
     strict = Context(key, device, cache, counts, setting)
-    lenders = [dataclasses.replace(strict, key=k) for k in borrowed_keys(key)]
+    lenders = [dataclasses.replace(strict, key=k, serves=key) for k in borrowed_keys(key)]
     for steps in ((exact, model), (nearest, device_default)):
         for ctx in (strict, *lenders):
             for step in steps:
@@ -315,7 +318,7 @@ def borrowed_keys(key: ProblemKey) -> list[ProblemKey]:
     layouts' (`lending_layouts`), a batch's in another layout before one matrix's (how the batch fills
     the GPU decides more than the copies do), then one matrix's (the same kernel, one more grid
     dimension); a matvec borrows no other layout's (row- and column-major kernels differ). float16 borrows
-    bfloat16's choices after its own (the same kernels, at the same speed)."""
+    bfloat16's choices after its own, the 8-bit floats int8's (the same kernels, at the same speed)."""
     found: list[ProblemKey] = []
     layouts = [] if key.kernel == "matvec" else lending_layouts(key.dtype, key.layout)
     if key.kernel == "bmm":
@@ -327,6 +330,8 @@ def borrowed_keys(key: ProblemKey) -> list[ProblemKey]:
         found += [dataclasses.replace(key, layout=layout) for layout in layouts]
     if key.dtype == "float16":  # the same kernels as bfloat16's, at the same tensor-core rate: its choices
         found += [dataclasses.replace(k, dtype="bfloat16") for k in (key, *found)]
+    if dtypes.get(key.dtype).scaled:  # the 8-bit floats: int8's kernels and tensor-core rate, its choices
+        found += [dataclasses.replace(k, dtype="int8") for k in (key, *found)]
     return found
 
 

@@ -1,4 +1,5 @@
-"""The library's entry points: `autotile.matmul` and `autotile.matvec`.
+"""The library's entry points: `autotile.matmul`, `autotile.matvec` and `autotile.scaled_matmul` (the 8-bit
+floats, torch._scaled_mm's contract).
 
 `matmul` routes tensors that need a gradient through the differentiable PyTorch operator
 (`autotile.library.torch_ops`); everything else, and every repeated call, runs `autotile.library.calls`.
@@ -10,7 +11,7 @@ import sys
 from typing import Any
 
 from autotile.errors import ArgumentError
-from autotile.library.calls import matmul_no_autograd, matvec
+from autotile.library.calls import matmul_no_autograd, matvec, scaled_matmul
 
 
 def matmul(A: Any, B: Any, out: Any = None, precision: str | None = None, stream: Any = None) -> Any:
@@ -44,4 +45,4 @@ def _needs_grad(a: Any, b: Any) -> bool:
             and torch.is_grad_enabled())
 
 
-__all__ = ["matmul", "matmul_no_autograd", "matvec"]
+__all__ = ["matmul", "matmul_no_autograd", "matvec", "scaled_matmul"]

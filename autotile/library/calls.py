@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
+import sys
 import threading
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -53,7 +54,8 @@ _SUPPORTED = DTYPE_NAMES
 # CuPy (like NumPy) has no bfloat16: bfloat16 comes as torch tensors.
 _SUPPORTED_TEXT = ", ".join(n for n in _SUPPORTED if n != "bfloat16") + " and (torch tensors) bfloat16"
 # int8 is quantized inference's matmul (int32 results, torch._int_mm's contract); no int8 matvec
-_MATVEC_DTYPES = tuple(n for n in DTYPE_NAMES if n != "int8")
+_MATVEC_DTYPES = tuple(n for n in DTYPE_NAMES if n != "int8" and not dtypes_mod.get(n).scaled)
+_SCALED_CALL = "autotile.scaled_matmul(A, B, scale_a, scale_b)"
 MAX_GRID_Z = 65535  # CUDA's limit on gridDim.z, where a batch's matrices (times their K splits) go
 
 
@@ -290,6 +292,8 @@ def matmul_no_autograd(A: Any, B: Any, out: Any = None, precision: str | None = 
         return known(A, B, out, stream)
     a, b = as_framework(framework, A, "A"), as_framework(framework, B, "B")
     dtype = _check_dtypes("AB", a, b)
+    if dtypes_mod.get(dtype).scaled:
+        raise ArgumentError(f"{dtype} operands come with scales: call {_SCALED_CALL} (torch._scaled_mm's contract)")
     out_dtype = dtypes_mod.get(dtype).output_name  # int8's products are int32
     plan = plan_matmul(a.shape, a.strides, b.shape, b.strides)
     copied = plan.copy_a or plan.copy_b
@@ -335,8 +339,8 @@ def matvec(A: Any, x: Any, out: Any = None, precision: str | None = None, stream
         raise ArgumentError(f"matvec shapes do not match: A is {M}x{K}, x has {v.shape[0]} elements")
     dtype = _check_dtypes("Ax", a, v)
     if dtype not in _MATVEC_DTYPES:
-        raise ArgumentError(f"matvec takes {', '.join(_MATVEC_DTYPES)}; got {dtype} (int8 is for matmul, with int32 "
-                            "results)")
+        raise ArgumentError(f"matvec takes {', '.join(_MATVEC_DTYPES)}; got {dtype} (int8 and the 8-bit floats are "
+                            "for matmul)")
     if min(M, K) == 0:
         return _zeros(framework, out, (M,), dtype, a.device)
     order = matrix_order(M, K, *a.strides)
@@ -356,6 +360,63 @@ def matvec(A: Any, x: Any, out: Any = None, precision: str | None = None, stream
     return y.obj
 
 
+_scaled_calls: dict[tuple[Any, ...], _Call] = {}
+
+
+def scaled_matmul(A: Any, B: Any, scale_a: Any, scale_b: Any, out: Any = None, stream: Any = None) -> Any:
+    """C = (scale_a scale_b) (A @ B) for torch CUDA tensors of an 8-bit float (torch.float8_e4m3fn or
+    torch.float8_e5m2, both of one type) and one-element float32 scales on the same GPU: torch._scaled_mm's
+    contract with per-tensor scales, float32 sums and C rounded once to bfloat16 (the 8-bit floats have no
+    CuPy or NumPy type). A is M x K, B is K x N, each row- or column-major (torch._scaled_mm takes only A
+    row-major and B column-major; here every layout runs, the other three by transposing 8-bit tiles on
+    their way to the tensor cores). Runs generated kernels (sm_90), never cuBLAS. `out`, `stream`: as
+    `matmul`'s."""
+    framework = framework_by_type(A, B)
+    if framework.name != "torch":
+        raise ArgumentError("scaled_matmul takes torch tensors (CuPy and NumPy have no 8-bit float type)")
+    signature = (framework.signature(A), framework.signature(B), framework.signature(scale_a),
+                 framework.signature(scale_b), None if out is None else framework.signature(out))
+    known = _scaled_calls.get(signature)
+    if known is not None:  # checked and prepared by the signature's first call
+        return known.run(framework, (A, B, scale_a, scale_b), out, stream)
+    a, b = as_framework(framework, A, "A"), as_framework(framework, B, "B")
+    dtype = _check_dtypes("AB", a, b)
+    if not dtypes_mod.get(dtype).scaled:
+        raise ArgumentError(f"scaled_matmul takes {' or '.join(dtypes_mod.FLOAT8_DTYPES)} operands; got {dtype} "
+                            "(autotile.matmul takes the others)")
+    torch = sys.modules["torch"]  # the inputs are torch tensors: torch is imported
+    scales = []
+    for name, scale in (("scale_a", scale_a), ("scale_b", scale_b)):
+        if not isinstance(scale, torch.Tensor) or scale.dtype != torch.float32 \
+                or scale.numel() != 1 or scale.device != A.device:
+            raise ArgumentError(f"{name} must be a one-element float32 tensor on {A.device} (a per-tensor scale); "
+                                f"got {getattr(scale, 'dtype', type(scale).__name__)} "
+                                f"{tuple(getattr(scale, 'shape', ()))} on {getattr(scale, 'device', '?')}")
+        scales.append(scale)
+    if len(a.shape) != 2 or len(b.shape) != 2:
+        raise ArgumentError(f"scaled_matmul takes 2-D A and B; got {len(a.shape)}-D and {len(b.shape)}-D")
+    out_dtype = dtypes_mod.get(dtype).output_name
+    plan = plan_matmul(a.shape, a.strides, b.shape, b.strides)
+    copied = plan.copy_a or plan.copy_b
+    if copied:
+        if plan.copy_a:
+            a = framework.operand(framework.row_major(a.obj), "A")
+        if plan.copy_b:
+            b = framework.operand(framework.row_major(b.obj), "B")
+        plan = plan_matmul(a.shape, a.strides, b.shape, b.strides)
+    if not plan.kernel:
+        return _zeros(framework, out, plan.out_shape, out_dtype, a.device)
+    c = _output(framework, out, plan.out_shape, out_dtype, a.device)
+    with _device_of(a.device):
+        prepared = _prepare(plan.kernel, dtype, plan.layout, plan.shape, None, a.device)
+    call = _Call(prepared, plan.out_shape, _nbytes(c), out_dtype, a.device, ())
+    result = call.run(framework, (a.obj, b.obj, *scales), c.obj, stream)
+    if not copied and None not in signature[:4] and (out is None or signature[4] is not None):
+        with _lock:
+            _scaled_calls[signature] = call
+    return result
+
+
 def selection_for(kernel: str, dtype: str, layout: str, shape: tuple[int, ...],
                   precision: str | None = None) -> Selection:
     """Which config the library runs for a problem on the current GPU under the precision setting (None:
@@ -369,6 +430,7 @@ def forget() -> None:
     with _lock:
         _prepared.clear()
         _calls.clear()
+        _scaled_calls.clear()
 
 
 events.on_records_changed(forget)  # a record tuned in this process is served from the next call on

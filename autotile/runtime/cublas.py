@@ -34,6 +34,7 @@ import os
 import threading
 from typing import Any
 
+from autotile.codegen import dtypes
 from autotile.codegen.problem import ProblemKey
 from autotile.errors import CublasError
 
@@ -276,7 +277,10 @@ def unsupported_reason(key: ProblemKey) -> str | None:
     row-major and B column-major (layout nt, cuBLAS's "TN") and every leading dimension a multiple of 4
     elements: elsewhere it returns CUBLAS_STATUS_NOT_SUPPORTED (measured on an H100 with CUDA 13: every
     nt shape of such sides ran, while nn, tn and tt failed on 10-16% of them, without a rule in the sizes).
-    It has no int8 GEMV."""
+    It has no int8 GEMV. Its 8-bit float GEMM is cuBLASLt's, which autotile does not call (torch._scaled_mm
+    does: the benchmarks compare with that)."""
+    if dtypes.get(key.dtype).scaled:
+        return "autotile calls no cuBLAS routine for the 8-bit floats (cuBLAS has them in cuBLASLt only)"
     if key.dtype != "int8":
         return None
     if key.kernel == "matvec":

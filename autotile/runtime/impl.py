@@ -299,7 +299,7 @@ class Generated:
         source = self.source if self.source is not None else spec.render(self.config, key.dtype, key.layout)
         kernel = build.compile_kernel(source, "autotile_" + spec.name)
         launch = spec.launch(self.config, key.shape, key.dtype, key.layout, sm_count=_sm_count())
-        return KernelRunner(kernel, launch, spec.size_args(key.shape), spec.batched)
+        return KernelRunner(kernel, launch, spec.size_args(key.shape), spec.batched, spec.operand_count(key.dtype))
 
 
 _sm_counts: dict[int, int] = {}

@@ -16,7 +16,7 @@ import functools
 import sys
 from typing import Any, Callable, NamedTuple
 
-from autotile.codegen.dtypes import DTYPE_NAMES
+from autotile.codegen.dtypes import DTYPE_NAMES, FLOAT8_DTYPES
 from autotile.errors import ArgumentError, DeviceUnavailableError
 
 
@@ -151,6 +151,9 @@ class TorchFramework(Framework):
         self.torch = torch
         self.dtype_names = {torch.float32: "float32", torch.float64: "float64", torch.bfloat16: "bfloat16",
                             torch.float16: "float16", torch.int8: "int8", torch.int32: "int32"}  # int32: int8's out
+        for name in FLOAT8_DTYPES:  # the 8-bit floats, where this torch has them
+            if hasattr(torch, name):
+                self.dtype_names[getattr(torch, name)] = name
         self.torch_dtypes = {name: dtype for dtype, name in self.dtype_names.items()}
         self.torch_dtypes["uint32"] = torch.int32  # the split-K tickets: only their bytes matter
         # The raw current-stream query (what torch.compile's generated code calls) skips the Stream object.

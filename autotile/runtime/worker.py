@@ -103,7 +103,7 @@ class _WorkerState:
         out_dtype = dtypes.output_storage(setup.key.dtype)
         for shape in self.shapes:
             self.inputs[shape] = tuple(self.spec.make_inputs(shape, setup.key.dtype, setup.key.layout, rng, cupy))
-            self.refs[shape] = self.spec.reference(self.inputs[shape])  # float64, on the GPU
+            self.refs[shape] = self.spec.reference(self.inputs[shape], setup.key.dtype)  # float64, on the GPU
             self.outputs[shape] = cupy.empty(self.spec.output_shape(shape), dtype=out_dtype)
         cublas = Cublas().prepare(setup.key)
         args, out = self.inputs[setup.key.shape], self.outputs[setup.key.shape]

@@ -98,7 +98,7 @@ def _tune(key: ProblemKey, device: DeviceLimits, cache: Any, setting: str) -> Se
     spec = kernels.get(key.kernel)
     rng = cupy.random.default_rng(0)
     inputs = spec.make_inputs(key.shape, key.dtype, key.layout, rng, cupy)
-    ref = spec.reference(inputs)
+    ref = spec.reference(inputs, key.dtype)
     out = cupy.empty(spec.output_shape(key.shape), dtype=dtypes.output_storage(key.dtype))
     tol = kernels.tolerance(key.dtype, key.shape[-1])
     if _flusher is None:

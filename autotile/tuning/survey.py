@@ -325,7 +325,7 @@ def survey(kernel: str, dtype: str, layout: str, device: DeviceLimits, shapes: l
             break
         key = ProblemKey(kernel, dtype, layout, shape)
         inputs = spec.make_inputs(shape, dtype, layout, rng, cupy)
-        ref = spec.reference(inputs)
+        ref = spec.reference(inputs, dtype)
         out = cupy.empty(spec.output_shape(shape), dtype=dtypes.output_storage(dtype))
         tol = kernels.tolerance(dtype, shape[-1])
         old = kept.get(shape)
