@@ -76,7 +76,8 @@ def test_8_bit_configs_take_the_8_bit_floats_on_sm90_only(dtype):
         if name not in NAMES:
             assert not SPACE.is_feasible(config, Problem(PROFILES["h100"], dtype, "nt")), name
     matvec = kernels.get("matvec").space
-    assert not any(matvec.is_feasible(c, Problem(PROFILES["h100"], dtype, "row")) for c in matvec.named_configs.values())
+    row = Problem(PROFILES["h100"], dtype, "row")
+    assert not any(matvec.is_feasible(c, row) for c in matvec.named_configs.values())
 
 
 def test_kernels_take_the_scales_and_store_bfloat16():
