@@ -58,6 +58,9 @@ def space_as_it_was(kernel: str, *, dropped: Sequence[str] = (), constants: Sequ
     data["configs"] = {n: c for n, c in data["configs"].items()
                        if not set(c) & {*dropped, *constants}
                        and not any(c.get(k) in v for k, v in added_choices.items())}
+    if isinstance(data.get("default"), dict):  # defaults that left with their configs leave the lists too
+        data["default"] = {layout: [n for n in names if n in data["configs"]]
+                           for layout, names in data["default"].items()}
     return Space(data, f"{kernel} space as it was sampled")
 
 

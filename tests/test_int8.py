@@ -214,7 +214,7 @@ def test_library_int8_matmul_from_torch_and_cupy():
     out = torch.empty(300, 1000, dtype=torch.int32, device="cuda")
     autotile.matmul(a, w.T, out=out)
     assert torch.equal(out, c)
-    with pytest.raises(ArgumentError, match="int8 is for matmul"):
+    with pytest.raises(ArgumentError, match="int8 and the 8-bit floats are for matmul"):
         autotile.matvec(a, w[0])
     x, y = cupy.asarray(a[:, :67].contiguous()), cupy.asarray(w[:5, :67].T)
     z = autotile.matmul(x, y)
