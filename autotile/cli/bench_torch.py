@@ -16,6 +16,11 @@
 where it takes the shape (M > 16, K and N multiples of 8: the random sides are rounded up to multiples of 8),
 rows it refuses left out; no batches (PyTorch has no batched int8 matmul on CUDA).
 
+--dtype float8_e4m3fn (or float8_e5m2): values of [-4, 4) rounded to the type, per-tensor scales 0.5 and 2,
+autotile.scaled_matmul against torch._scaled_mm (out_dtype bfloat16) where it takes the shape (A row-major
+and B column-major only, so layout nt; sides multiples of 16: the random sides are rounded up to them); no
+batches.
+
 Times: CUDA events around the launch alone, L2 flushed before each repetition, median (`autotile.runtime.timing`).
 Writes torch.md and torch.json to --out. Needs a GPU, CuPy and torch.
 """
@@ -31,9 +36,10 @@ from pathlib import Path
 from typing import Any
 
 from autotile.cli import bench
+from autotile.codegen import dtypes
 from autotile.codegen.dtypes import DTYPE_NAMES
 from autotile.library import calls as ops
-from autotile.library.api import matmul
+from autotile.library.api import matmul, scaled_matmul
 from autotile.runtime.timing import L2Flusher, relative_error, time_launch
 from autotile.tuning import survey
 
@@ -63,23 +69,60 @@ def _pair(torch_call: Any, mine_call: Any, flush: Any) -> tuple[float, float]:
     return min(t1, t2), min(m1, m2)
 
 
+def _name(dtype: Any) -> str:
+    """autotile's name of a torch dtype (torch.float8_e4m3fn -> "float8_e4m3fn")."""
+    return str(dtype).replace("torch.", "")
+
+
+def _scaled(dtype: Any) -> bool:
+    return _name(dtype) in dtypes.FLOAT8_DTYPES
+
+
 def _operands(torch: Any, shape: tuple[int, ...], dtype: Any, generator: Any) -> Any:
-    """A random tensor: uniform in [-0.5, 0.5) for the float types, all of int8's values for int8."""
+    """A random tensor: uniform in [-0.5, 0.5) for the float types, all of int8's values for int8, [-4, 4)
+    rounded for the 8-bit floats."""
     if dtype == torch.int8:
         return torch.randint(-128, 128, shape, device="cuda", dtype=dtype, generator=generator)
+    if _scaled(dtype):
+        return ((torch.rand(*shape, device="cuda", generator=generator) - 0.5) * 8).to(dtype)
     return torch.rand(*shape, device="cuda", dtype=dtype, generator=generator) - 0.5
 
 
 def _out_dtype(torch: Any, dtype: Any) -> Any:
-    """The result's torch dtype: int32 for int8 (torch._int_mm's and autotile's contract), else the inputs'."""
-    return torch.int32 if dtype == torch.int8 else dtype
+    """The result's torch dtype: int32 for int8 (torch._int_mm's and autotile's contract), bfloat16 for the
+    8-bit floats (torch._scaled_mm's, as the benchmark calls it), else the inputs'."""
+    return getattr(torch, dtypes.get(_name(dtype)).output_name)
+
+
+def _scales(torch: Any) -> tuple[Any, Any]:
+    """The 8-bit floats' per-tensor scales: not 1, so that both sides apply them."""
+    return torch.tensor([0.5], device="cuda"), torch.tensor([2.0], device="cuda")
 
 
 def _torch_matmul(torch: Any, dtype: Any) -> Any:
-    """The call a PyTorch user makes: torch.matmul(a, b, out=), or torch._int_mm(a, b) for int8."""
+    """The call a PyTorch user makes: torch.matmul(a, b, out=), torch._int_mm(a, b) for int8,
+    torch._scaled_mm(a, b, scales, out_dtype=torch.bfloat16) for the 8-bit floats."""
     if dtype == torch.int8:
         return lambda a, b, out: torch._int_mm(a, b)
+    if _scaled(dtype):
+        sa, sb = _scales(torch)
+        return lambda a, b, out: torch._scaled_mm(a, b, scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16)
     return lambda a, b, out: torch.matmul(a, b, out=out)
+
+
+def _autotile_matmul(torch: Any, dtype: Any) -> Any:
+    """The autotile call of the same product: autotile.matmul, or autotile.scaled_matmul with the same
+    scales for the 8-bit floats."""
+    if _scaled(dtype):
+        sa, sb = _scales(torch)
+        return lambda a, b, out: scaled_matmul(a, b, sa, sb, out=out)
+    return lambda a, b, out: matmul(a, b, out=out)
+
+
+def _reference(torch: Any, dtype: Any, a: Any, b: Any) -> Any:
+    """The float64 product (scaled for the 8-bit floats)."""
+    ref = a.double() @ b.double()
+    return ref * 0.5 * 2.0 if _scaled(dtype) else ref
 
 
 def _matmul_row(shape: tuple[int, ...], layout: str, dtype: Any, flush: Any, profile: bool) -> dict[str, Any] | None:
@@ -92,20 +135,20 @@ def _matmul_row(shape: tuple[int, ...], layout: str, dtype: Any, flush: Any, pro
     b = w.T if layout == "nt" else w.T.contiguous()
     out_dtype = _out_dtype(torch, dtype)
     out_t, out_m = torch.empty(M, N, device="cuda", dtype=out_dtype), torch.empty(M, N, device="cuda", dtype=out_dtype)
-    reference_call = _torch_matmul(torch, dtype)
+    reference_call, mine = _torch_matmul(torch, dtype), _autotile_matmul(torch, dtype)
     try:
         out_t = reference_call(x, b, out_t)
-    except RuntimeError as exc:  # torch._int_mm's shape rules
+    except (RuntimeError, ValueError) as exc:  # torch._int_mm's and torch._scaled_mm's shape and layout rules
         print(f"{layout} {shape}: no PyTorch call ({' '.join(str(exc).split())[:120]})", flush=True)
         return None
-    torch_ms, mine_ms = _pair(lambda: reference_call(x, b, out_t), lambda: matmul(x, b, out=out_m), flush)
-    ref = x.double() @ b.double()
+    torch_ms, mine_ms = _pair(lambda: reference_call(x, b, out_t), lambda: mine(x, b, out_m), flush)
+    ref = _reference(torch, dtype, x, b)
     row = {"case": f"x @ W{'.T' if layout == 'nt' else ''}", "layout": layout, "shape": list(shape),
            "torch_ms": torch_ms, "autotile_ms": mine_ms, "ratio": torch_ms / mine_ms,
            "error": relative_error(out_m.double(), ref), "torch_error": relative_error(out_t.double(), ref),
-           "runs": ops.selection_for("matmul", str(dtype).replace("torch.", ""), layout, shape).explain()}
+           "runs": ops.selection_for("matmul", _name(dtype), layout, shape).explain()}
     if profile:
-        row["kernels"] = _kernels_launched(lambda: matmul(x, b, out=out_m))
+        row["kernels"] = _kernels_launched(lambda: mine(x, b, out_m))
     return row
 
 
@@ -122,7 +165,7 @@ def _bmm_row(shape: tuple[int, ...], dtype: Any, flush: Any) -> dict[str, Any]:
     return {"case": "bmm", "layout": "nn", "shape": list(shape), "torch_ms": torch_ms, "autotile_ms": mine_ms,
             "ratio": torch_ms / mine_ms, "error": relative_error(out_m.double(), ref),
             "torch_error": relative_error(out_t.double(), ref),
-            "runs": ops.selection_for("bmm", str(dtype).replace("torch.", ""), "nn", shape).explain(),
+            "runs": ops.selection_for("bmm", _name(dtype), "nn", shape).explain(),
             "kernels": _kernels_launched(lambda: matmul(a, b, out=out_m))}
 
 
@@ -135,7 +178,13 @@ def host_overhead(calls: int = 2000, dtype: Any = None) -> dict[str, float]:
     g = torch.Generator(device="cuda").manual_seed(64)
     x, w = _operands(torch, (64, 64), dtype, g), _operands(torch, (64, 64), dtype, g)
     out = torch.empty(64, 64, device="cuda", dtype=_out_dtype(torch, dtype))
-    if dtype == torch.int8:
+    if _scaled(dtype):
+        sa, sb = _scales(torch)
+        cases = {"torch._scaled_mm(x, w.T)": lambda: torch._scaled_mm(x, w.T, scale_a=sa, scale_b=sb,
+                                                                      out_dtype=torch.bfloat16),
+                 "autotile.scaled_matmul(x, w.T)": lambda: scaled_matmul(x, w.T, sa, sb),
+                 "autotile.scaled_matmul(x, w.T, out=)": lambda: scaled_matmul(x, w.T, sa, sb, out=out)}
+    elif dtype == torch.int8:
         cases = {"torch._int_mm(x, w.T)": lambda: torch._int_mm(x, w.T),
                  "autotile.matmul(x, w.T)": lambda: matmul(x, w.T),
                  "autotile.matmul(x, w.T, out=)": lambda: matmul(x, w.T, out=out)}
@@ -259,7 +308,8 @@ def main(argv: list[str] | None = None) -> int:
     limits = live_device()
     flush = L2Flusher(limits.l2_bytes)
     env = {**bench.environment(limits), "torch": torch.__version__, "seed": args.seed, "dtype": args.dtype}
-    integer = dtype == torch.int8  # against torch._int_mm; no batched int8 matmul in PyTorch
+    # against torch._int_mm or torch._scaled_mm: PyTorch has no batched int8 or 8-bit float matmul
+    integer = dtype == torch.int8 or _scaled(dtype)
     rows = []
     for shape in (QUICK_NT if args.quick else NT_SHAPES):
         for layout in ("nt", "nn"):
@@ -271,8 +321,9 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(_bmm_row(batch_shape, dtype, flush))
         print(f"bmm {batch_shape}: {rows[-1]['ratio']:.2f}x  {rows[-1]['runs']}", flush=True)
     random_rows = []
-    # torch._int_mm takes K and N in multiples of 8 only: int8's random sides are rounded up to them
-    multiple = 8 if integer else 1
+    # torch._int_mm takes K and N in multiples of 8 only, torch._scaled_mm every side in multiples of 16: the
+    # random sides are rounded up to them
+    multiple = 16 if _scaled(dtype) else 8 if integer else 1
     for random_shape in bench.random_shapes("matmul", args.random, args.seed, multiple) if args.random else []:
         found = _matmul_row(random_shape, "nt", dtype, flush, profile=False)
         if found is not None:
