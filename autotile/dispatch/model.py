@@ -87,10 +87,12 @@ def worth_timing(kernel: str, config: Config, shape: tuple[int, ...], sm_count: 
 
 class Model:
     """A database prepared for one device: usable candidates, log shapes, log speed-ups over the reference
-    (cuBLAS; where cuBLAS cannot run the database's problems at all, int8 outside layout nt, the generated
-    candidate timed on the most shapes, which is then also what runs where no other is predicted faster)."""
+    (cuBLAS; where cuBLAS cannot run the database's problems at all, int8 outside layout nt, or cannot run the
+    problem the model is asked about, `cublas_runs` False: an int8 shape cuBLAS refuses, an 8-bit float
+    problem borrowing int8's database, the generated candidate timed on the most shapes, which is then also
+    what runs where no other is predicted faster)."""
 
-    def __init__(self, db: ShapeDatabase, device: DeviceLimits):
+    def __init__(self, db: ShapeDatabase, device: DeviceLimits, cublas_runs: bool = True):
         self.db, self.device = db, device
         problem = Problem(device, db.dtype, db.layout)
         self.configs: list[Config | None] = []
@@ -103,7 +105,8 @@ class Model:
         times = np.array([[np.nan if t is None else t for t in row] for row in db.times_ms], dtype=np.float64)
         self.times = times
         self.cublas = self.reference = db.cublas_index
-        if self.cublas is not None and not np.isfinite(times[:, self.cublas]).any() and len(usable) > 1:
+        never_timed = self.cublas is not None and not np.isfinite(times[:, self.cublas]).any()
+        if (never_timed or not cublas_runs) and len(usable) > 1:
             timed = [(int(np.isfinite(times[:, j]).sum()), -j) for j in usable if j != self.cublas]
             self.reference = -max(timed)[1]
         self.usable = [j for j in usable if j not in (self.cublas, self.reference)]
@@ -369,13 +372,14 @@ def _log_fill(kernel: str, config: Config, shape: tuple[int, ...], device: Devic
 _models: dict[tuple[int, DeviceLimits], tuple[ShapeDatabase, Model]] = {}
 
 
-def model_for(db: ShapeDatabase, device: DeviceLimits) -> Model:
+def model_for(db: ShapeDatabase, device: DeviceLimits, cublas_runs: bool = True) -> Model:
     """The prepared model of a database on a device (prepared once per process: `database.load` returns
-    the same object until the file changes)."""
-    key = (id(db), device)
+    the same object until the file changes); `cublas_runs` False: measured against a generated reference
+    (`Model`)."""
+    key = (id(db), device, cublas_runs)
     found = _models.get(key)
     if found is None or found[0] is not db:
-        found = _models[key] = (db, Model(db, device))
+        found = _models[key] = (db, Model(db, device, cublas_runs))
     return found[1]
 
 

@@ -186,11 +186,11 @@ def model(ctx: Context) -> Selection | None:
     if db is None or not db.shapes or not db.covers(ctx.key.shape):
         return None
     # where cuBLAS cannot run the problem (int8 shapes it refuses; any 8-bit float problem, even one that
-    # borrows int8's database): the best generated candidate
-    reference_runs = not _cublas_cannot(ctx.key) and not (ctx.serves is not None and _cublas_cannot(ctx.serves))
-    choice = model_for(db, ctx.device).choose(ctx.key.shape, params_of(db), setting=ctx.precision,
-                                              reference_runs=reference_runs)
-    if choice is None or (choice.config is None and not reference_runs):
+    # borrows int8's database), the candidates are weighed against a generated reference, which runs where
+    # none is predicted safely faster (against cuBLAS's column they would be unknown where it was not timed)
+    cublas_runs = not _cublas_cannot(ctx.key) and not (ctx.serves is not None and _cublas_cannot(ctx.serves))
+    choice = model_for(db, ctx.device, cublas_runs).choose(ctx.key.shape, params_of(db), setting=ctx.precision)
+    if choice is None or (choice.config is None and not cublas_runs):
         return None
     whose = "" if db.device == ctx.device.fingerprint else f" on {db.environment.get('gpu', db.device)}"
     return Selection(choice.config, f"model ({len(db.shapes)} surveyed shapes{whose})", None, None,
