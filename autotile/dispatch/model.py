@@ -72,8 +72,8 @@ class Choice:
 def worth_timing(kernel: str, config: Config, shape: tuple[int, ...], sm_count: int) -> bool:
     """Whether a config makes sense on `shape`: a skinny one only for M up to SKINNY_MAX_ROWS; one with K
     splits only where the shape leaves the GPU under-filled without them (under two blocks per SM), each
-    split gets at least MIN_K_PER_SPLIT of K and at least one K step (BK), and a last_block workspace stays under MAX_SPLIT_WORKSPACE
-    elements. Other configs always do."""
+    split gets at least MIN_K_PER_SPLIT of K and at least one K step (BK), and a last_block workspace stays
+    under MAX_SPLIT_WORKSPACE elements. Other configs always do."""
     if config.get("MATH") == "skinny" and shape[-3] > SKINNY_MAX_ROWS:
         return False
     split = int(config.get("SPLIT_K", 1))

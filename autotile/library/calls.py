@@ -278,6 +278,20 @@ def _repeat(framework: Framework, call: _Call) -> Repeat:
     return lambda a, b, out, stream: slow(framework, (a, b), out, stream)
 
 
+def _planned(framework: Framework, a: Operand, b: Operand) -> tuple[Operand, Operand, Any, bool]:
+    """(A, B, the plan, whether an operand was copied): A and B as the kernels read them, an operand whose
+    strides no layout describes copied row-major first (`plan_matmul`)."""
+    plan = plan_matmul(a.shape, a.strides, b.shape, b.strides)
+    copied = plan.copy_a or plan.copy_b
+    if copied:
+        if plan.copy_a:
+            a = framework.operand(framework.row_major(a.obj), "A")
+        if plan.copy_b:
+            b = framework.operand(framework.row_major(b.obj), "B")
+        plan = plan_matmul(a.shape, a.strides, b.shape, b.strides)
+    return a, b, plan, copied
+
+
 def matmul_no_autograd(A: Any, B: Any, out: Any = None, precision: str | None = None, stream: Any = None) -> Any:
     """`autotile.matmul` without the autograd check (`autotile.library.api.matmul` says what it takes): what
     the PyTorch operator runs."""
@@ -295,14 +309,7 @@ def matmul_no_autograd(A: Any, B: Any, out: Any = None, precision: str | None = 
     if dtypes_mod.get(dtype).scaled:
         raise ArgumentError(f"{dtype} operands come with scales: call {_SCALED_CALL} (torch._scaled_mm's contract)")
     out_dtype = dtypes_mod.get(dtype).output_name  # int8's products are int32
-    plan = plan_matmul(a.shape, a.strides, b.shape, b.strides)
-    copied = plan.copy_a or plan.copy_b
-    if copied:
-        if plan.copy_a:
-            a = framework.operand(framework.row_major(a.obj), "A")
-        if plan.copy_b:
-            b = framework.operand(framework.row_major(b.obj), "B")
-        plan = plan_matmul(a.shape, a.strides, b.shape, b.strides)
+    a, b, plan, copied = _planned(framework, a, b)
     if not plan.kernel:
         return _zeros(framework, out, plan.out_shape, out_dtype, a.device)
     c = _output(framework, out, plan.out_shape, out_dtype, a.device)
@@ -396,14 +403,7 @@ def scaled_matmul(A: Any, B: Any, scale_a: Any, scale_b: Any, out: Any = None, s
     if len(a.shape) != 2 or len(b.shape) != 2:
         raise ArgumentError(f"scaled_matmul takes 2-D A and B; got {len(a.shape)}-D and {len(b.shape)}-D")
     out_dtype = dtypes_mod.get(dtype).output_name
-    plan = plan_matmul(a.shape, a.strides, b.shape, b.strides)
-    copied = plan.copy_a or plan.copy_b
-    if copied:
-        if plan.copy_a:
-            a = framework.operand(framework.row_major(a.obj), "A")
-        if plan.copy_b:
-            b = framework.operand(framework.row_major(b.obj), "B")
-        plan = plan_matmul(a.shape, a.strides, b.shape, b.strides)
+    a, b, plan, copied = _planned(framework, a, b)
     if not plan.kernel:
         return _zeros(framework, out, plan.out_shape, out_dtype, a.device)
     c = _output(framework, out, plan.out_shape, out_dtype, a.device)
