@@ -372,7 +372,7 @@ def _log_fill(kernel: str, config: Config, shape: tuple[int, ...], device: Devic
     return math.log2(max(blocks, 1) / device.sm_count)
 
 
-_models: dict[tuple[int, DeviceLimits], tuple[ShapeDatabase, Model]] = {}
+_models: dict[tuple[int, DeviceLimits, bool], tuple[ShapeDatabase, Model]] = {}
 
 
 def model_for(db: ShapeDatabase, device: DeviceLimits, cublas_runs: bool = True) -> Model:
