@@ -221,3 +221,20 @@ def test_library_scaled_matmul_on_torch_tensors():
         autotile.matmul(a, w.T)
     with pytest.raises(ArgumentError, match="scale_b must be a one-element float32 tensor"):
         autotile.scaled_matmul(a, w.T, sa, torch.ones(2, device="cuda"))
+
+
+def test_first_call_tuning_times_int8s_candidates_and_no_cublas():
+    """Where cuBLAS cannot run the problem, tuning at first call times the borrowed database's generated
+    candidates (feasible for the 8-bit float) and no cuBLAS; the record it saves then has no baseline."""
+    from autotile.dispatch.cache import TuningCache
+    from autotile.tuning import at_first_call
+
+    key = ProblemKey("matmul", "float8_e4m3fn", "nt", (1000, 1000, 1000))
+    picks = at_first_call.candidates(key, PROFILES["h100"], TuningCache(None))
+    assert picks and all(p.implementation == "generated" for p in picks)
+    problem = Problem(PROFILES["h100"], "float8_e4m3fn", "nt")
+    assert all(SPACE.is_feasible(p.config, problem) for p in picks)
+    assert len(picks) <= at_first_call.MAX_CANDIDATES
+    float32 = at_first_call.candidates(ProblemKey("matmul", "float32", "nn", (1000, 1000, 1000)),
+                                       PROFILES["h100"], TuningCache(None))
+    assert float32[0].implementation == "cublas"

@@ -37,27 +37,36 @@ class FirstCallWarning(UserWarning):
 
 
 def candidates(key: ProblemKey, device: DeviceLimits, cache: Any, precision: str | None = None) -> list[Selection]:
-    """What is timed: the model's ranking of the database's usable candidates (at most MAX_CANDIDATES) or,
-    without a database, the configs tuned on this device; and cuBLAS. Only what the precision setting
-    allows (None: the process-wide setting)."""
+    """What is timed: the model's ranking of the usable candidates of the problem's database, or of the
+    first database it borrows (`dispatch.select.borrowed_keys`: float16 bfloat16's, the 8-bit floats
+    int8's), at most MAX_CANDIDATES, or, without one, the configs tuned on this device; and cuBLAS where it
+    can run the problem. Only what the precision setting allows (None: the process-wide setting)."""
+    from autotile.codegen.space import Problem
     from autotile.dispatch import database
     from autotile.dispatch.model import model_for, worth_timing
-    from autotile.dispatch.select import Selection, is_current, record_config
+    from autotile.dispatch.select import Selection, borrowed_keys, is_current, record_config
+    from autotile.runtime.cublas import unsupported_reason
 
     setting = precision_mod.resolve(precision)
     spec = kernels.get(key.kernel)
+    problem = Problem(device, key.dtype, key.layout)
+    cublas_runs = unsupported_reason(key) is None
     found: dict[Any, Selection] = {}
-    db = database.load(cache, device.fingerprint, key.kernel, key.dtype, key.layout)
-    if db is not None and db.shapes and db.covers(key.shape):
-        m = model_for(db, device)
-        for j in m.rank(key.shape, setting=setting)[:MAX_CANDIDATES]:
+    lender = next((db for db in (database.load(cache, device.fingerprint, k.kernel, k.dtype, k.layout)
+                                 for k in (key, *borrowed_keys(key)) if k.kernel == key.kernel)
+                   if db is not None and db.shapes and db.covers(key.shape)), None)
+    if lender is not None:
+        m = model_for(lender, device, cublas_runs)
+        ranked = m.rank(key.shape, setting=setting)
+        if m.reference is not None and m.configs[m.reference] is not None:
+            ranked.append(m.reference)  # a generated reference (where cuBLAS cannot run) is a candidate too
+        for j in ranked:
             config = m.configs[j]
+            if config is None or not spec.space.is_feasible(config, problem) or len(found) >= MAX_CANDIDATES:
+                continue
             found.setdefault(config, Selection(config, "first call", None,
-                                               why=f"survey candidate {db.candidates[j].name}", precision=setting))
+                                               why=f"survey candidate {lender.candidates[j].name}", precision=setting))
     else:
-        from autotile.codegen.space import Problem
-
-        problem = Problem(device, key.dtype, key.layout)
         for _, record in cache.entries(device.fingerprint, include_shipped=True):
             if (record.kernel, record.dtype, record.layout) != (key.kernel, key.dtype, key.layout):
                 continue
@@ -68,8 +77,8 @@ def candidates(key: ProblemKey, device: DeviceLimits, cache: Any, precision: str
                 found.setdefault(config, Selection(config, "first call", None,
                                                    why="tuned on " + "x".join(map(str, record.shape)),
                                                    precision=setting))
-    return ([Selection(None, "first call", None, None, "cublas", precision=setting)]
-            + list(found.values())[:MAX_CANDIDATES])
+    cublas = [Selection(None, "first call", None, None, "cublas", precision=setting)] if cublas_runs else []
+    return cublas + list(found.values())[:MAX_CANDIDATES]
 
 
 def tune_here(key: ProblemKey, device: DeviceLimits, cache: Any, fallback: Selection,
@@ -90,6 +99,7 @@ def tune_here(key: ProblemKey, device: DeviceLimits, cache: Any, fallback: Selec
 def _tune(key: ProblemKey, device: DeviceLimits, cache: Any, setting: str) -> Selection:
     import cupy
 
+    from autotile.runtime.cublas import unsupported_reason
     from autotile.runtime.timing import L2Flusher, relative_error, time_launch
     from autotile.tuning.results import save_timed_config
 
@@ -125,7 +135,8 @@ def _tune(key: ProblemKey, device: DeviceLimits, cache: Any, setting: str) -> Se
     best_ms, best = min(timed, key=lambda t: t[0])
     generated = [(ms, s) for ms, s in timed if s.config is not None]
     seconds = time.monotonic() - started
-    if generated and cublas_ms is not None:
+    # a record needs the baseline it beat or lost to, unless cuBLAS cannot run the problem at all
+    if generated and (cublas_ms is not None or unsupported_reason(key) is not None):
         gen_ms, gen = min(generated, key=lambda t: t[0])
         save_timed_config(key, gen.config, gen_ms, cublas_ms, cache, device,
                      {"tuned_by": "first call", "candidates": len(timed), "seconds": round(seconds, 3),
