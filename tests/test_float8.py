@@ -238,3 +238,32 @@ def test_first_call_tuning_times_int8s_candidates_and_no_cublas():
     float32 = at_first_call.candidates(ProblemKey("matmul", "float32", "nn", (1000, 1000, 1000)),
                                        PROFILES["h100"], TuningCache(None))
     assert float32[0].implementation == "cublas"
+
+
+@pytest.mark.gpu
+def test_first_call_tuning_of_an_8_bit_float_problem_saves_its_winner(isolated_cache):
+    require_hopper()
+    torch = pytest.importorskip("torch")
+    if not hasattr(torch, "float8_e4m3fn"):
+        pytest.skip("this torch has no float8_e4m3fn")
+    import autotile
+    from autotile.dispatch.cache import TuningCache
+    from autotile.library import calls
+    from autotile.runtime.device import live_device
+
+    a = torch.randn(272, 992, device="cuda").to(torch.float8_e4m3fn)
+    w = torch.randn(608, 992, device="cuda").to(torch.float8_e4m3fn)
+    sa, sb = torch.tensor([0.5], device="cuda"), torch.tensor([2.0], device="cuda")
+    calls.forget()
+    autotile.tune_at_first_call(True)
+    try:
+        c = autotile.scaled_matmul(a, w.T, sa, sb)
+    finally:
+        autotile.tune_at_first_call(None)
+        calls.forget()
+    ref = a.double() @ w.double().T
+    assert float((c.double() - ref).norm() / ref.norm()) <= kernels.tolerance("float8_e4m3fn", 992)
+    device = live_device()
+    records = [r for _, r in TuningCache().entries(device.fingerprint)
+               if (r.dtype, r.layout, tuple(r.shape)) == ("float8_e4m3fn", "nt", (272, 608, 992))]
+    assert records and records[0].implementation == "generated" and records[0].baseline_ms is None
