@@ -198,7 +198,7 @@ def DeviceLimitsFromTable(table: dict):  # noqa: N802 (reads like the constructo
 
 def test_nearest_config_gets_more_k_splits_where_the_grid_would_shrink(tmp_path, monkeypatch):
     """A nearest-shape config keeps its tiles, but where the new shape would launch under half the blocks
-    it was tuned with, SPLIT_K rises until the count is back (never below MIN_K_PER_SPLIT of K each)."""
+    it was tuned with, SPLIT_K rises until the count is back (never below MIN_K_PER_RAISED_SPLIT of K each)."""
     import math
 
     monkeypatch.setattr(select.build, "compiler_version", lambda: "nvrtc-13.0")

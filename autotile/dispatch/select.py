@@ -42,7 +42,9 @@ from autotile.dispatch.record import Record
 from autotile.errors import ArgumentError, AutotileError, UnknownNameError
 from autotile.runtime.impl import Cublas, Generated, Implementation
 
-MIN_K_PER_SPLIT = 128  # elements of K per split below which more splits only add atomics
+# K per split (elements) below which raising a served config's splits only adds atomics (the floor for
+# timing any split is `model.MIN_K_PER_SPLIT`)
+MIN_K_PER_RAISED_SPLIT = 128
 # Records made before they kept their compile options were compiled through CuPy's RawModule, whose options
 # were exactly these (tests/test_build.py compares the cubins of the two paths). Today's COMPILE_OPTIONS keep
 # denormals (no -ftz=true), so such records are other options' records: a fallback.
@@ -400,7 +402,7 @@ def log_distance(a: Sequence[int], b: Sequence[int]) -> float:
 def keep_grid_filled(key: ProblemKey, config: Config, tuned_shape: tuple[int, ...]) -> Config:
     """A nearest-shape config, its K splits raised where the new shape would launch under half the blocks
     it was tuned with (fewer rows, say): the smallest SPLIT_K that restores the tuned block count, with
-    at least MIN_K_PER_SPLIT of K each. Only ever raises SPLIT_K, so a shape that fills the GPU keeps the
+    at least MIN_K_PER_RAISED_SPLIT of K each. Only ever raises SPLIT_K, so a shape that fills the GPU keeps the
     tuned config. (Measured cause: on an H200, column-major matvec 20000x3000 ran at 0.69x the speed of a
     config tuned for it when served 65536x4096's config, whose only difference was SPLIT_K 1 against 8.)
 
@@ -420,7 +422,7 @@ def keep_grid_filled(key: ProblemKey, config: Config, tuned_shape: tuple[int, ..
         return config
     best = config
     for split in sorted(v for v in spec.space.params["SPLIT_K"].choices if v > config["SPLIT_K"]):
-        if key.shape[-1] < split * MIN_K_PER_SPLIT:
+        if key.shape[-1] < split * MIN_K_PER_RAISED_SPLIT:
             break
         best = spec.space.with_overrides(config, {"SPLIT_K": split})
         if blocks(best, key.shape) >= target:
@@ -433,8 +435,8 @@ def explain(key: ProblemKey, device: DeviceLimits, cache: Any = None, precision:
     return select(key, device, cache, precision).explain()
 
 
-__all__ = ["MIN_K_PER_SPLIT", "RECORD_STEPS", "Selection", "allowed", "borrowed", "borrowed_keys", "builtin_default",
-           "lending_layouts",
+__all__ = ["MIN_K_PER_RAISED_SPLIT", "RECORD_STEPS", "Selection", "allowed", "borrowed", "borrowed_keys",
+           "builtin_default", "lending_layouts",
            "counts", "device_default", "fewer_splits_for_batch",
            "exact", "explain", "is_current", "keep_grid_filled", "log_distance", "model", "nearest", "record_options",
            "runs_here", "same_compiler", "select", "tuned_with"]
