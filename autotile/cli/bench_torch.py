@@ -16,7 +16,7 @@
 where it takes the shape (M > 16, K and N multiples of 8: the random sides are rounded up to multiples of 8),
 rows it refuses left out; no batches (PyTorch has no batched int8 matmul on CUDA).
 
---dtype float8_e4m3fn (or float8_e5m2): values of [-4, 4) rounded to the type, per-tensor scales 0.5 and 2,
+--dtype float8_e4m3fn (or float8_e5m2): values of [-4, 4) rounded to the type, per-tensor scales `SCALES`,
 autotile.scaled_matmul against torch._scaled_mm (out_dtype bfloat16) where it takes the shape (A row-major
 and B column-major only, so layout nt; sides multiples of 16: the random sides are rounded up to them); no
 batches.
@@ -94,9 +94,13 @@ def _out_dtype(torch: Any, dtype: Any) -> Any:
     return getattr(torch, dtypes.get(_name(dtype)).output_name)
 
 
+SCALES = (0.5, 2.0)  # the 8-bit floats' per-tensor scales, A's and B's: not 1, so that both sides apply them
+
+
 def _scales(torch: Any) -> tuple[Any, Any]:
-    """The 8-bit floats' per-tensor scales: not 1, so that both sides apply them."""
-    return torch.tensor([0.5], device="cuda"), torch.tensor([2.0], device="cuda")
+    """SCALES as one-element float32 tensors on the GPU."""
+    scale_a, scale_b = SCALES
+    return torch.tensor([scale_a], device="cuda"), torch.tensor([scale_b], device="cuda")
 
 
 def _torch_matmul(torch: Any, dtype: Any) -> Any:
@@ -122,7 +126,7 @@ def _autotile_matmul(torch: Any, dtype: Any) -> Any:
 def _reference(torch: Any, dtype: Any, a: Any, b: Any) -> Any:
     """The float64 product (scaled for the 8-bit floats)."""
     ref = a.double() @ b.double()
-    return ref * 0.5 * 2.0 if _scaled(dtype) else ref
+    return ref * math.prod(SCALES) if _scaled(dtype) else ref
 
 
 def _matmul_row(shape: tuple[int, ...], layout: str, dtype: Any, flush: Any, profile: bool) -> dict[str, Any] | None:

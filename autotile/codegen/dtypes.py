@@ -79,7 +79,7 @@ DTYPE_SIZES = {name: d.size for name, d in DTYPES.items()}
 # The 16-bit float types of the models' matmuls (float32 sums, cuBLAS through GemmEx).
 HALF_DTYPES = ("bfloat16", "float16")
 # The 8-bit floats (torch._scaled_mm's contract: scaled operands, float32 sums, a bfloat16 C).
-FLOAT8_DTYPES = ("float8_e4m3fn", "float8_e5m2")
+FLOAT8_DTYPES = tuple(name for name, d in DTYPES.items() if d.scaled)
 # The types the tensor cores take as they are (MATH=wgmma_direct): the 16-bit floats, int8 and the 8-bit floats.
 TENSOR_CORE_DTYPES = (*HALF_DTYPES, "int8", *FLOAT8_DTYPES)
 
@@ -175,7 +175,6 @@ def _float8_from_float32(values: Any, dtype: str) -> Any:
     # nearest; a tie goes to the even code (the one whose last mantissa bit is 0)
     code = xp.where((magnitude - low < high - magnitude) | ((magnitude - low == high - magnitude) & (above % 2 == 1)),
                     above - 1, above)
-    code = xp.where(magnitude <= finite[0], 0, code)
     largest, step = float(finite[-1]), float(finite[-1] - finite[-2])
     overflow = 0x7F if dtype == "float8_e4m3fn" else 0x7C  # NaN / infinity
     code = xp.where(magnitude > largest + step / 2, overflow, code)
