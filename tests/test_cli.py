@@ -280,7 +280,7 @@ TUNE_ERRORS = {
     "fix without =": (["--fix", "BM"], ["--fix 'BM'", "PARAM=VALUE"]),
     "fix without values": (["--fix", "BM="], ["--fix 'BM='"]),
     "fix unknown param": (["--fix", "BX=16"], ["unknown parameter 'BX'"]),
-    "precision unknown": (["--precision", "bogus"], ["--precision 'bogus' is not one of highest, high, medium"]),
+    "precision unknown": (["--precision", "bogus"], ["--precision 'bogus' is not one of highest, high, medium, emulated"]),
     "precision upper case": (["--precision", "HIGH"], ["--precision 'HIGH'"]),
     "precision with a fix it empties": (["--precision", "highest", "--fix", "MATH=tf32x3"],
                                         ["'highest' allows MATH simt, dmma, skinny only", "tf32x3"]),
@@ -352,7 +352,7 @@ def test_tune_accepts_good_options_and_only_then_asks_for_the_gpu(capsys, monkey
 
 
 SUBPROCESS_ERRORS = {
-    "precision": (["--precision", "bogus"], "--precision 'bogus' is not one of highest, high, medium"),
+    "precision": (["--precision", "bogus"], "--precision 'bogus' is not one of highest, high, medium, emulated"),
     "seed": (["--seed", "-3"], "--seed -3"),
     "storage": (["--storage", "garbage://x"], "'garbage://x'"),
     "timeout": (["--timeout", "nan"], "got nan"),
@@ -593,7 +593,7 @@ def test_a_bad_precision_environment_variable_is_one_line(capsys, gpu_forbidden,
     monkeypatch.setenv(precision.ENV_VAR, "half")
     precision._reset()
     rc, out, err = run(capsys, *TUNE)
-    assert_one_line_error(rc, out, err, "AUTOTILE_FLOAT32_MATMUL_PRECISION='half'", "highest, high, medium")
+    assert_one_line_error(rc, out, err, "AUTOTILE_FLOAT32_MATMUL_PRECISION='half'", "highest, high, medium, emulated")
 
 
 def test_tune_table_names_a_precision_other_than_the_default():

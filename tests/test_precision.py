@@ -45,14 +45,14 @@ def test_a_bad_setting_is_a_typed_one_line_error_naming_the_value_and_the_choice
     with pytest.raises(InvalidValueError) as info:
         autotile.set_float32_matmul_precision(bad)
     text = one_line(info.value)
-    assert repr(bad) in text and "highest, high, medium" in text
+    assert repr(bad) in text and "highest, high, medium, emulated" in text
     assert isinstance(info.value, AutotileError) and isinstance(info.value, ValueError)
     assert autotile.get_float32_matmul_precision() == "high"  # unchanged
 
 
 def test_resolve_checks_and_names_the_option():
     assert precision.resolve("highest") == "highest"
-    with pytest.raises(InvalidValueError, match=r"^--precision 'fast' is not one of highest, high, medium$"):
+    with pytest.raises(InvalidValueError, match=r"^--precision 'fast' is not one of highest, high, medium, emulated$"):
         precision.resolve("fast", name="--precision")
 
 
@@ -71,7 +71,7 @@ def test_a_bad_environment_variable_is_a_one_line_error_naming_it(monkeypatch):
     precision._reset()
     with pytest.raises(InvalidValueError) as info:
         autotile.get_float32_matmul_precision()
-    assert one_line(info.value) == f"{precision.ENV_VAR}='fp16' is not one of highest, high, medium"
+    assert one_line(info.value) == f"{precision.ENV_VAR}='fp16' is not one of highest, high, medium, emulated"
     with pytest.raises(InvalidValueError, match=precision.ENV_VAR):
         precision.resolve(None)
     assert precision.resolve("high") == "high"  # a call's own setting does not need the variable
@@ -171,7 +171,7 @@ def test_library_bad_precision_is_a_one_line_error_before_anything_else(monkeypa
     monkeypatch.setattr(ops, "_cupy", no_cupy)
     with pytest.raises(InvalidValueError) as info:
         getattr(autotile, call)(object(), object(), precision="bogus")
-    assert one_line(info.value) == "precision 'bogus' is not one of highest, high, medium"
+    assert one_line(info.value) == "precision 'bogus' is not one of highest, high, medium, emulated"
 
 
 @pytest.fixture

@@ -387,7 +387,7 @@ def test_builtin_default_under_highest_is_simt_whatever_the_space_default(monkey
 def test_select_checks_the_setting(tmp_path):
     from autotile.errors import InvalidValueError
 
-    with pytest.raises(InvalidValueError, match="precision 'fast' is not one of highest, high, medium"):
+    with pytest.raises(InvalidValueError, match="precision 'fast' is not one of highest, high, medium, emulated"):
         select.select(ProblemKey("matmul", "float32", "row", (8, 8, 8)), H100,
                       TuningCache(root=tmp_path, shipped_root=None), precision="fast")
 

@@ -12,6 +12,10 @@ needs to be allowed:
 - ``"medium"``: accepted for PyTorch compatibility, and allows exactly what ``"high"`` allows: autotile has
   no kernel below FP32-level accuracy (such as single-pass TF32 or bfloat16), so there is nothing more to
   allow.
+- ``"emulated"``: what ``"high"`` allows, and, for float32 *and float64* matmul large enough to gain, the
+  emulation on the int8 tensor cores (Ozaki scheme II, `autotile.library.emulation`), whose guard keeps
+  every element within a native GEMM's error bound (elements it cannot vouch for are recomputed
+  natively). The one setting that concerns float64; off by default.
 
 A kernel needs ``"highest"`` or ``"high"`` (`CLASSES`); ``"medium"`` is a setting only. float64 and matvec
 kernels are all IEEE: every setting allows them, and the setting changes nothing for them (it is still
@@ -36,11 +40,14 @@ if TYPE_CHECKING:
 
 ENV_VAR = "AUTOTILE_FLOAT32_MATMUL_PRECISION"
 DEFAULT = "high"
-SETTINGS = ("highest", "high", "medium")  # strictest first
+SETTINGS = ("highest", "high", "medium", "emulated")  # strictest first
 CLASSES = ("highest", "high")  # what a kernel can need; no kernel needs "medium"
 # How far down a setting reaches, or how far down a class sits: a setting allows the classes at or below
 # its own rank.
-_RANK = {"highest": 0, "high": 1, "medium": 2}
+_RANK = {"highest": 0, "high": 1, "medium": 2, "emulated": 2}
+# The setting under which float32 and float64 matmul may be emulated on the int8 tensor cores (the library
+# decides where it pays); as to the kernels it allows, it is "medium".
+EMULATED = "emulated"
 # The one place that says what each value of the matmul space's MATH parameter needs. A MATH value missing
 # here is refused (`needed` raises): a new math mode must say its class before any record of it is served.
 MATH_PARAM = "MATH"
@@ -67,8 +74,10 @@ def check(value: Any, *, name: str = "precision") -> str:
 
 def set_float32_matmul_precision(precision: str) -> None:
     """Set the process-wide float32 matmul precision: "highest" (IEEE FP32 only: SIMT kernels, cuBLAS
-    SGEMM), "high" (also the FP32-level tf32x3 tensor-core kernels; the default) or "medium" (as "high":
-    autotile has no kernel below FP32-level accuracy). Later calls without their own `precision=` use it."""
+    SGEMM), "high" (also the FP32-level tf32x3 tensor-core kernels; the default), "medium" (as "high":
+    autotile has no kernel below FP32-level accuracy) or "emulated" (as "high", and float32 and float64
+    matmul emulated on the int8 tensor cores where that pays). Later calls without their own `precision=`
+    use it."""
     global _setting
     value = check(precision)
     with _lock:
@@ -176,6 +185,6 @@ def applies(kernel: str, dtype: str) -> bool:
 _applies: dict[tuple[str, str], bool] = {}
 
 
-__all__ = ["CLASSES", "DEFAULT", "ENV_VAR", "MATH_CLASS", "SETTINGS", "allows", "applies", "check",
+__all__ = ["CLASSES", "DEFAULT", "EMULATED", "ENV_VAR", "MATH_CLASS", "SETTINGS", "allows", "applies", "check",
            "get_float32_matmul_precision", "loosest", "math_choices", "needed", "resolve", "restricted",
            "set_float32_matmul_precision"]

@@ -71,12 +71,17 @@ class _Prepared:
         """Compute `out` (`out_nbytes` bytes of `dtype`) from `inputs`, arrays of `framework`, on the stream
         `stream_ptr` (the arrays' device current)."""
         pointer = framework.pointer
+        self.call_pointers(tuple(map(pointer, inputs)), pointer(out), out_nbytes, dtype, stream_ptr,
+                           framework.allocate, batch_strides)
+
+    def call_pointers(self, pointers: tuple[int, ...], out_ptr: int, out_nbytes: int, dtype: str, stream_ptr: int,
+                      allocate: Any, batch_strides: tuple[int, ...] = ()) -> None:
+        """`call` on device pointers; `allocate` as `Framework.allocate` (a split-K workspace)."""
         if self.direct is not None:  # cuBLAS on the pointers, no second framework's dispatch
-            self.direct(tuple(map(pointer, inputs)), pointer(out), stream_ptr, batch_strides)
+            self.direct(pointers, out_ptr, stream_ptr, batch_strides)
             return
         runner: Any = self.runner  # a KernelRunner (the Runner protocol names only `run`)
-        runner.launch(tuple(map(pointer, inputs)), pointer(out), out_nbytes, dtype, stream_ptr, batch_strides,
-                      framework.allocate)
+        runner.launch(pointers, out_ptr, out_nbytes, dtype, stream_ptr, batch_strides, allocate)
 
 
 _lock = threading.Lock()
@@ -314,6 +319,14 @@ def matmul_no_autograd(A: Any, B: Any, out: Any = None, precision: str | None = 
         return _zeros(framework, out, plan.out_shape, out_dtype, a.device)
     c = _output(framework, out, plan.out_shape, out_dtype, a.device)
     stream_ptr = _stream(framework, stream, a.device)
+    if setting == precision_mod.EMULATED and plan.kernel == "matmul":
+        from autotile.library import emulation
+
+        if emulation.pays(dtype, plan.shape):  # large calls: not memoized as repeated calls
+            with _device_of(a.device):
+                emulation.run(framework, a, b, c, plan.layout, plan.shape, stream_ptr,
+                              _int8_gemm(framework, a.device))
+            return c.obj
     with _device_of(a.device):
         prepared = _prepare(plan.kernel, dtype, plan.layout, plan.shape, setting, a.device)
     call = _Call(prepared, plan.out_shape, _nbytes(c), out_dtype, a.device, plan.batch_strides)
@@ -323,6 +336,21 @@ def matmul_no_autograd(A: Any, B: Any, out: Any = None, precision: str | None = 
         with _lock:  # only signatures of the framework's own arrays: others are converted on every call
             _calls[signature] = _repeat(framework, call)
     return c.obj
+
+
+def _int8_gemm(framework: Framework, device: int) -> Callable[[tuple[int, int, int]], Any]:
+    """What the emulation's int8 products run: for a shape (M, N, K), the library's own int8 matmul of
+    layout nt (A M x K and B N x K, both K-major), as a function of (pointers, out, out bytes, stream)."""
+
+    def gemm(shape: tuple[int, int, int]) -> Callable[..., None]:
+        prepared = _prepare("matmul", "int8", "nt", shape, None, device)
+
+        def run(pointers: tuple[int, int], out_ptr: int, out_nbytes: int, stream_ptr: int) -> None:
+            prepared.call_pointers(pointers, out_ptr, out_nbytes, "int32", stream_ptr, framework.allocate)
+
+        return run
+
+    return gemm
 
 
 def matvec(A: Any, x: Any, out: Any = None, precision: str | None = None, stream: Any = None) -> Any:

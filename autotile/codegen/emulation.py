@@ -1,0 +1,214 @@
+"""float64 and float32 matmul emulated on the int8 tensor cores (Ozaki scheme II): the arithmetic, and the
+CUDA source of its kernels.
+
+The scheme, for C = A B with A M x K and B K x N:
+
+1. Scale. Row i of A gets the exponent e_i (max_k |a_ik| < 2^e_i) and becomes the integers
+   a'_ik = rint(a_ik 2^(beta - e_i)), |a'_ik| <= 2^beta; column j of B likewise with f_j. So the integer
+   product S = A' B' has |S_ij| <= K 4^beta.
+2. Take residues. For each modulus m_l of `MODULI` (pairwise coprime, at most 256), a'_ik mod m_l in the
+   symmetric range [-128, 127] is an int8; likewise for B'.
+3. Multiply. Each pair of residue matrices goes through an int8 GEMM with exact int32 sums (|sum| <=
+   K 128^2 < 2^31 for K <= `MAX_K`).
+4. Rebuild. With M = prod m_l and `beta` chosen so that K 4^beta <= M / 4, the Chinese remainder theorem
+   gives the one S_ij in (-M/2, M/2) with those residues: S = sum_l r_l w_l - q M, where
+   w_l = (M/m_l) ((M/m_l)^-1 mod m_l) and q = round(sum_l r_l w_l / M). The kernel evaluates it exactly:
+   each w_l and M cut into `LIMB_BITS`-bit limbs held as doubles (every partial sum an integer below 2^53),
+   the limbs joined in 128-bit integers, then C_ij = S_ij 2^(e_i + f_j - 2 beta).
+
+The error of the result comes from step 1 only (the rest is exact, up to the final rounding): each a_ik
+moves by at most half a unit of 2^(e_i - beta). `error_bound_terms` gives the guard's per-element bound on
+what that costs; a further int8 GEMM of the magnitudes (|a_ik| 2^(7 - e_i), rounded down) gives a lower
+bound on (|A| |B|)_ij, and an element whose bound is not below a native GEMM's worst case, K u (|A||B|)_ij,
+or whose row or column holds a NaN or an infinity, is recomputed natively (its whole output tile).
+
+Pure Python: importing this module imports nothing heavy (no CuPy).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from autotile.codegen.dtypes import DTYPES
+from autotile.errors import InvalidValueError
+
+# Pairwise coprime moduli no larger than 256, largest first: 256 = 2^8, 255 = 3 5 17, 253 = 11 23,
+# 247 = 13 19, 217 = 7 31, the rest prime. 16 of them multiply to 2^125.4: the rebuilt integers and their
+# sums stay inside a signed 128-bit integer (the kernel's), which caps the count at 16.
+MODULI: tuple[int, ...] = (256, 255, 253, 251, 247, 241, 239, 233, 229, 227, 223, 217, 211, 199, 197, 193)
+# int8 residues in [-128, 127]: an int32 sum of K products stays exact while K 128^2 < 2^31.
+MAX_K = (2**31 - 1) // (128 * 128)
+# Bits per limb of the rebuilding constants: a limb times a residue (|r| <= 128) summed over 16 moduli, and
+# q M's limb (|q| <= 16 * 128), stay below 2^53, so every partial sum is an exact double.
+LIMB_BITS = 41
+# The magnitudes' int8 matrix: |x| 2^(7 - e) rounded down, in [0, 127].
+MAGNITUDE_BITS = 7
+# Mantissa bits (with the implicit one) of the types emulated: the default `beta`'s target.
+MANTISSA_BITS = {"float64": 53, "float32": 24}
+EMULATED_DTYPES = tuple(MANTISSA_BITS)
+# Output tiles the guard flags and the native fix-up recomputes (rows x columns).
+FIX_TILE = 64
+
+
+def _product(moduli: tuple[int, ...]) -> int:
+    return math.prod(moduli)
+
+
+def max_beta(k: int, count: int) -> int:
+    """The most bits `beta` the scaled operands may have for a K of `k` with the first `count` moduli:
+    the largest beta with k 4^beta <= M / 4, so that q (step 4) rounds far from a half."""
+    m = _product(MODULI[:count])
+    beta = 0
+    while k * 4 ** (beta + 1) * 4 <= m:
+        beta += 1
+    return beta
+
+
+@dataclasses.dataclass(frozen=True)
+class Scheme:
+    """One emulation: its moduli and the bits each scaled operand keeps (`beta`), for one K."""
+
+    dtype: str
+    k: int
+    moduli: tuple[int, ...]
+    beta: int
+
+    @property
+    def count(self) -> int:
+        """Residue products (int8 GEMMs) per matmul, the magnitudes' product not counted."""
+        return len(self.moduli)
+
+    @property
+    def modulus_product(self) -> int:
+        return _product(self.moduli)
+
+    @property
+    def limbs(self) -> int:
+        """Limbs of LIMB_BITS bits that hold M and every w_l."""
+        return -(-self.modulus_product.bit_length() // LIMB_BITS)
+
+    def weights(self) -> list[int]:
+        """w_l = (M / m_l) ((M / m_l)^-1 mod m_l): S = sum_l r_l w_l (mod M)."""
+        total = self.modulus_product
+        return [(total // m) * pow(total // m, -1, m) for m in self.moduli]
+
+    def limbs_of(self, value: int) -> list[int]:
+        """`value` (>= 0) in base 2^LIMB_BITS, least significant limb first, `limbs` of them."""
+        mask = (1 << LIMB_BITS) - 1
+        return [(value >> (LIMB_BITS * t)) & mask for t in range(self.limbs)]
+
+    def unit_roundoff(self) -> float:
+        """u of the emulated type: 2^-53 for float64, 2^-24 for float32."""
+        return 2.0 ** -MANTISSA_BITS[self.dtype]
+
+
+def scheme(dtype: str, k: int, bits: int | None = None) -> Scheme:
+    """The fewest moduli that let each scaled operand keep at least `bits` bits (default: the type's
+    mantissa, 53 or 24) for a K of `k`. Raises `InvalidValueError` for a dtype that is not emulated, a K
+    beyond `MAX_K`, or bits no 16 moduli reach."""
+    if dtype not in MANTISSA_BITS:
+        raise InvalidValueError(f"emulation computes {' and '.join(EMULATED_DTYPES)}; got {dtype}")
+    if not 1 <= k <= MAX_K:
+        raise InvalidValueError(f"K {k} is outside 1..{MAX_K} (int8 products summed exactly in int32)")
+    want = MANTISSA_BITS[dtype] if bits is None else bits
+    for count in range(1, len(MODULI) + 1):
+        beta = max_beta(k, count)
+        if beta >= want:
+            return Scheme(dtype, k, MODULI[:count], beta)
+    raise InvalidValueError(f"{want} bits per operand at K {k} need more than {len(MODULI)} moduli "
+                            f"(at most {max_beta(k, len(MODULI))} bits)")
+
+
+# --- the arithmetic, on Python integers (what the kernels compute, for the tests and the docs) -----------
+
+
+def symmetric_residue(value: int, modulus: int) -> int:
+    """`value` mod `modulus` in [-(modulus // 2), (modulus - 1) // 2]: an int8 for moduli up to 256."""
+    r = value % modulus
+    return r - modulus if r >= (modulus + 1) // 2 else r
+
+
+def rebuild(residues: list[int], s: Scheme) -> int:
+    """The integer in (-M/2, M/2) with the given residues, as the kernel computes it: limbs of the weights
+    times the residues summed in exact doubles, q from sum r_l (w_l / M) in doubles, limbs joined."""
+    weights = s.weights()
+    total = s.modulus_product
+    fractions = [w / total for w in weights]  # what the kernel holds: each w_l / M rounded to a double
+    # The kernel uses FMAs; here a product and a sum, each rounded: q's estimate moves by far less than the
+    # quarter that separates it from a half, and every limb's products and sums are exact either way.
+    q_estimate = 0.0
+    for r, f in zip(residues, fractions, strict=True):
+        q_estimate += float(r) * f
+    q = round(q_estimate)
+    limbs = [0.0] * s.limbs
+    weight_limbs = [s.limbs_of(w) for w in weights]
+    for r, wl in zip(residues, weight_limbs, strict=True):
+        for t in range(s.limbs):
+            limbs[t] += float(r) * float(wl[t])
+    for t, mt in enumerate(s.limbs_of(total)):
+        limbs[t] += float(-q) * float(mt)
+    value = 0
+    for t in reversed(range(s.limbs)):  # exact integers below 2^53: the join is exact
+        assert limbs[t] == int(limbs[t]) and abs(limbs[t]) < 2.0**53
+        value = (value << LIMB_BITS) + int(limbs[t])
+    # the kernel joins modulo 2^128 and reads the result as signed: the same value while |S| < 2^127
+    return value
+
+
+# --- the CUDA source --------------------------------------------------------------------------------------
+
+TEMPLATE = "emulation.cu.j2"
+# Extra NVRTC option: the rebuild joins its limbs in 128-bit integers.
+EXTRA_OPTIONS: tuple[str, ...] = ("--device-int128",)
+# Launch shapes (threads per block) of the elementwise kernels: the template's knobs, with their defaults.
+DEFAULT_KNOBS: dict[str, int] = {"STATS_WARPS": 8, "REBUILD_THREADS": 256, "SPLIT_TILE": 32}
+KERNEL_NAMES = ("emu_stats_a", "emu_stats_b", "emu_split_a", "emu_split_b", "emu_rebuild", "emu_fixup")
+
+
+def _double_literal(value: float) -> str:
+    """`value` exactly, as a C hexadecimal floating literal."""
+    return float(value).hex()
+
+
+@functools.lru_cache(maxsize=64)
+def _render_cached(dtype: str, moduli: tuple[int, ...], beta: int, knob_items: tuple[tuple[str, int], ...],
+                   contig_k_a: bool, contig_k_b: bool) -> str:
+    from autotile.codegen.render import environment
+
+    s = Scheme(dtype, 1, moduli, beta)
+    total = s.modulus_product
+    weights = s.weights()
+    knobs = dict(knob_items)
+    return environment().get_template(TEMPLATE).render(
+        ctype=DTYPES[dtype].ctype, dtype=dtype, moduli=list(moduli), count=len(moduli), beta=beta,
+        limbs=s.limbs, limb_bits=LIMB_BITS,
+        weight_limbs=[[f"{v}.0" for v in s.limbs_of(w)] for w in weights],
+        weight_fractions=[_double_literal(w / total) for w in weights],
+        modulus_limbs=[f"{v}.0" for v in s.limbs_of(total)],
+        pow32=[2**32 % m for m in moduli], magnitude_bits=MAGNITUDE_BITS, fix_tile=FIX_TILE,
+        unit_roundoff=_double_literal(s.unit_roundoff()), contig_k_a=contig_k_a, contig_k_b=contig_k_b,
+        **knobs)
+
+
+def render(s: Scheme, layout: str, knobs: Mapping[str, Any] | None = None) -> str:
+    """The CUDA source of every kernel of the scheme `s` for operands in `layout` ("nn", "nt", "tn", "tt":
+    A row-major when its letter is "n", B row-major (K x N) when its letter is "n")."""
+    if layout not in ("nn", "nt", "tn", "tt"):
+        raise InvalidValueError(f"layout {layout!r} is not one of nn, nt, tn, tt")
+    merged = dict(DEFAULT_KNOBS)
+    merged.update(knobs or {})
+    unknown = set(merged) - set(DEFAULT_KNOBS)
+    if unknown:
+        raise InvalidValueError(f"unknown emulation knob(s) {', '.join(sorted(unknown))}; known: "
+                                f"{', '.join(DEFAULT_KNOBS)}")
+    # A's rows run along K when A is row-major; B's columns run along K when B is stored N x K ("t").
+    return _render_cached(s.dtype, s.moduli, s.beta, tuple(sorted(merged.items())), layout[0] == "n",
+                          layout[1] == "t")
+
+
+__all__ = ["EMULATED_DTYPES", "EXTRA_OPTIONS", "FIX_TILE", "KERNEL_NAMES", "LIMB_BITS", "MAX_K", "MODULI",
+           "Scheme", "max_beta", "rebuild", "render", "scheme", "symmetric_residue"]

@@ -1,0 +1,155 @@
+"""float64 and float32 matmul emulated on the int8 tensor cores (Ozaki scheme II), behind the precision
+setting "emulated": the kernels around the int8 GEMMs (`autotile.codegen.emulation`) and the int8 GEMMs
+the library already serves (its tuned int8 matmul, layout nt), launched in order on the caller's stream.
+
+A call (2-D A and B, any of the four layouts) runs, all on one stream, with no synchronisation:
+
+1. the statistics of A's rows and B's columns (exponent, scaled sum of magnitudes, NaN/Inf present);
+2. A's and B's residue matrices, one per modulus, and their magnitudes, int8 and K-major (K padded to 16);
+3. one int8 GEMM (exact int32 sums) per modulus, and one of the magnitudes;
+4. the rebuild: C from the residues of its products, and the guard's flags on output tiles;
+5. the native fix-up: flagged tiles (a NaN or Inf in their rows or columns, or an error bound above a
+   native GEMM's) recomputed in the type's own arithmetic.
+
+Its workspace, allocated per call through the inputs' framework on the call's stream, holds (count + 1)
+int8 copies of A and of B and (count + 1) int32 products of M x N: for float64 with 16 moduli, 17 M N 4 bytes
+of products (4.6 GB at 8192 x 8192).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from autotile.codegen import emulation as scheme_mod
+from autotile.codegen.emulation import FIX_TILE, MAX_K, Scheme
+
+if TYPE_CHECKING:
+    from autotile.runtime.operands import Framework, Operand
+
+# Where emulation pays on an H100 (float64 against DGEMM, float32 against the tf32x3 kernels and SGEMM):
+# each side at least this long (shorter problems are dominated by the passes over memory and the launches).
+MIN_SIDE = {"float64": 2048, "float32": 4096}
+# CUDA's grid limits on the fix-up's tiles along y (65535 rows of FIX_TILE-row tiles)
+MAX_M = 65535 * FIX_TILE
+K_ALIGN = 16  # the int8 GEMMs' K: a multiple of 16 bytes, so that their tiles load with the TMA
+
+
+def pays(dtype: str, shape: tuple[int, ...]) -> bool:
+    """Whether the emulation is the choice for a 2-D `dtype` matmul of `shape` (M, N, K) under the
+    "emulated" setting: every side long enough for the int8 tensor cores to win, K within the int32
+    sums' exact range, M within the fix-up's grid."""
+    if dtype not in MIN_SIDE or len(shape) != 3:
+        return False
+    m, n, k = shape
+    return min(m, n, k) >= MIN_SIDE[dtype] and k <= MAX_K and m <= MAX_M
+
+
+@dataclasses.dataclass
+class _Kernels:
+    """The scheme's compiled kernels on one device, by name."""
+
+    scheme: Scheme
+    functions: dict[str, Any]
+
+
+_lock = threading.Lock()
+_compiled: dict[tuple[Any, ...], _Kernels] = {}
+
+
+def _kernels(s: Scheme, layout: str, device: int) -> _Kernels:
+    key = (s.dtype, s.moduli, s.beta, layout, device)
+    found = _compiled.get(key)
+    if found is not None:
+        return found
+    from autotile.codegen.build import COMPILE_OPTIONS, compile_kernel
+
+    source = scheme_mod.render(s, layout)
+    options = COMPILE_OPTIONS + scheme_mod.EXTRA_OPTIONS
+    made = _Kernels(s, {name: compile_kernel(source, name, options) for name in scheme_mod.KERNEL_NAMES})
+    with _lock:
+        return _compiled.setdefault(key, made)
+
+
+def _i32(v: int) -> np.int32:
+    return np.int32(v)
+
+
+def _i64(v: int) -> np.int64:
+    return np.int64(v)
+
+
+def _ptr(v: int) -> np.uint64:
+    return np.uint64(v)
+
+
+def run(framework: Framework, a: Operand, b: Operand, c: Operand, layout: str, shape: tuple[int, int, int],
+        stream_ptr: int, int8_gemm: Any) -> None:
+    """C = A B by emulation, on the stream `stream_ptr` of the operands' device (current). `layout` and
+    `shape` (M, N, K) as the call's plan has them; `int8_gemm(shape)` gives what runs an int8 nt matmul of
+    `shape` as `(pointers, out_ptr, out_nbytes, stream_ptr) -> None`."""
+    import cupy
+
+    from autotile.runtime.impl import cupy_stream
+
+    m, n, k = shape
+    s = scheme_mod.scheme(a.dtype, k)
+    kernels = _kernels(s, layout, a.device).functions
+    planes = s.count + 1  # the residues' products and the magnitudes'
+    kp = -(-k // K_ALIGN) * K_ALIGN
+    tiles_m, tiles_n = -(-m // FIX_TILE), -(-n // FIX_TILE)
+    keep: list[Any] = []  # the workspace's owners, alive until every launch is enqueued
+
+    def allocate(elems: int, dtype: str) -> int:
+        owner, pointer = framework.allocate(elems, dtype, stream_ptr)
+        keep.append(owner)
+        return int(pointer)
+
+    exps_a, sums_a, flags_a = allocate(m, "int32"), allocate(m, "float64"), allocate(m, "int32")
+    exps_b, sums_b, flags_b = allocate(n, "int32"), allocate(n, "float64"), allocate(n, "int32")
+    res_a, res_b = allocate(planes * m * kp, "int8"), allocate(planes * n * kp, "int8")
+    products = allocate(planes * m * n, "int32")
+    tile_flags = allocate(tiles_m * tiles_n, "int8")
+    cupy.cuda.runtime.memsetAsync(tile_flags, 0, tiles_m * tiles_n, stream_ptr)
+    stream = cupy_stream(stream_ptr)
+    warps = scheme_mod.DEFAULT_KNOBS["STATS_WARPS"]
+    tile = scheme_mod.DEFAULT_KNOBS["SPLIT_TILE"]
+    # A's rows run along K when A is row-major ("n"); B's columns when B is stored N x K ("t").
+    ld_a = k if layout[0] == "n" else m
+    ld_b = k if layout[1] == "t" else n
+    for name, x, ld, lines, exps, sums, flags, contig in (
+            ("a", a.ptr, ld_a, m, exps_a, sums_a, flags_a, layout[0] == "n"),
+            ("b", b.ptr, ld_b, n, exps_b, sums_b, flags_b, layout[1] == "t")):
+        grid = (-(-lines // warps),) if contig else (-(-lines // 32),)
+        kernels[f"emu_stats_{name}"]((grid[0], 1, 1), (warps * 32, 1, 1),
+                                     (_ptr(x), _i64(ld), _i32(lines), _i32(k), _ptr(exps), _ptr(sums),
+                                      _ptr(flags)), stream=stream)
+    for name, x, ld, lines, exps, out in (("a", a.ptr, ld_a, m, exps_a, res_a), ("b", b.ptr, ld_b, n, exps_b, res_b)):
+        grid = (-(-kp // tile), min(-(-lines // tile), 65535), 1)
+        kernels[f"emu_split_{name}"](grid, (tile * 8, 1, 1),
+                                     (_ptr(x), _i64(ld), _i32(lines), _i32(k), _i32(kp), _ptr(exps), _ptr(out)),
+                                     stream=stream)
+    gemm = int8_gemm((m, n, kp))
+    for plane in range(planes):
+        gemm((res_a + plane * m * kp, res_b + plane * n * kp), products + plane * m * n * 4, m * n * 4, stream_ptr)
+    threads = scheme_mod.DEFAULT_KNOBS["REBUILD_THREADS"]
+    kernels["emu_rebuild"]((-(-n // threads), min(m, 65535), 1), (threads, 1, 1),
+                           (_ptr(products), _i64(m * n), _i32(m), _i32(n), _i32(k), _ptr(exps_a), _ptr(sums_a),
+                            _ptr(flags_a), _ptr(exps_b), _ptr(sums_b), _ptr(flags_b), _ptr(c.ptr),
+                            _ptr(tile_flags)), stream=stream)
+    # A's element (i, k) at A[i a_row + k a_col]; B's (k, j) at B[k b_row + j b_col]
+    a_row, a_col = (k, 1) if layout[0] == "n" else (1, m)
+    b_row, b_col = (n, 1) if layout[1] == "n" else (1, k)
+    kernels["emu_fixup"]((tiles_n, tiles_m, 1), (256, 1, 1),
+                         (_ptr(a.ptr), _i64(a_row), _i64(a_col), _ptr(b.ptr), _i64(b_row), _i64(b_col),
+                          _ptr(c.ptr), _i32(m), _i32(n), _i32(k), _ptr(tile_flags)), stream=stream)
+    del keep  # returned to the framework's pool on this stream: later work on it is ordered after ours
+
+
+def forget() -> None:
+    """Drop the compiled kernels (tests)."""
+    with _lock:
+        _compiled.clear()

@@ -1,0 +1,290 @@
+"""float64 and float32 matmul emulated on the int8 tensor cores (Ozaki scheme II), behind
+precision="emulated". Without a GPU: the moduli, the choice of moduli and bits, the exact rebuild of the
+integers (the kernel's own arithmetic, in Python), a model of the whole scheme against exact products, and
+the kernels compiling for sm_80 and sm_90. On a GPU (`gpu` marker): every layout, shapes that are not
+multiples of any tile, zero lines, NaN/Inf patterns identical to cuBLAS's, rows of wide exponent spread
+(where the guard recomputes natively), and a property test over magnitudes, spreads, specials and shapes:
+every element within a native GEMM's error bound K u (|A||B|)_ij, every time."""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from autotile.codegen import build
+from autotile.codegen import emulation as emu
+from autotile.dispatch import precision
+from autotile.errors import InvalidValueError
+
+LAYOUTS = ("nn", "nt", "tn", "tt")
+
+
+# -- the arithmetic -----------------------------------------------------------------------------------------
+
+
+def test_moduli_are_pairwise_coprime_int8_sized_and_fit_128_bits():
+    assert all(2 <= m <= 256 for m in emu.MODULI)
+    for i, m in enumerate(emu.MODULI):
+        for n in emu.MODULI[i + 1:]:
+            assert math.gcd(m, n) == 1, (m, n)
+    assert math.prod(emu.MODULI) < 2**127  # the rebuild's signed 128-bit join
+    assert emu.MAX_K * 128 * 128 < 2**31 <= (emu.MAX_K + 1) * 128 * 128
+
+
+@pytest.mark.parametrize("k", [1, 7, 4096, 8192, 16384, emu.MAX_K])
+def test_beta_is_the_largest_that_keeps_q_far_from_a_half(k):
+    for count in (4, 8, 12, 16):
+        beta = emu.max_beta(k, count)
+        product = math.prod(emu.MODULI[:count])
+        assert k * 4**beta * 4 <= product < k * 4 ** (beta + 1) * 4
+
+
+def test_scheme_takes_the_fewest_moduli_for_the_mantissa():
+    s = emu.scheme("float64", 8192)
+    assert (s.count, s.beta) == (16, 55)
+    assert emu.max_beta(8192, 15) < 53
+    s32 = emu.scheme("float32", 8192)
+    assert (s32.count, s32.beta) == (8, 24) and emu.max_beta(8192, 7) < 24
+    assert emu.scheme("float64", 8192, bits=40).count < 16
+
+
+@pytest.mark.parametrize("args, message", [
+    (("float16", 64), "emulation computes float64 and float32; got float16"),
+    (("float64", 0), "K 0 is outside 1..131071 (int8 products summed exactly in int32)"),
+    (("float64", emu.MAX_K + 1), f"K {emu.MAX_K + 1} is outside 1..131071 (int8 products summed exactly in int32)"),
+    (("float64", 8192, 80), "80 bits per operand at K 8192 need more than 16 moduli (at most 55 bits)"),
+])
+def test_scheme_refuses_in_one_line(args, message):
+    with pytest.raises(InvalidValueError) as info:
+        emu.scheme(*args)
+    assert str(info.value) == message
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.sampled_from([("float64", 8192), ("float64", 3), ("float32", 100000), ("float32", 64)]), st.data())
+def test_rebuild_recovers_every_integer_in_range(case, data):
+    s = emu.scheme(*case)
+    limit = s.k * 4**s.beta  # |S| at most this (A' and B' at most 2^beta)
+    value = data.draw(st.one_of(st.integers(-limit, limit), st.sampled_from([-limit, limit, 0, 1, -1])))
+    residues = [emu.symmetric_residue(value, m) for m in s.moduli]
+    assert all(-128 <= r <= 127 for r in residues)
+    assert emu.rebuild(residues, s) == value
+
+
+def _model(a: np.ndarray, b: np.ndarray, s: emu.Scheme) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The scheme on the host, step by step as the kernels take it: (C, the guard's error bound, the
+    magnitudes' lower bound of |A||B|), all in float64."""
+    m, k = a.shape
+    n = b.shape[1]
+    ea = np.array([math.frexp(float(np.abs(r).max()))[1] for r in a])
+    eb = np.array([math.frexp(float(np.abs(c).max()))[1] for c in b.T])
+    a_int = [[int(np.rint(np.ldexp(a[i, t], s.beta - ea[i]))) for t in range(k)] for i in range(m)]
+    b_int = [[int(np.rint(np.ldexp(b[t, j], s.beta - eb[j]))) for j in range(n)] for t in range(k)]
+    assert max(abs(x) for r in a_int for x in r) <= 2**s.beta
+    c = np.zeros((m, n))
+    for i in range(m):
+        for j in range(n):
+            exact = sum(a_int[i][t] * b_int[t][j] for t in range(k))
+            products = [sum(emu.symmetric_residue(a_int[i][t], md) * emu.symmetric_residue(b_int[t][j], md)
+                            for t in range(k)) for md in s.moduli]
+            residues = [emu.symmetric_residue(p, md) for p, md in zip(products, s.moduli, strict=True)]
+            assert emu.rebuild(residues, s) == exact
+            c[i, j] = math.ldexp(float(exact), int(ea[i] + eb[j]) - 2 * s.beta)
+    sa = np.abs(a).sum(axis=1) / np.ldexp(1.0, ea)
+    sb = np.abs(b).sum(axis=0) / np.ldexp(1.0, eb)
+    bound = (np.ldexp(0.5, -s.beta) * (sa[:, None] + sb[None, :]) + 0.25 * k * np.ldexp(1.0, -2 * s.beta)) \
+        * np.ldexp(1.0, ea[:, None] + eb[None, :])
+    mag_a = np.floor(np.ldexp(np.abs(a), 7 - ea[:, None]))
+    mag_b = np.floor(np.ldexp(np.abs(b), 7 - eb[None, :]))
+    floor_ab = (mag_a @ mag_b) * np.ldexp(1.0, ea[:, None] + eb[None, :] - 14)
+    return c, bound, floor_ab
+
+
+@pytest.mark.parametrize("dtype, bits", [("float64", None), ("float32", None), ("float64", 20)])
+def test_the_scheme_on_the_host_stays_within_its_bound_of_the_exact_product(dtype, bits):
+    rng = np.random.default_rng(7)
+    m, n, k = 5, 4, 37
+    a = rng.standard_normal((m, k)) * np.exp2(rng.integers(-30, 30, (m, 1)))
+    b = rng.standard_normal((k, n)) * np.exp2(rng.integers(-3, 3, (k, n)))  # spread within columns
+    s = emu.scheme(dtype, k, bits)
+    c, bound, floor_ab = _model(a, b, s)
+    for i in range(m):
+        for j in range(n):
+            exact = sum(Fraction(float(a[i, t])) * Fraction(float(b[t, j])) for t in range(k))
+            assert abs(Fraction(float(c[i, j])) - exact) <= Fraction(float(bound[i, j])) \
+                + Fraction(float(abs(c[i, j]))) * Fraction(2, 2**53)
+            assert Fraction(float(floor_ab[i, j])) <= sum(abs(Fraction(float(a[i, t])) * Fraction(float(b[t, j])))
+                                                          for t in range(k))
+
+
+# -- the kernels ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(build.nvrtc_unavailable_reason() is not None, reason="NVRTC is not available")
+@pytest.mark.parametrize("dtype", emu.EMULATED_DTYPES)
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_kernels_compile_for_ampere_and_hopper_without_spills(dtype, layout):
+    source = emu.render(emu.scheme(dtype, 8192), layout)
+    for arch in ("sm_80", "sm_90"):
+        result = build.compile(source, arch, build.COMPILE_OPTIONS + emu.EXTRA_OPTIONS)
+        names = {u.function for u in result.usages}
+        assert names == set(emu.KERNEL_NAMES)
+        assert all(u.spill_stores == 0 and u.stack_frame == 0 for u in result.usages), result.usages
+
+
+def test_render_refuses_unknown_layouts_and_knobs():
+    s = emu.scheme("float64", 64)
+    with pytest.raises(InvalidValueError, match="layout 'xx' is not one of nn, nt, tn, tt"):
+        emu.render(s, "xx")
+    with pytest.raises(InvalidValueError, match="unknown emulation knob"):
+        emu.render(s, "nn", {"WARPS": 4})
+
+
+def test_emulated_is_a_setting_that_allows_what_high_allows():
+    assert precision.check("emulated") == "emulated"
+    assert precision.allows("emulated", "high") and precision.loosest("emulated") == "high"
+
+
+def test_emulation_is_chosen_only_for_large_2d_float_problems():
+    from autotile.library import emulation
+
+    assert emulation.pays("float64", (8192, 8192, 8192))
+    assert not emulation.pays("float64", (64, 8192, 8192))
+    assert not emulation.pays("float16", (8192, 8192, 8192))
+    assert not emulation.pays("float64", (8192, 8192, emu.MAX_K + 1))
+    assert not emulation.pays("float64", (4, 8192, 8192, 8192))
+
+
+# -- on a GPU -------------------------------------------------------------------------------------------------
+
+
+def _operand(x: np.ndarray, order: str):
+    import cupy
+
+    return cupy.asarray(x) if order == "n" else cupy.asarray(x.T.copy()).T
+
+
+@pytest.fixture
+def emulate_everything(monkeypatch):
+    """Every size emulated (the library's rule keeps small problems native)."""
+    from autotile.library import emulation
+
+    monkeypatch.setattr(emulation, "MIN_SIDE", {"float64": 1, "float32": 1})
+
+
+def _within_native_bound(out: np.ndarray, a: np.ndarray, b: np.ndarray, dtype: str) -> np.ndarray:
+    """Elementwise: |out - AB| <= K u (|A||B|) (a native GEMM's worst case), AB in 64-bit-mantissa
+    arithmetic, or both NaN, or both the same infinity."""
+    k = a.shape[1]
+    u = 2.0**-53 if dtype == "float64" else 2.0**-24
+    la, lb = a.astype(np.longdouble), b.astype(np.longdouble)
+    with np.errstate(all="ignore"):
+        ref = la @ lb
+        abs_ab = np.abs(la) @ np.abs(lb)
+        err = np.abs(out.astype(np.longdouble) - ref)
+        ok = err <= k * u * abs_ab + np.finfo(dtype).smallest_subnormal
+    same_special = (np.isnan(out) & np.isnan(ref)) | (np.isinf(out) & (out == ref))
+    return ok | same_special
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", emu.EMULATED_DTYPES)
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("shape", [(131, 67, 257), (1, 1, 1), (33, 200, 1000), (256, 128, 4099)])
+def test_emulated_matmul_is_within_a_native_bound(dtype, layout, shape, emulate_everything):
+    import cupy
+
+    import autotile
+
+    m, n, k = shape
+    rng = np.random.default_rng(hash((dtype, layout, shape)) % 2**32)
+    a = rng.standard_normal((m, k)).astype(dtype)
+    b = rng.standard_normal((k, n)).astype(dtype)
+    out = cupy.full((m, n), np.nan, dtype)  # poisoned
+    result = autotile.matmul(_operand(a, layout[0]), _operand(b, layout[1]), out=out, precision="emulated")
+    assert result is out
+    got = cupy.asnumpy(out)
+    assert _within_native_bound(got, a, b, dtype).all()
+    ref = a.astype(np.float64) @ b.astype(np.float64)
+    native = cupy.asnumpy(_operand(a, layout[0]) @ _operand(b, layout[1]))
+    err = np.linalg.norm(got - ref) / np.linalg.norm(ref)
+    native_err = np.linalg.norm(native - ref) / np.linalg.norm(ref)
+    if dtype == "float32":  # float64's reference is itself a float64 product: compare float32 only
+        assert err <= max(2 * native_err, 2**-24)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", emu.EMULATED_DTYPES)
+def test_specials_zero_lines_and_wide_spread_keep_native_semantics(dtype, emulate_everything):
+    import cupy
+
+    import autotile
+
+    rng = np.random.default_rng(3)
+    m, n, k = 150, 130, 300
+    a = rng.standard_normal((m, k)).astype(dtype)
+    b = rng.standard_normal((k, n)).astype(dtype)
+    a[3, 7], a[70, :] = np.nan, 0.0
+    a[100, 5], b[9, 120] = np.inf, -np.inf
+    b[:, 40] = 0.0
+    b[11, 60] = np.inf
+    a[5, 11] = 0.0  # 0 * Inf: NaN in C[5, 60]
+    # a row whose large element meets zeros and whose small ones carry the product: the guard's case
+    a[20, :] = 1.0
+    a[20, 0] = 1e30 if dtype == "float64" else 1e18
+    b[0, 90:] = 0.0
+    out = cupy.asnumpy(autotile.matmul(cupy.asarray(a), cupy.asarray(b), precision="emulated"))
+    native = cupy.asnumpy(cupy.asarray(a) @ cupy.asarray(b))
+    assert np.array_equal(np.isnan(out), np.isnan(native))
+    assert np.array_equal(np.isposinf(out), np.isposinf(native))
+    assert np.array_equal(np.isneginf(out), np.isneginf(native))
+    assert (out[70] == 0).all() and (out[:, 40][np.isfinite(out[:, 40])] == 0).all()
+    assert _within_native_bound(out, a, b, dtype).all()
+
+
+@pytest.mark.gpu
+@settings(max_examples=25, deadline=None)
+@given(dtype=st.sampled_from(emu.EMULATED_DTYPES), m=st.integers(1, 90), n=st.integers(1, 90),
+       k=st.integers(1, 700), row_spread=st.integers(0, 60), element_spread=st.integers(0, 40),
+       specials=st.integers(0, 3), layout=st.sampled_from(LAYOUTS), seed=st.integers(0, 2**31))
+def test_property_every_element_within_the_bound_or_native(dtype, m, n, k, row_spread, element_spread, specials,
+                                                           layout, seed):
+    import cupy
+
+    import autotile
+    from autotile.library import emulation
+
+    original = emulation.MIN_SIDE
+    emulation.MIN_SIDE = {"float64": 1, "float32": 1}
+    try:
+        rng = np.random.default_rng(seed)
+        limit = 60 if dtype == "float32" else 300
+        spread = lambda shape, bits: np.exp2(rng.integers(-min(bits, limit), min(bits, limit) + 1, shape))  # noqa: E731
+        a = (rng.standard_normal((m, k)) * spread((m, 1), row_spread) * spread((m, k), element_spread)).astype(dtype)
+        b = (rng.standard_normal((k, n)) * spread((1, n), row_spread) * spread((k, n), element_spread)).astype(dtype)
+        for _ in range(specials):
+            x = a if rng.random() < 0.5 else b
+            x[rng.integers(x.shape[0]), rng.integers(x.shape[1])] = rng.choice([np.nan, np.inf, -np.inf, 0.0])
+        out = cupy.asnumpy(autotile.matmul(_operand(a, layout[0]), _operand(b, layout[1]), precision="emulated"))
+        assert _within_native_bound(out, a, b, dtype).all()
+    finally:
+        emulation.MIN_SIDE = original
+
+
+@pytest.mark.gpu
+def test_torch_tensors_take_the_emulated_path(emulate_everything):
+    torch = pytest.importorskip("torch")
+    import autotile
+
+    a = torch.randn(97, 301, dtype=torch.float64, device="cuda")
+    b = torch.randn(301, 89, dtype=torch.float64, device="cuda")
+    out = autotile.matmul(a, b, precision="emulated")
+    assert isinstance(out, torch.Tensor) and out.dtype == torch.float64
+    ref = a.double().cpu().numpy() @ b.double().cpu().numpy()
+    assert _within_native_bound(out.cpu().numpy(), a.cpu().numpy(), b.cpu().numpy(), "float64").all()
+    assert np.linalg.norm(out.cpu().numpy() - ref) / np.linalg.norm(ref) < 1e-14
