@@ -70,7 +70,8 @@ BAD = {
     "negative fallback": (["--fallback", "-2"], ["--fallback must be at least 0, got -2"]),
     "tune timeout nan": (["--tune", "5", "--tune-timeout", "nan"], ["--tune-timeout", "got nan"]),
     "tune timeout negative": (["--tune", "5", "--tune-timeout", "-1"], ["--tune-timeout", "got -1"]),
-    "precision unknown": (["--precision", "bogus"], ["--precision 'bogus' is not one of highest, high, medium, emulated"]),
+    "precision unknown": (["--precision", "bogus"],
+                          ["--precision 'bogus' is not one of highest, high, medium, emulated"]),
     "precision one bad of two": (["--precision", "highest,fast"], ["--precision 'fast'"]),
     "precision empty": (["--precision", ""], ["--precision ''"]),
 }

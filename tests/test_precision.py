@@ -52,7 +52,8 @@ def test_a_bad_setting_is_a_typed_one_line_error_naming_the_value_and_the_choice
 
 def test_resolve_checks_and_names_the_option():
     assert precision.resolve("highest") == "highest"
-    with pytest.raises(InvalidValueError, match=r"^--precision 'fast' is not one of highest, high, medium, emulated$"):
+    with pytest.raises(InvalidValueError,
+                       match=r"^--precision 'fast' is not one of highest, high, medium, emulated$"):
         precision.resolve("fast", name="--precision")
 
 

@@ -165,7 +165,10 @@ TEMPLATE = "emulation.cu.j2"
 # Extra NVRTC option: the rebuild joins its limbs in 128-bit integers.
 EXTRA_OPTIONS: tuple[str, ...] = ("--device-int128",)
 # Launch shapes (threads per block) of the elementwise kernels: the template's knobs, with their defaults.
-DEFAULT_KNOBS: dict[str, int] = {"STATS_WARPS": 8, "REBUILD_THREADS": 256, "SPLIT_TILE": 32}
+# STATS_WARPS: warps per block of the statistics of lines that run along memory (a warp per line);
+# STATS_COLUMN_WARPS: of lines across memory (a thread per line, the warps dividing its length).
+DEFAULT_KNOBS: dict[str, int] = {"STATS_WARPS": 8, "STATS_COLUMN_WARPS": 32, "REBUILD_THREADS": 256,
+                                 "SPLIT_TILE": 32}
 KERNEL_NAMES = ("emu_stats_a", "emu_stats_b", "emu_split_a", "emu_split_b", "emu_rebuild", "emu_fixup")
 
 

@@ -87,10 +87,12 @@ def _ptr(v: int) -> np.uint64:
 
 
 def run(framework: Framework, a: Operand, b: Operand, c: Operand, layout: str, shape: tuple[int, int, int],
-        stream_ptr: int, int8_gemm: Any) -> None:
+        stream_ptr: int, int8_gemm: Any, events: list[Any] | None = None) -> None:
     """C = A B by emulation, on the stream `stream_ptr` of the operands' device (current). `layout` and
     `shape` (M, N, K) as the call's plan has them; `int8_gemm(shape)` gives what runs an int8 nt matmul of
-    `shape` as `(pointers, out_ptr, out_nbytes, stream_ptr) -> None`."""
+    `shape` as `(pointers, out_ptr, out_nbytes, stream_ptr) -> None`. `events`, where given, gets a
+    recorded CUDA event after each phase (statistics, residues, int8 products, rebuild, fix-up): the
+    benchmark's breakdown."""
     import cupy
 
     from autotile.runtime.impl import cupy_stream
@@ -98,55 +100,68 @@ def run(framework: Framework, a: Operand, b: Operand, c: Operand, layout: str, s
     m, n, k = shape
     s = scheme_mod.scheme(a.dtype, k)
     kernels = _kernels(s, layout, a.device).functions
+    knobs = scheme_mod.DEFAULT_KNOBS
     planes = s.count + 1  # the residues' products and the magnitudes'
     kp = -(-k // K_ALIGN) * K_ALIGN
     tiles_m, tiles_n = -(-m // FIX_TILE), -(-n // FIX_TILE)
     keep: list[Any] = []  # the workspace's owners, alive until every launch is enqueued
+    stream = cupy_stream(stream_ptr)
 
     def allocate(elems: int, dtype: str) -> int:
         owner, pointer = framework.allocate(elems, dtype, stream_ptr)
         keep.append(owner)
         return int(pointer)
 
-    exps_a, sums_a, flags_a = allocate(m, "int32"), allocate(m, "float64"), allocate(m, "int32")
-    exps_b, sums_b, flags_b = allocate(n, "int32"), allocate(n, "float64"), allocate(n, "int32")
+    def phase_done() -> None:
+        if events is not None:
+            event = cupy.cuda.Event()
+            event.record(stream)
+            events.append(event)
+
+    # per line of A (rows) and of B (columns): exponent, scaled sum of magnitudes, NaN/Inf, magnitude exponent
+    lines_a = [allocate(m, "int32"), allocate(m, "float64"), allocate(m, "int32"), allocate(m, "int32")]
+    lines_b = [allocate(n, "int32"), allocate(n, "float64"), allocate(n, "int32"), allocate(n, "int32")]
     res_a, res_b = allocate(planes * m * kp, "int8"), allocate(planes * n * kp, "int8")
     products = allocate(planes * m * n, "int32")
     tile_flags = allocate(tiles_m * tiles_n, "int8")
     cupy.cuda.runtime.memsetAsync(tile_flags, 0, tiles_m * tiles_n, stream_ptr)
-    stream = cupy_stream(stream_ptr)
-    warps = scheme_mod.DEFAULT_KNOBS["STATS_WARPS"]
-    tile = scheme_mod.DEFAULT_KNOBS["SPLIT_TILE"]
+    if events is not None:
+        phase_done()  # the start
     # A's rows run along K when A is row-major ("n"); B's columns when B is stored N x K ("t").
     ld_a = k if layout[0] == "n" else m
     ld_b = k if layout[1] == "t" else n
-    for name, x, ld, lines, exps, sums, flags, contig in (
-            ("a", a.ptr, ld_a, m, exps_a, sums_a, flags_a, layout[0] == "n"),
-            ("b", b.ptr, ld_b, n, exps_b, sums_b, flags_b, layout[1] == "t")):
-        grid = (-(-lines // warps),) if contig else (-(-lines // 32),)
-        kernels[f"emu_stats_{name}"]((grid[0], 1, 1), (warps * 32, 1, 1),
-                                     (_ptr(x), _i64(ld), _i32(lines), _i32(k), _ptr(exps), _ptr(sums),
-                                      _ptr(flags)), stream=stream)
-    for name, x, ld, lines, exps, out in (("a", a.ptr, ld_a, m, exps_a, res_a), ("b", b.ptr, ld_b, n, exps_b, res_b)):
-        grid = (-(-kp // tile), min(-(-lines // tile), 65535), 1)
-        kernels[f"emu_split_{name}"](grid, (tile * 8, 1, 1),
-                                     (_ptr(x), _i64(ld), _i32(lines), _i32(k), _i32(kp), _ptr(exps), _ptr(out)),
+    operands = (("a", a.ptr, ld_a, m, lines_a, layout[0] == "n", res_a),
+                ("b", b.ptr, ld_b, n, lines_b, layout[1] == "t", res_b))
+    for name, x, ld, count, stats, contig, _ in operands:
+        warps = knobs["STATS_WARPS"] if contig else knobs["STATS_COLUMN_WARPS"]
+        blocks = -(-count // warps) if contig else -(-count // 32)
+        kernels[f"emu_stats_{name}"]((blocks, 1, 1), (warps * 32, 1, 1),
+                                     (_ptr(x), _i64(ld), _i32(count), _i32(k), *map(_ptr, stats)), stream=stream)
+    phase_done()
+    tile = knobs["SPLIT_TILE"]
+    for name, x, ld, count, stats, _, out in operands:
+        grid = (-(-kp // tile), min(-(-count // tile), 65535), 1)
+        kernels[f"emu_split_{name}"](grid, (tile * 8, 1, 1), (_ptr(x), _i64(ld), _i32(count), _i32(k), _i32(kp),
+                                                               _ptr(stats[0]), _ptr(stats[3]), _ptr(out)),
                                      stream=stream)
+    phase_done()
     gemm = int8_gemm((m, n, kp))
     for plane in range(planes):
         gemm((res_a + plane * m * kp, res_b + plane * n * kp), products + plane * m * n * 4, m * n * 4, stream_ptr)
-    threads = scheme_mod.DEFAULT_KNOBS["REBUILD_THREADS"]
+    phase_done()
+    threads = knobs["REBUILD_THREADS"]
     kernels["emu_rebuild"]((-(-n // threads), min(m, 65535), 1), (threads, 1, 1),
-                           (_ptr(products), _i64(m * n), _i32(m), _i32(n), _i32(k), _ptr(exps_a), _ptr(sums_a),
-                            _ptr(flags_a), _ptr(exps_b), _ptr(sums_b), _ptr(flags_b), _ptr(c.ptr),
-                            _ptr(tile_flags)), stream=stream)
+                           (_ptr(products), _i64(m * n), _i32(m), _i32(n), _i32(k), *map(_ptr, lines_a),
+                            *map(_ptr, lines_b), _ptr(c.ptr), _ptr(tile_flags)), stream=stream)
+    phase_done()
     # A's element (i, k) at A[i a_row + k a_col]; B's (k, j) at B[k b_row + j b_col]
     a_row, a_col = (k, 1) if layout[0] == "n" else (1, m)
     b_row, b_col = (n, 1) if layout[1] == "n" else (1, k)
     kernels["emu_fixup"]((tiles_n, tiles_m, 1), (256, 1, 1),
                          (_ptr(a.ptr), _i64(a_row), _i64(a_col), _ptr(b.ptr), _i64(b_row), _i64(b_col),
                           _ptr(c.ptr), _i32(m), _i32(n), _i32(k), _ptr(tile_flags)), stream=stream)
-    del keep  # returned to the framework's pool on this stream: later work on it is ordered after ours
+    phase_done()
+    keep.clear()  # back to the framework's pool on this stream: later work on it is ordered after ours
 
 
 def forget() -> None:

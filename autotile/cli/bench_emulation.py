@@ -1,0 +1,179 @@
+"""The emulation benchmark, `python -m autotile.cli.bench_emulation` (needs a GPU): float64 and float32
+matmul emulated on the int8 tensor cores (precision="emulated") against cuBLAS (DGEMM, SGEMM) and, for
+float32, autotile's own tf32x3 kernels ("high"), in one run: time (CUDA events, L2 flushed, median), the
+phases of the emulation, whether the library's rule (`autotile.library.emulation.pays`) picks it, and the
+error of each against the exact product on sampled elements (each product split exactly, the sum
+correctly rounded by `math.fsum`), on three kinds of inputs: normal (standard normal), wide ((u - 1/2)
+e^(2 z): exponents spread over tens of binades within each row) and cancelling (A = [X X],
+B = [Y; -Y (1 + 1e-6 Z)]: every C_ij a million times smaller than (|A||B|)_ij).
+
+Writes a Markdown table (`emulation.md`) and the rows as JSON (`emulation.json`) in `--out`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import pathlib
+from typing import Any
+
+import numpy as np
+
+KINDS = ("normal", "wide", "cancel")
+PHASES = ("statistics", "residues", "int8 products", "rebuild", "fix-up")
+
+
+def _inputs(cupy: Any, kind: str, shape: tuple[int, int, int], dtype: str, seed: int) -> tuple[Any, Any]:
+    m, n, k = shape
+    g = cupy.random.default_rng(seed)
+    if kind == "normal":
+        a, b = g.standard_normal((m, k)), g.standard_normal((k, n))
+    elif kind == "wide":
+        a = (g.random((m, k)) - 0.5) * cupy.exp(2 * g.standard_normal((m, k)))
+        b = (g.random((k, n)) - 0.5) * cupy.exp(2 * g.standard_normal((k, n)))
+    else:
+        half = k // 2
+        x, y = g.standard_normal((m, half)), g.standard_normal((half, n))
+        a = cupy.concatenate([x, x, g.standard_normal((m, k - 2 * half))], axis=1)
+        b = cupy.concatenate([y, -y * (1 + 1e-6 * g.standard_normal((half, n))),
+                              g.standard_normal((k - 2 * half, n)) * 1e-6], axis=0)
+    return a.astype(dtype), b.astype(dtype)
+
+
+def _two_product(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """p + e == a b exactly (Dekker's product; no overflow in these inputs)."""
+    p = a * b
+
+    def split(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        c = 134217729.0 * x  # 2^27 + 1
+        hi = c - (c - x)
+        return hi, x - hi
+
+    ah, al = split(a)
+    bh, bl = split(b)
+    return p, ((ah * bh - p) + ah * bl + al * bh) + al * bl
+
+
+def sampled_errors(outs: list[Any], a: Any, b: Any, samples: int, seed: int) -> list[float]:
+    """For each output: ||out - C|| / ||C|| over `samples` random elements, C exact (rounded once)."""
+    import cupy
+
+    m, n = outs[0].shape
+    rng = np.random.default_rng(seed)
+    rows, cols = rng.integers(0, m, samples), rng.integers(0, n, samples)
+    a_rows = cupy.asnumpy(a[cupy.asarray(rows), :]).astype(np.float64)
+    b_cols = cupy.asnumpy(b[:, cupy.asarray(cols)]).astype(np.float64).T
+    exact = np.array([math.fsum(np.concatenate(_two_product(a_rows[t], b_cols[t]))) for t in range(samples)])
+    norm = float(np.linalg.norm(exact))
+    errors = []
+    for out in outs:
+        got = cupy.asnumpy(out[cupy.asarray(rows), cupy.asarray(cols)]).astype(np.float64)
+        errors.append(float(np.linalg.norm(got - exact)) / norm)
+    return errors
+
+
+def bench_case(shape: tuple[int, int, int], dtype: str, kind: str, flush: Any, samples: int = 64,
+               seed: int = 0) -> dict[str, Any]:
+    """One problem: times (ms), the emulation's phases (ms), the errors, the rule's choice."""
+    import cupy
+
+    import autotile
+    from autotile.library import calls, emulation
+    from autotile.library.plan import plan_matmul
+    from autotile.runtime.operands import as_framework, framework_by_type
+    from autotile.runtime.timing import time_launch
+
+    m, n, k = shape
+    a, b = _inputs(cupy, kind, shape, dtype, seed)
+    framework = framework_by_type(a, b)
+    op_a, op_b = as_framework(framework, a, "A"), as_framework(framework, b, "B")
+    plan = plan_matmul(op_a.shape, op_a.strides, op_b.shape, op_b.strides)
+    emulated, native = cupy.empty((m, n), dtype), cupy.empty((m, n), dtype)
+    op_c = as_framework(framework, emulated, "out")
+    gemm = calls._int8_gemm(framework, op_a.device)
+
+    def emulate(events: list[Any] | None = None) -> None:
+        stream = cupy.cuda.get_current_stream().ptr
+        emulation.run(framework, op_a, op_b, op_c, plan.layout, shape, stream, gemm, events)
+
+    t_emulated = time_launch(emulate, flush, min_reps=5, target_ms=300.0).median_ms
+    events: list[Any] = []
+    emulate(events)
+    events[-1].synchronize()
+    phases = [cupy.cuda.get_elapsed_time(s, e) for s, e in zip(events, events[1:], strict=False)]
+    t_native = time_launch(lambda: cupy.matmul(a, b, out=native), flush, min_reps=5, target_ms=300.0).median_ms
+    outs = [emulated, native]
+    row: dict[str, Any] = {"dtype": dtype, "shape": list(shape), "inputs": kind, "emulated_ms": t_emulated,
+                           "cublas_ms": t_native, "phases_ms": dict(zip(PHASES, phases, strict=True)),
+                           "picked": emulation.pays(dtype, shape)}
+    if dtype == "float32":
+        high = cupy.empty((m, n), dtype)
+        row["high_ms"] = time_launch(lambda: autotile.matmul(a, b, out=high, precision="high"), flush,
+                                     min_reps=5, target_ms=300.0).median_ms
+        outs.append(high)
+    errors = sampled_errors(outs, a, b, samples, seed + 1)
+    row["emulated_error"], row["cublas_error"] = errors[0], errors[1]
+    if dtype == "float32":
+        row["high_error"] = errors[2]
+    row["speedup"] = t_native / t_emulated
+    return row
+
+
+def random_shapes(count: int, seed: int, low: int = 1024, high: int = 16384) -> list[tuple[int, int, int]]:
+    """`count` shapes, each side log-uniform in [low, high], drawn at run time from `seed`."""
+    rng = np.random.default_rng(seed)
+    sides = np.exp(rng.uniform(math.log(low), math.log(high), (count, 3))).astype(int)
+    return [(int(x), int(y), int(z)) for x, y, z in sides]
+
+
+def markdown(rows: list[dict[str, Any]], device: str) -> str:
+    lines = [f"Emulated matmul (precision=\"emulated\") on {device}: time in ms (CUDA events, L2 flushed, median), "
+             "speedup = cuBLAS time / emulated time, errors ||C - exact|| / ||exact|| on sampled elements.", "",
+             "| dtype | M x N x K | inputs | emulated | cuBLAS | speedup | picked | autotile high | "
+             "error emulated | error cuBLAS | error high | phases (stats, residues, int8, rebuild, fix-up) |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in rows:
+        phases = ", ".join(f"{v:.2f}" for v in r["phases_ms"].values())
+        high = f"{r['high_ms']:.2f}" if "high_ms" in r else "-"
+        high_err = f"{r['high_error']:.1e}" if "high_error" in r else "-"
+        lines.append(f"| {r['dtype']} | {'x'.join(map(str, r['shape']))} | {r['inputs']} | {r['emulated_ms']:.2f} | "
+                     f"{r['cublas_ms']:.2f} | {r['speedup']:.2f}x | {'yes' if r['picked'] else 'no'} | {high} | "
+                     f"{r['emulated_error']:.1e} | {r['cublas_error']:.1e} | {high_err} | {phases} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m autotile.cli.bench_emulation",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("--dtype", nargs="+", default=["float64", "float32"], choices=["float64", "float32"])
+    parser.add_argument("--sizes", nargs="*", type=int, default=[4096, 8192, 16384], help="square problems n^3")
+    parser.add_argument("--inputs", nargs="+", default=["normal"], choices=list(KINDS))
+    parser.add_argument("--random", type=int, default=0, metavar="N", help="also N random shapes (normal inputs)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", default="bench-results")
+    args = parser.parse_args(argv)
+
+    import cupy
+
+    from autotile.runtime.timing import L2Flusher
+
+    device = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)["name"].decode()
+    flush = L2Flusher(int(cupy.cuda.Device().attributes["L2CacheSize"]))
+    cases = [((s, s, s), d, kind) for d in args.dtype for s in args.sizes for kind in args.inputs]
+    cases += [(shape, d, "normal") for d in args.dtype for shape in random_shapes(args.random, args.seed)]
+    rows = []
+    for shape, dtype, kind in cases:
+        rows.append(bench_case(shape, dtype, kind, flush, seed=args.seed))
+        print(json.dumps(rows[-1]), flush=True)
+        cupy.get_default_memory_pool().free_all_blocks()
+    out = pathlib.Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "emulation.json").write_text(json.dumps({"device": device, "rows": rows}, indent=1))
+    table = markdown(rows, device)
+    (out / "emulation.md").write_text(table)
+    print(table)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
