@@ -181,8 +181,9 @@ def emulate_everything(monkeypatch):
 
 
 def _within_native_bound(out: np.ndarray, a: np.ndarray, b: np.ndarray, dtype: str) -> np.ndarray:
-    """Elementwise: |out - AB| <= K u (|A||B|) (a native GEMM's worst case), AB in 64-bit-mantissa
-    arithmetic, or both NaN, or both the same infinity."""
+    """Elementwise: |out - AB| <= K u (|A||B|) (a native GEMM's worst case) plus half the smallest
+    subnormal, AB in 64-bit-mantissa arithmetic; or both NaN, or both the same infinity, or an infinity
+    of the right sign where AB is beyond the type's range."""
     k = a.shape[1]
     u = 2.0**-53 if dtype == "float64" else 2.0**-24
     la, lb = a.astype(np.longdouble), b.astype(np.longdouble)
@@ -191,8 +192,20 @@ def _within_native_bound(out: np.ndarray, a: np.ndarray, b: np.ndarray, dtype: s
         abs_ab = np.abs(la) @ np.abs(lb)
         err = np.abs(out.astype(np.longdouble) - ref)
         ok = err <= k * u * abs_ab + np.finfo(dtype).smallest_subnormal
+        beyond = np.isinf(out) & (np.abs(ref) > np.finfo(dtype).max) & (np.sign(out) == np.sign(ref))
     same_special = (np.isnan(out) & np.isnan(ref)) | (np.isinf(out) & (out == ref))
-    return ok | same_special
+    return ok | same_special | beyond
+
+
+def _assert_within_native_bound(out: np.ndarray, a: np.ndarray, b: np.ndarray, dtype: str) -> None:
+    ok = _within_native_bound(out, a, b, dtype)
+    if not ok.all():
+        i, j = (int(x[0]) for x in np.nonzero(~ok))
+        ref = (a[i].astype(np.longdouble) * b[:, j].astype(np.longdouble)).sum()
+        raise AssertionError(f"{int((~ok).sum())} of {ok.size} elements outside the bound; first ({i}, {j}): "
+                             f"{out[i, j]!r} against {float(ref)!r}, |A||B| "
+                             f"{float((np.abs(a[i].astype(np.longdouble)) * np.abs(b[:, j])).sum())!r}, "
+                             f"row max {np.abs(a[i]).max()!r}, column max {np.abs(b[:, j]).max()!r}")
 
 
 @pytest.mark.gpu
@@ -212,7 +225,7 @@ def test_emulated_matmul_is_within_a_native_bound(dtype, layout, shape, emulate_
     result = autotile.matmul(_operand(a, layout[0]), _operand(b, layout[1]), out=out, precision="emulated")
     assert result is out
     got = cupy.asnumpy(out)
-    assert _within_native_bound(got, a, b, dtype).all()
+    _assert_within_native_bound(got, a, b, dtype)
     ref = a.astype(np.float64) @ b.astype(np.float64)
     native = cupy.asnumpy(_operand(a, layout[0]) @ _operand(b, layout[1]))
     err = np.linalg.norm(got - ref) / np.linalg.norm(ref)
@@ -248,7 +261,7 @@ def test_specials_zero_lines_and_wide_spread_keep_native_semantics(dtype, emulat
     assert np.array_equal(np.isneginf(out), np.isneginf(native))
     for line in (out[70], out[:, 40]):  # zero lines give zeros, but where they meet an Inf (0 * Inf: NaN)
         assert (line[np.isfinite(line)] == 0).all()
-    assert _within_native_bound(out, a, b, dtype).all()
+    _assert_within_native_bound(out, a, b, dtype)
 
 
 @pytest.mark.gpu
@@ -275,7 +288,7 @@ def test_property_every_element_within_the_bound_or_native(dtype, m, n, k, row_s
             x = a if rng.random() < 0.5 else b
             x[rng.integers(x.shape[0]), rng.integers(x.shape[1])] = rng.choice([np.nan, np.inf, -np.inf, 0.0])
         out = cupy.asnumpy(autotile.matmul(_operand(a, layout[0]), _operand(b, layout[1]), precision="emulated"))
-        assert _within_native_bound(out, a, b, dtype).all()
+        _assert_within_native_bound(out, a, b, dtype)
     finally:
         emulation.MIN_SIDE = original
 
@@ -290,5 +303,42 @@ def test_torch_tensors_take_the_emulated_path(emulate_everything):
     out = autotile.matmul(a, b, precision="emulated")
     assert isinstance(out, torch.Tensor) and out.dtype == torch.float64
     ref = a.double().cpu().numpy() @ b.double().cpu().numpy()
-    assert _within_native_bound(out.cpu().numpy(), a.cpu().numpy(), b.cpu().numpy(), "float64").all()
+    _assert_within_native_bound(out.cpu().numpy(), a.cpu().numpy(), b.cpu().numpy(), "float64")
     assert np.linalg.norm(out.cpu().numpy() - ref) / np.linalg.norm(ref) < 1e-14
+
+
+def _kernel_residue(v: float, m: int, real: str) -> int:
+    """The split kernel's residue of the integer v (a float of type `real`), step by step: q from one FMA
+    with the magic constant, v - q m from another, read back as an int, one step into the symmetric range.
+    Each FMA rounds once: computed exactly in Python integers/fractions and rounded to `real`."""
+    from fractions import Fraction
+
+    def rounded(x: Fraction) -> float:  # to the nearest double; then float32 (no tie falls between them here)
+        return float(x) if real == "double" else float(np.float32(float(x)))
+
+    magic = 1.5 * 2.0**52 if real == "double" else 1.5 * 2.0**23
+    inv = 1.0 / m if real == "double" else float(np.float32(1.0 / m))
+    t = rounded(Fraction(v) * Fraction(inv) + Fraction(magic))
+    q = t - magic
+    residue = Fraction(v) - Fraction(q) * m  # exact: a small integer
+    s = int(residue)
+    assert residue == s
+    if s >= (m + 1) // 2:
+        s -= m
+    elif s < -(m // 2):
+        s += m
+    return s
+
+
+@pytest.mark.parametrize("dtype", emu.EMULATED_DTYPES)
+def test_the_split_kernels_floating_point_residues_are_exact(dtype):
+    s = emu.scheme(dtype, 8192)
+    real = "double" if dtype == "float64" else "float"
+    rng = np.random.default_rng(11)
+    top = 2**s.beta
+    values = [0, 1, -1, top, -top, top - 1, 1 - top] + [int(x) for x in rng.integers(-top, top, 400)]
+    # the scaled values are the inputs' own significands times a power of two: 53 or 24 significant bits
+    values = [int(np.float64(v)) if dtype == "float64" else int(np.float32(v)) for v in values]
+    for v in values:
+        for m in s.moduli:
+            assert _kernel_residue(float(v), m, real) == emu.symmetric_residue(v, m), (v, m)

@@ -92,20 +92,20 @@ def bench_case(shape: tuple[int, int, int], dtype: str, kind: str, flush: Any, s
     op_c = as_framework(framework, emulated, "out")
     gemm = calls._int8_gemm(framework, op_a.device)
 
-    def emulate(events: list[Any] | None = None) -> None:
+    def emulate(events: list[Any] | None = None, report: dict[str, int] | None = None) -> None:
         stream = cupy.cuda.get_current_stream().ptr
-        emulation.run(framework, op_a, op_b, op_c, plan.layout, shape, stream, gemm, events)
+        emulation.run(framework, op_a, op_b, op_c, plan.layout, shape, stream, gemm, events, report)
 
     t_emulated = time_launch(emulate, flush, min_reps=5, target_ms=300.0).median_ms
     events: list[Any] = []
-    emulate(events)
-    events[-1].synchronize()
+    guard: dict[str, int] = {}
+    emulate(events, guard)
     phases = [cupy.cuda.get_elapsed_time(s, e) for s, e in zip(events, events[1:], strict=False)]
     t_native = time_launch(lambda: cupy.matmul(a, b, out=native), flush, min_reps=5, target_ms=300.0).median_ms
     outs = [emulated, native]
     row: dict[str, Any] = {"dtype": dtype, "shape": list(shape), "inputs": kind, "emulated_ms": t_emulated,
                            "cublas_ms": t_native, "phases_ms": dict(zip(PHASES, phases, strict=True)),
-                           "picked": emulation.pays(dtype, shape)}
+                           "picked": emulation.pays(dtype, shape), "guard": guard}
     if dtype == "float32":
         high = cupy.empty((m, n), dtype)
         row["high_ms"] = time_launch(lambda: autotile.matmul(a, b, out=high, precision="high"), flush,
@@ -130,15 +130,17 @@ def markdown(rows: list[dict[str, Any]], device: str) -> str:
     lines = [f"Emulated matmul (precision=\"emulated\") on {device}: time in ms (CUDA events, L2 flushed, median), "
              "speedup = cuBLAS time / emulated time, errors ||C - exact|| / ||exact|| on sampled elements.", "",
              "| dtype | M x N x K | inputs | emulated | cuBLAS | speedup | picked | autotile high | "
-             "error emulated | error cuBLAS | error high | phases (stats, residues, int8, rebuild, fix-up) |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "error emulated | error cuBLAS | error high | phases (stats, residues, int8, rebuild, fix-up) | "
+             "guard failed (elements, whole tiles) |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         phases = ", ".join(f"{v:.2f}" for v in r["phases_ms"].values())
         high = f"{r['high_ms']:.2f}" if "high_ms" in r else "-"
         high_err = f"{r['high_error']:.1e}" if "high_error" in r else "-"
         lines.append(f"| {r['dtype']} | {'x'.join(map(str, r['shape']))} | {r['inputs']} | {r['emulated_ms']:.2f} | "
                      f"{r['cublas_ms']:.2f} | {r['speedup']:.2f}x | {'yes' if r['picked'] else 'no'} | {high} | "
-                     f"{r['emulated_error']:.1e} | {r['cublas_error']:.1e} | {high_err} | {phases} |")
+                     f"{r['emulated_error']:.1e} | {r['cublas_error']:.1e} | {high_err} | {phases} | "
+                     f"{r['guard']['failed_elements']}, {r['guard']['whole_tiles']} of {r['guard']['tiles']} |")
     return "\n".join(lines) + "\n"
 
 

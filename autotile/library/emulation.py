@@ -87,12 +87,14 @@ def _ptr(v: int) -> np.uint64:
 
 
 def run(framework: Framework, a: Operand, b: Operand, c: Operand, layout: str, shape: tuple[int, int, int],
-        stream_ptr: int, int8_gemm: Any, events: list[Any] | None = None) -> None:
+        stream_ptr: int, int8_gemm: Any, events: list[Any] | None = None,
+        report: dict[str, int] | None = None) -> None:
     """C = A B by emulation, on the stream `stream_ptr` of the operands' device (current). `layout` and
     `shape` (M, N, K) as the call's plan has them; `int8_gemm(shape)` gives what runs an int8 nt matmul of
     `shape` as `(pointers, out_ptr, out_nbytes, stream_ptr) -> None`. `events`, where given, gets a
-    recorded CUDA event after each phase (statistics, residues, int8 products, rebuild, fix-up): the
-    benchmark's breakdown."""
+    recorded CUDA event after each phase (statistics, residues, int8 products, rebuild, fix-up), and
+    `report`, where given, the guard's counts once the call is done (it waits): elements it failed, output
+    tiles recomputed whole, tiles in all. Both are the benchmark's."""
     import cupy
 
     from autotile.runtime.impl import cupy_stream
@@ -123,8 +125,8 @@ def run(framework: Framework, a: Operand, b: Operand, c: Operand, layout: str, s
     lines_b = [allocate(n, "int32"), allocate(n, "float64"), allocate(n, "int32"), allocate(n, "int32")]
     res_a, res_b = allocate(planes * m * kp, "int8"), allocate(planes * n * kp, "int8")
     products = allocate(planes * m * n, "int32")
-    tile_flags = allocate(tiles_m * tiles_n, "int8")
-    cupy.cuda.runtime.memsetAsync(tile_flags, 0, tiles_m * tiles_n, stream_ptr)
+    tile_counts = allocate(tiles_m * tiles_n, "int32")  # elements the guard failed, per output tile
+    cupy.cuda.runtime.memsetAsync(tile_counts, 0, 4 * tiles_m * tiles_n, stream_ptr)
     if events is not None:
         phase_done()  # the start
     # A's rows run along K when A is row-major ("n"); B's columns when B is stored N x K ("t").
@@ -152,15 +154,23 @@ def run(framework: Framework, a: Operand, b: Operand, c: Operand, layout: str, s
     threads = knobs["REBUILD_THREADS"]
     kernels["emu_rebuild"]((-(-n // threads), min(m, 65535), 1), (threads, 1, 1),
                            (_ptr(products), _i64(m * n), _i32(m), _i32(n), _i32(k), *map(_ptr, lines_a),
-                            *map(_ptr, lines_b), _ptr(c.ptr), _ptr(tile_flags)), stream=stream)
+                            *map(_ptr, lines_b), _ptr(c.ptr), _ptr(tile_counts)), stream=stream)
     phase_done()
     # A's element (i, k) at A[i a_row + k a_col]; B's (k, j) at B[k b_row + j b_col]
     a_row, a_col = (k, 1) if layout[0] == "n" else (1, m)
     b_row, b_col = (n, 1) if layout[1] == "n" else (1, k)
     kernels["emu_fixup"]((tiles_n, tiles_m, 1), (256, 1, 1),
                          (_ptr(a.ptr), _i64(a_row), _i64(a_col), _ptr(b.ptr), _i64(b_row), _i64(b_col),
-                          _ptr(c.ptr), _i32(m), _i32(n), _i32(k), _ptr(tile_flags)), stream=stream)
+                          _ptr(c.ptr), _i32(m), _i32(n), _i32(k), _ptr(tile_counts),
+                          _ptr(products + s.count * m * n * 4), *map(_ptr, lines_a), *map(_ptr, lines_b)),
+                         stream=stream)
     phase_done()
+    if report is not None:  # the benchmark's diagnostics: waits for the GPU
+        stream.synchronize()
+        host = np.empty(tiles_m * tiles_n, np.int32)
+        cupy.cuda.runtime.memcpy(host.ctypes.data, tile_counts, host.nbytes, cupy.cuda.runtime.memcpyDeviceToHost)
+        few = knobs["FEW_PER_TILE"]
+        report.update(failed_elements=int(host.sum()), whole_tiles=int((host > few).sum()), tiles=int(host.size))
     keep.clear()  # back to the framework's pool on this stream: later work on it is ordered after ours
 
 
