@@ -170,7 +170,7 @@ EXTRA_OPTIONS: tuple[str, ...] = ("--device-int128",)
 # FEW_PER_TILE: the most failed elements of an output tile that the fix-up recomputes one by one (a warp
 # each) rather than the whole tile.
 DEFAULT_KNOBS: dict[str, int] = {"STATS_WARPS": 8, "STATS_COLUMN_WARPS": 32, "REBUILD_THREADS": 256,
-                                 "SPLIT_TILE": 32, "FEW_PER_TILE": 64}
+                                 "SPLIT_TILE": 32, "FEW_PER_TILE": 16}
 KERNEL_NAMES = ("emu_stats_a", "emu_stats_b", "emu_split_a", "emu_split_b", "emu_rebuild", "emu_fixup")
 
 
