@@ -73,11 +73,12 @@ def sampled_errors(outs: list[Any], a: Any, b: Any, samples: int, seed: int) -> 
 
 
 def bench_case(shape: tuple[int, int, int], dtype: str, kind: str, flush: Any, samples: int = 64,
-               seed: int = 0) -> dict[str, Any]:
+               seed: int = 0, bits: int | None = None) -> dict[str, Any]:
     """One problem: times (ms), the emulation's phases (ms), the errors, the rule's choice."""
     import cupy
 
     import autotile
+    from autotile.codegen.emulation import scheme
     from autotile.library import calls, emulation
     from autotile.library.plan import plan_matmul
     from autotile.runtime.operands import as_framework, framework_by_type
@@ -94,7 +95,7 @@ def bench_case(shape: tuple[int, int, int], dtype: str, kind: str, flush: Any, s
 
     def emulate(events: list[Any] | None = None, report: dict[str, int] | None = None) -> None:
         stream = cupy.cuda.get_current_stream().ptr
-        emulation.run(framework, op_a, op_b, op_c, plan.layout, shape, stream, gemm, events, report)
+        emulation.run(framework, op_a, op_b, op_c, plan.layout, shape, stream, gemm, events, report, bits)
 
     t_emulated = time_launch(emulate, flush, min_reps=5, target_ms=300.0).median_ms
     events: list[Any] = []
@@ -105,7 +106,8 @@ def bench_case(shape: tuple[int, int, int], dtype: str, kind: str, flush: Any, s
     outs = [emulated, native]
     row: dict[str, Any] = {"dtype": dtype, "shape": list(shape), "inputs": kind, "emulated_ms": t_emulated,
                            "cublas_ms": t_native, "phases_ms": dict(zip(PHASES, phases, strict=True)),
-                           "picked": emulation.pays(dtype, shape), "guard": guard}
+                           "picked": emulation.pays(dtype, shape), "guard": guard,
+                           "moduli": scheme(dtype, shape[2], bits).count, "beta": scheme(dtype, shape[2], bits).beta}
     if dtype == "float32":
         high = cupy.empty((m, n), dtype)
         row["high_ms"] = time_launch(lambda: autotile.matmul(a, b, out=high, precision="high"), flush,
@@ -129,15 +131,16 @@ def random_shapes(count: int, seed: int, low: int = 1024, high: int = 16384) -> 
 def markdown(rows: list[dict[str, Any]], device: str) -> str:
     lines = [f"Emulated matmul (precision=\"emulated\") on {device}: time in ms (CUDA events, L2 flushed, median), "
              "speedup = cuBLAS time / emulated time, errors ||C - exact|| / ||exact|| on sampled elements.", "",
-             "| dtype | M x N x K | inputs | emulated | cuBLAS | speedup | picked | autotile high | "
+             "| dtype | M x N x K | inputs | moduli, beta | emulated | cuBLAS | speedup | picked | autotile high | "
              "error emulated | error cuBLAS | error high | phases (stats, residues, int8, rebuild, fix-up) | "
              "guard failed (elements, whole tiles) |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         phases = ", ".join(f"{v:.2f}" for v in r["phases_ms"].values())
         high = f"{r['high_ms']:.2f}" if "high_ms" in r else "-"
         high_err = f"{r['high_error']:.1e}" if "high_error" in r else "-"
-        lines.append(f"| {r['dtype']} | {'x'.join(map(str, r['shape']))} | {r['inputs']} | {r['emulated_ms']:.2f} | "
+        lines.append(f"| {r['dtype']} | {'x'.join(map(str, r['shape']))} | {r['inputs']} | "
+                     f"{r['moduli']}, {r['beta']} | {r['emulated_ms']:.2f} | "
                      f"{r['cublas_ms']:.2f} | {r['speedup']:.2f}x | {'yes' if r['picked'] else 'no'} | {high} | "
                      f"{r['emulated_error']:.1e} | {r['cublas_error']:.1e} | {high_err} | {phases} | "
                      f"{r['guard']['failed_elements']}, {r['guard']['whole_tiles']} of {r['guard']['tiles']} |")
@@ -152,6 +155,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--inputs", nargs="+", default=["normal"], choices=list(KINDS))
     parser.add_argument("--random", type=int, default=0, metavar="N", help="also N random shapes (normal inputs)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--bits", type=int, default=None,
+                        help="bits each scaled operand keeps (default: the type's mantissa, 53 or 24)")
     parser.add_argument("--out", default="bench-results")
     args = parser.parse_args(argv)
 
@@ -165,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     cases += [(shape, d, "normal") for d in args.dtype for shape in random_shapes(args.random, args.seed)]
     rows = []
     for shape, dtype, kind in cases:
-        rows.append(bench_case(shape, dtype, kind, flush, seed=args.seed))
+        rows.append(bench_case(shape, dtype, kind, flush, seed=args.seed, bits=args.bits))
         print(json.dumps(rows[-1]), flush=True)
         cupy.get_default_memory_pool().free_all_blocks()
     out = pathlib.Path(args.out)

@@ -88,19 +88,20 @@ def _ptr(v: int) -> np.uint64:
 
 def run(framework: Framework, a: Operand, b: Operand, c: Operand, layout: str, shape: tuple[int, int, int],
         stream_ptr: int, int8_gemm: Any, events: list[Any] | None = None,
-        report: dict[str, int] | None = None) -> None:
+        report: dict[str, int] | None = None, bits: int | None = None) -> None:
     """C = A B by emulation, on the stream `stream_ptr` of the operands' device (current). `layout` and
     `shape` (M, N, K) as the call's plan has them; `int8_gemm(shape)` gives what runs an int8 nt matmul of
     `shape` as `(pointers, out_ptr, out_nbytes, stream_ptr) -> None`. `events`, where given, gets a
     recorded CUDA event after each phase (statistics, residues, int8 products, rebuild, fix-up), and
     `report`, where given, the guard's counts once the call is done (it waits): elements it failed, output
-    tiles recomputed whole, tiles in all. Both are the benchmark's."""
+    tiles recomputed whole, tiles in all. Both are the benchmark's, as is `bits` (the bits each scaled
+    operand keeps; None: `autotile.codegen.emulation`'s default for the type)."""
     import cupy
 
     from autotile.runtime.impl import cupy_stream
 
     m, n, k = shape
-    s = scheme_mod.scheme(a.dtype, k)
+    s = scheme_mod.scheme(a.dtype, k, bits)
     kernels = _kernels(s, layout, a.device).functions
     knobs = scheme_mod.DEFAULT_KNOBS
     planes = s.count + 1  # the residues' products and the magnitudes'
