@@ -49,7 +49,8 @@ def test_scheme_takes_the_fewest_moduli_for_the_mantissa():
     assert (s.count, s.beta) == (16, 55)
     assert emu.max_beta(8192, 15) < 53
     s32 = emu.scheme("float32", 8192)
-    assert (s32.count, s32.beta) == (8, 24) and emu.max_beta(8192, 7) < 24
+    assert (s32.count, s32.beta) == (9, 28) and emu.max_beta(8192, 8) < 26
+    assert emu.scheme("float32", 8192, bits=24).count == 8
     assert emu.scheme("float64", 8192, bits=40).count < 16
 
 
@@ -108,7 +109,7 @@ def _model(a: np.ndarray, b: np.ndarray, s: emu.Scheme) -> tuple[np.ndarray, np.
     return c, bound, floor_ab
 
 
-@pytest.mark.parametrize("dtype, bits", [("float64", None), ("float32", None), ("float64", 20)])
+@pytest.mark.parametrize("dtype, bits", [("float64", None), ("float32", None), ("float64", 20), ("float32", 24)])
 def test_the_scheme_on_the_host_stays_within_its_bound_of_the_exact_product(dtype, bits):
     rng = np.random.default_rng(7)
     m, n, k = 5, 4, 37
@@ -156,7 +157,9 @@ def test_emulated_is_a_setting_that_allows_what_high_allows():
 def test_emulation_is_chosen_only_for_large_2d_float_problems():
     from autotile.library import emulation
 
-    assert emulation.pays("float64", (8192, 8192, 8192))
+    assert emulation.pays("float64", (8192, 8192, 8192)) and emulation.pays("float32", (8192, 8192, 8192))
+    assert not emulation.pays("float64", (4096, 4096, 4096)) and not emulation.pays("float32", (4096, 4096, 4096))
+    assert not emulation.pays("float64", (16384, 16384, 2048))  # a short K: the int32 products' traffic
     assert not emulation.pays("float64", (64, 8192, 8192))
     assert not emulation.pays("float16", (8192, 8192, 8192))
     assert not emulation.pays("float64", (8192, 8192, emu.MAX_K + 1))
@@ -177,7 +180,8 @@ def emulate_everything(monkeypatch):
     """Every size emulated (the library's rule keeps small problems native)."""
     from autotile.library import emulation
 
-    monkeypatch.setattr(emulation, "MIN_SIDE", {"float64": 1, "float32": 1})
+    for name in ("MIN_SIDE", "MIN_K", "MIN_VOLUME"):
+        monkeypatch.setattr(emulation, name, {"float64": 1, "float32": 1})
 
 
 def _within_native_bound(out: np.ndarray, a: np.ndarray, b: np.ndarray, dtype: str) -> np.ndarray:
@@ -277,8 +281,8 @@ def test_property_every_element_within_the_bound_or_native(dtype, m, n, k, row_s
     import autotile
     from autotile.library import emulation
 
-    original = emulation.MIN_SIDE
-    emulation.MIN_SIDE = {"float64": 1, "float32": 1}
+    original = emulation.pays
+    emulation.pays = lambda dtype, shape: True
     try:
         rng = np.random.default_rng(seed)
         limit = 60 if dtype == "float32" else 300
@@ -291,7 +295,7 @@ def test_property_every_element_within_the_bound_or_native(dtype, m, n, k, row_s
         out = cupy.asnumpy(autotile.matmul(_operand(a, layout[0]), _operand(b, layout[1]), precision="emulated"))
         _assert_within_native_bound(out, a, b, dtype)
     finally:
-        emulation.MIN_SIDE = original
+        emulation.pays = original
 
 
 @pytest.mark.gpu
@@ -343,3 +347,39 @@ def test_the_split_kernels_floating_point_residues_are_exact(dtype):
     for v in values:
         for m in s.moduli:
             assert _kernel_residue(float(v), m, real) == emu.symmetric_residue(v, m), (v, m)
+
+
+@pytest.mark.gpu
+def test_small_calls_under_emulated_run_the_native_path_bit_for_bit():
+    import cupy
+
+    import autotile
+
+    rng = np.random.default_rng(5)
+    for dtype in emu.EMULATED_DTYPES:
+        a = cupy.asarray(rng.standard_normal((300, 257)).astype(dtype))
+        b = cupy.asarray(rng.standard_normal((257, 129)).astype(dtype))
+        emulated = autotile.matmul(a, b, precision="emulated")
+        native = autotile.matmul(a, b, precision="high")
+        assert cupy.array_equal(emulated, native)
+
+
+@pytest.mark.gpu
+def test_a_shape_that_pays_takes_the_emulation_and_matches_the_exact_product(monkeypatch):
+    import cupy
+
+    import autotile
+    from autotile.cli.bench_emulation import sampled_errors
+    from autotile.library import emulation
+
+    taken = []
+    real_run = emulation.run
+    monkeypatch.setattr(emulation, "run", lambda *args, **kw: taken.append(args[5]) or real_run(*args, **kw))
+    shape = (8192, 8192, 8192)
+    assert emulation.pays("float64", shape)
+    g = cupy.random.default_rng(2)
+    a, b = g.standard_normal((8192, 8192)), g.standard_normal((8192, 8192))
+    out = autotile.matmul(a, b, precision="emulated")
+    assert taken == [shape]
+    emulated_error, native_error = sampled_errors([out, a @ b], a, b, 32, 3)
+    assert emulated_error <= native_error

@@ -47,9 +47,15 @@ MAX_K = (2**31 - 1) // (128 * 128)
 LIMB_BITS = 41
 # The magnitudes' int8 matrix: |x| 2^(7 - e) rounded down, in [0, 127].
 MAGNITUDE_BITS = 7
-# Mantissa bits (with the implicit one) of the types emulated: the default `beta`'s target.
+# Mantissa bits (with the implicit one) of the types emulated: the unit roundoff the guard's bound is in.
 MANTISSA_BITS = {"float64": 53, "float32": 24}
 EMULATED_DTYPES = tuple(MANTISSA_BITS)
+# The bits each scaled operand keeps at least, by default: float64's mantissa (16 moduli up to K = 2^17);
+# float32's mantissa plus two (9 moduli, beta 27-28 up to K = 16384), because at beta 24 (8 moduli) the
+# guard could not vouch for 0.45 % of the elements of an 8192^3 product whose rows spread over tens of
+# binades, and recomputing them natively made that product 2.6x slower than SGEMM (H100, 2026-11-25),
+# where 9 moduli cost 7 % on every product and leave none to recompute.
+DEFAULT_BITS = {"float64": 53, "float32": 26}
 # Output tiles the guard flags and the native fix-up recomputes (rows x columns).
 FIX_TILE = 64
 
@@ -107,14 +113,14 @@ class Scheme:
 
 
 def scheme(dtype: str, k: int, bits: int | None = None) -> Scheme:
-    """The fewest moduli that let each scaled operand keep at least `bits` bits (default: the type's
-    mantissa, 53 or 24) for a K of `k`. Raises `InvalidValueError` for a dtype that is not emulated, a K
+    """The fewest moduli that let each scaled operand keep at least `bits` bits (default: `DEFAULT_BITS`,
+    53 for float64, 26 for float32) for a K of `k`. Raises `InvalidValueError` for a dtype that is not emulated, a K
     beyond `MAX_K`, or bits no 16 moduli reach."""
     if dtype not in MANTISSA_BITS:
         raise InvalidValueError(f"emulation computes {' and '.join(EMULATED_DTYPES)}; got {dtype}")
     if not 1 <= k <= MAX_K:
         raise InvalidValueError(f"K {k} is outside 1..{MAX_K} (int8 products summed exactly in int32)")
-    want = MANTISSA_BITS[dtype] if bits is None else bits
+    want = DEFAULT_BITS[dtype] if bits is None else bits
     for count in range(1, len(MODULI) + 1):
         beta = max_beta(k, count)
         if beta >= want:
@@ -215,5 +221,5 @@ def render(s: Scheme, layout: str, knobs: Mapping[str, Any] | None = None) -> st
                           layout[1] == "t")
 
 
-__all__ = ["EMULATED_DTYPES", "EXTRA_OPTIONS", "FIX_TILE", "KERNEL_NAMES", "LIMB_BITS", "MAX_K", "MODULI",
+__all__ = ["DEFAULT_BITS", "EMULATED_DTYPES", "EXTRA_OPTIONS", "FIX_TILE", "KERNEL_NAMES", "LIMB_BITS", "MAX_K", "MODULI",
            "Scheme", "max_beta", "rebuild", "render", "scheme", "symmetric_residue"]

@@ -30,22 +30,28 @@ from autotile.codegen.emulation import FIX_TILE, MAX_K, Scheme
 if TYPE_CHECKING:
     from autotile.runtime.operands import Framework, Operand
 
-# Where emulation pays on an H100 (float64 against DGEMM, float32 against the tf32x3 kernels and SGEMM):
-# each side at least this long (shorter problems are dominated by the passes over memory and the launches).
-MIN_SIDE = {"float64": 2048, "float32": 4096}
-# CUDA's grid limits on the fix-up's tiles along y (65535 rows of FIX_TILE-row tiles)
+# Where emulation pays, measured on an H100 (2026-11-25) over random shapes: float64 against DGEMM, float32
+# against what "high" runs otherwise (autotile's tf32x3 kernels). The int8 products cost (moduli + 1) M N K
+# and their int32 results (moduli + 1) M N words written and read again: a short K or a small M N cannot
+# pay that back. Every shape this rule took ran faster than the native path; some it leaves (float64
+# 10658x2839x14303 at 1.15x) would have run faster too.
+MIN_K = {"float64": 8192, "float32": 4096}
+MIN_VOLUME = {"float64": 2**39, "float32": 2**37}  # M N K
+MIN_SIDE = {"float64": 2048, "float32": 1024}  # M and N
+# CUDA's grid limit on the fix-up's tiles along y (65535 rows of FIX_TILE-row tiles)
 MAX_M = 65535 * FIX_TILE
 K_ALIGN = 16  # the int8 GEMMs' K: a multiple of 16 bytes, so that their tiles load with the TMA
 
 
 def pays(dtype: str, shape: tuple[int, ...]) -> bool:
     """Whether the emulation is the choice for a 2-D `dtype` matmul of `shape` (M, N, K) under the
-    "emulated" setting: every side long enough for the int8 tensor cores to win, K within the int32
-    sums' exact range, M within the fix-up's grid."""
+    "emulated" setting: K, M N K, M and N large enough (`MIN_K`, `MIN_VOLUME`, `MIN_SIDE`), K within the
+    int32 sums' exact range (`MAX_K`), M within the fix-up's grid."""
     if dtype not in MIN_SIDE or len(shape) != 3:
         return False
     m, n, k = shape
-    return min(m, n, k) >= MIN_SIDE[dtype] and k <= MAX_K and m <= MAX_M
+    return (k >= MIN_K[dtype] and m * n * k >= MIN_VOLUME[dtype] and min(m, n) >= MIN_SIDE[dtype]
+            and k <= MAX_K and m <= MAX_M)
 
 
 @dataclasses.dataclass
