@@ -221,5 +221,5 @@ def render(s: Scheme, layout: str, knobs: Mapping[str, Any] | None = None) -> st
                           layout[1] == "t")
 
 
-__all__ = ["DEFAULT_BITS", "EMULATED_DTYPES", "EXTRA_OPTIONS", "FIX_TILE", "KERNEL_NAMES", "LIMB_BITS", "MAX_K", "MODULI",
-           "Scheme", "max_beta", "rebuild", "render", "scheme", "symmetric_residue"]
+__all__ = ["DEFAULT_BITS", "EMULATED_DTYPES", "EXTRA_OPTIONS", "FIX_TILE", "KERNEL_NAMES", "LIMB_BITS", "MAX_K",
+           "MODULI", "Scheme", "max_beta", "rebuild", "render", "scheme", "symmetric_residue"]
