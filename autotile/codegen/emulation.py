@@ -173,8 +173,9 @@ EXTRA_OPTIONS: tuple[str, ...] = ("--device-int128",)
 # Launch shapes (threads per block) of the elementwise kernels: the template's knobs, with their defaults.
 # STATS_WARPS: warps per block of the statistics of lines that run along memory (a warp per line);
 # STATS_COLUMN_WARPS: of lines across memory (a thread per line, the warps dividing its length).
-# FEW_PER_TILE: the most failed elements of an output tile that the fix-up recomputes one by one (a warp
-# each) rather than the whole tile.
+# FEW_PER_TILE: the most runs of 32 elements of a row holding failed elements that the fix-up recomputes
+# alone in an output tile (of its 128) rather than the whole tile; an eighth of it where A's rows and B's
+# columns both run along K (each failed element then costs a warp's pass over K, not a lane's).
 DEFAULT_KNOBS: dict[str, int] = {"STATS_WARPS": 8, "STATS_COLUMN_WARPS": 32, "REBUILD_THREADS": 256,
                                  "SPLIT_TILE": 32, "FEW_PER_TILE": 16}
 KERNEL_NAMES = ("emu_stats_a", "emu_stats_b", "emu_split_a", "emu_split_b", "emu_rebuild", "emu_fixup")

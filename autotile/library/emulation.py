@@ -100,8 +100,8 @@ def run(framework: Framework, a: Operand, b: Operand, c: Operand, layout: str, s
     `shape` (M, N, K) as the call's plan has them; `int8_gemm(shape)` gives what runs an int8 nt matmul of
     `shape` as `(pointers, out_ptr, out_nbytes, stream_ptr) -> None`. `events`, where given, gets a
     recorded CUDA event after each phase (statistics, residues, int8 products, rebuild, fix-up), and
-    `report`, where given, the guard's counts once the call is done (it waits): elements it failed, output
-    tiles recomputed whole, tiles in all. Both are the benchmark's, as is `bits` (the bits each scaled
+    `report`, where given, the guard's counts once the call is done (it waits): runs of 32 elements of a
+    row holding a failed one, output tiles recomputed whole, tiles in all. Both are the benchmark's, as is `bits` (the bits each scaled
     operand keeps; None: `autotile.codegen.emulation`'s default for the type)."""
     import cupy
 
@@ -178,7 +178,9 @@ def run(framework: Framework, a: Operand, b: Operand, c: Operand, layout: str, s
         host = np.empty(tiles_m * tiles_n, np.int32)
         cupy.cuda.runtime.memcpy(host.ctypes.data, tile_counts, host.nbytes, cupy.cuda.runtime.memcpyDeviceToHost)
         few = knobs["FEW_PER_TILE"]
-        report.update(failed_elements=int(host.sum()), whole_tiles=int((host > few).sum()), tiles=int(host.size))
+        if layout == "nt":
+            few //= 8
+        report.update(failed_runs=int(host.sum()), whole_tiles=int((host > few).sum()), tiles=int(host.size))
     keep.clear()  # back to the framework's pool on this stream: later work on it is ordered after ours
 
 
