@@ -383,3 +383,22 @@ def test_a_shape_that_pays_takes_the_emulation_and_matches_the_exact_product(mon
     assert taken == [shape]
     emulated_error, native_error = sampled_errors([out, a @ b], a, b, 32, 3)
     assert emulated_error <= native_error
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("a_shape, b_shape", [((3, 67, 131), (3, 131, 45)), ((67, 131), (2, 131, 45)),
+                                              ((2, 67, 131), (131, 45))])
+def test_batches_emulate_each_matrix(a_shape, b_shape, emulate_everything):
+    import cupy
+
+    import autotile
+
+    rng = np.random.default_rng(9)
+    a, b = rng.standard_normal(a_shape), rng.standard_normal(b_shape)
+    out = cupy.asnumpy(autotile.matmul(cupy.asarray(a), cupy.asarray(b), precision="emulated"))
+    batch = max(x.shape[0] for x in (a, b) if x.ndim == 3)
+    a3 = a if a.ndim == 3 else np.stack([a] * batch)
+    b3 = b if b.ndim == 3 else np.stack([b] * batch)
+    assert out.shape == (a3.shape[0], 67, 45)
+    for index in range(out.shape[0]):
+        _assert_within_native_bound(out[index], a3[index], b3[index], "float64")

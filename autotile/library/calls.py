@@ -319,13 +319,13 @@ def matmul_no_autograd(A: Any, B: Any, out: Any = None, precision: str | None = 
         return _zeros(framework, out, plan.out_shape, out_dtype, a.device)
     c = _output(framework, out, plan.out_shape, out_dtype, a.device)
     stream_ptr = _stream(framework, stream, a.device)
-    if setting == precision_mod.EMULATED and plan.kernel == "matmul":
+    if setting == precision_mod.EMULATED and plan.kernel in ("matmul", "bmm"):
         from autotile.library import emulation
 
-        if emulation.pays(dtype, plan.shape):  # large calls: not memoized as repeated calls
+        if emulation.pays(dtype, plan.shape[-3:]):  # large calls: not memoized as repeated calls
             with _device_of(a.device):
-                emulation.run(framework, a, b, c, plan.layout, plan.shape, stream_ptr,
-                              _int8_gemm(framework, a.device))
+                emulation.run_batch(framework, a, b, c, plan.layout, plan.shape, plan.batch_strides, stream_ptr,
+                                    _int8_gemm(framework, a.device))
             return c.obj
     with _device_of(a.device):
         prepared = _prepare(plan.kernel, dtype, plan.layout, plan.shape, setting, a.device)

@@ -2,7 +2,8 @@
 setting "emulated": the kernels around the int8 GEMMs (`autotile.codegen.emulation`) and the int8 GEMMs
 the library already serves (its tuned int8 matmul, layout nt), launched in order on the caller's stream.
 
-A call (2-D A and B, any of the four layouts) runs, all on one stream, with no synchronisation:
+A call (A and B in any of the four layouts; a batch runs its matrices one after another) runs, all on one
+stream, with no synchronisation:
 
 1. the statistics of A's rows and B's columns (exponent, scaled sum of magnitudes, NaN/Inf present);
 2. A's and B's residue matrices, one per modulus, and their magnitudes, int8 and K-major (K padded to 16);
@@ -101,8 +102,9 @@ def run(framework: Framework, a: Operand, b: Operand, c: Operand, layout: str, s
     `shape` as `(pointers, out_ptr, out_nbytes, stream_ptr) -> None`. `events`, where given, gets a
     recorded CUDA event after each phase (statistics, residues, int8 products, rebuild, fix-up), and
     `report`, where given, the guard's counts once the call is done (it waits): runs of 32 elements of a
-    row holding a failed one, output tiles recomputed whole, tiles in all. Both are the benchmark's, as is `bits` (the bits each scaled
-    operand keeps; None: `autotile.codegen.emulation`'s default for the type)."""
+    row holding a failed one, output tiles recomputed whole, tiles in all. Both are the benchmark's, as
+    is `bits` (the bits each scaled operand keeps; None: `autotile.codegen.emulation`'s default for the
+    type)."""
     import cupy
 
     from autotile.runtime.impl import cupy_stream
@@ -182,6 +184,22 @@ def run(framework: Framework, a: Operand, b: Operand, c: Operand, layout: str, s
             few //= 8
         report.update(failed_runs=int(host.sum()), whole_tiles=int((host > few).sum()), tiles=int(host.size))
     keep.clear()  # back to the framework's pool on this stream: later work on it is ordered after ours
+
+
+def run_batch(framework: Framework, a: Operand, b: Operand, c: Operand, layout: str, shape: tuple[int, ...],
+              batch_strides: tuple[int, ...], stream_ptr: int, int8_gemm: Any) -> None:
+    """`run` for a call's plan: `shape` (M, N, K), or (batch, M, N, K) with each operand's batch stride in
+    elements in `batch_strides` (0: one matrix for the whole batch) and C's matrices packed one after the
+    other; the batch's matrices one after another, each a whole emulated product."""
+    if len(shape) == 3:
+        run(framework, a, b, c, layout, (shape[0], shape[1], shape[2]), stream_ptr, int8_gemm)
+        return
+    batch, m, n, k = shape
+    size = np.dtype(a.dtype).itemsize
+    for index in range(batch):
+        run(framework, a._replace(ptr=a.ptr + index * batch_strides[0] * size),
+            b._replace(ptr=b.ptr + index * batch_strides[1] * size), c._replace(ptr=c.ptr + index * m * n * size),
+            layout, (m, n, k), stream_ptr, int8_gemm)
 
 
 def forget() -> None:
