@@ -519,8 +519,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", default=None, metavar="S",
                         help="with --random: the seed of the shapes and of the inputs (default 0)")
     parser.add_argument("--precision", default=None, metavar="SETTING[,SETTING]",
-                        help="float32 matmul precision settings to time autotile under, from highest, high, medium "
-                             f"(default {','.join(DEFAULT_PRECISIONS)}; matvec and float64 run once, as the "
+                        help="float32 matmul precision settings to time autotile under, from highest, high, medium, "
+                             "emulated (the int8 emulation where it pays: python -m autotile.cli.bench_emulation "
+                             f"times it alone) (default {','.join(DEFAULT_PRECISIONS)}; matvec and float64 run once, "
+                             "as the "
                              "setting changes nothing for them); with --tune, each is tuned")
     # --random, --seed and --precision are read as text and checked below: argparse's own error would be two lines.
     args = parser.parse_args(argv)

@@ -44,8 +44,9 @@ def add_commands(sub: Any, add_problem_options: Callable[..., None]) -> None:
     # Read as text and checked by validate.precision: argparse's own error for a bad choice is two lines.
     p.add_argument("--precision", default=None, metavar="{highest,high,medium}",
                    help="float32 matmul precision the winner must run under: highest searches IEEE FP32 (SIMT) "
-                        "configs only, high and medium the FP32-level tf32x3 tensor-core configs too (default: "
-                        "the process default, $AUTOTILE_FLOAT32_MATMUL_PRECISION, else high)")
+                        "configs only, high and medium the FP32-level tf32x3 tensor-core configs too, emulated as "
+                        "high (the int8 emulation is a library path, not tuned) (default: the process default, "
+                        "$AUTOTILE_FLOAT32_MATMUL_PRECISION, else high)")
     p.add_argument("--no-cache", action="store_true", help="do not write the winner to the cache")
     p.add_argument("--report", default=None, metavar="DIR",
                    help="write the study's report (plots and index.html; needs the report extra) to DIR at the end")

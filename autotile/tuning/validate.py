@@ -176,8 +176,9 @@ def _check_sqlite_path(url: str, path: Path, name: str) -> None:
 
 
 def precision(value: Any, *, name: str = "precision") -> str:
-    """`value` as a float32 matmul precision setting ("highest", "high" or "medium"); None is the
-    process-wide setting (`autotile.dispatch.precision`), which is checked too."""
+    """`value` as a matmul precision setting ("highest", "high", "medium" or "emulated"); None is the
+    process-wide setting (`autotile.dispatch.precision`), which is checked too. Tuning under "emulated"
+    searches what "high" allows: the emulation is a library path, not a config of the spaces."""
     from autotile.dispatch import precision as precision_mod
 
     return precision_mod.resolve(value, name=name)
