@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from autotile.codegen import build
+from autotile.codegen import build, kernels
 from autotile.codegen import emulation as emu
 from autotile.dispatch import precision
 from autotile.errors import InvalidValueError
@@ -402,3 +402,71 @@ def test_batches_emulate_each_matrix(a_shape, b_shape, emulate_everything):
     assert out.shape == (a3.shape[0], 67, 45)
     for index in range(out.shape[0]):
         _assert_within_native_bound(out[index], a3[index], b3[index], "float64")
+
+
+# -- the int8 kernels' residue epilogue -----------------------------------------------------------------------
+
+INT8_DIRECT = [name for name, config in kernels.get("matmul").space.named_configs.items()
+               if config["MATH"] == "wgmma_direct" and config["BK"] == 128]
+
+
+@pytest.mark.skipif(build.nvrtc_unavailable_reason() is not None, reason="NVRTC is not available")
+@pytest.mark.parametrize("name", INT8_DIRECT)
+def test_int8_residue_epilogue_compiles_and_leaves_the_plain_kernel_alone(name):
+    spec = kernels.get("matmul")
+    config = spec.space.named_configs[name]
+    plain = spec.render(config, "int8", "nt")
+    residues = spec.render(config, "int8", "nt", {"RESIDUES": True})
+    assert "modulus" not in plain and "int M, int N, int K, int modulus" in residues
+    assert "using TC = signed char;" in residues and "RESIDUES=True" in residues
+    result = build.compile(residues, "sm_90a")
+    assert all(u.spill_stores == 0 for u in result.usages)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(131, 67, 272), (300, 200, 1024), (1000, 1000, 4096)])
+def test_int8_residue_epilogue_matches_the_int32_sums(shape):
+    import cupy
+
+    from autotile.library import calls
+    from autotile.runtime.operands import framework_by_type
+
+    m, n, k = shape
+    g = cupy.random.default_rng(4)
+    a = g.integers(-128, 128, (m, k), dtype=cupy.int8)
+    b = g.integers(-128, 128, (n, k), dtype=cupy.int8)
+    framework = framework_by_type(a, b)
+    products = calls._int8_gemm(framework, a.device.id)(shape)
+    sums = cupy.empty((m, n), cupy.int32)
+    stream = cupy.cuda.get_current_stream().ptr
+    products((a.data.ptr, b.data.ptr), sums.data.ptr, sums.nbytes, stream)
+    expected_sums = cupy.asnumpy(sums)
+    assert np.array_equal(expected_sums, cupy.asnumpy(a).astype(np.int64) @ cupy.asnumpy(b).astype(np.int64).T)
+    launched = 0
+    for modulus in (256, 255, 193):
+        launch = products.residues(modulus)
+        if launch is None:  # the selection runs cuBLAS, or a kernel whose splits add atomically
+            continue
+        out = cupy.full((m, n), 99, cupy.int8)
+        launch((a.data.ptr, b.data.ptr), out.data.ptr, stream)
+        expected = np.vectorize(lambda v, md=modulus: emu.symmetric_residue(int(v), md))(expected_sums)
+        assert np.array_equal(cupy.asnumpy(out), expected.astype(np.int8))
+        launched += 1
+    assert launched in (0, 3)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", emu.EMULATED_DTYPES)
+def test_int32_and_residue_products_rebuild_the_same_bits(dtype, emulate_everything, monkeypatch):
+    import cupy
+
+    import autotile
+    from autotile.library import calls
+
+    g = cupy.random.default_rng(6)
+    a = g.standard_normal((700, 1100)).astype(dtype)
+    b = g.standard_normal((1100, 900)).astype(dtype)
+    fused = autotile.matmul(a, b, precision="emulated")
+    monkeypatch.setattr(calls._Int8Products, "residues", lambda self, modulus: None)
+    plain = autotile.matmul(a, b, precision="emulated")
+    assert cupy.array_equal(fused, plain)

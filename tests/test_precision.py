@@ -103,10 +103,11 @@ def test_what_each_setting_allows():
     table = {(s, c): precision.allows(s, c) for s in precision.SETTINGS for c in precision.CLASSES}
     assert table == {("highest", "highest"): True, ("highest", "high"): False,
                      ("high", "highest"): True, ("high", "high"): True,
-                     ("medium", "highest"): True, ("medium", "high"): True}
+                     ("medium", "highest"): True, ("medium", "high"): True,
+                     ("emulated", "highest"): True, ("emulated", "high"): True}
     with pytest.raises(InvalidValueError, match="'medium'"):  # a setting, never what a kernel needs
         precision.allows("high", "medium")
-    assert [precision.loosest(s) for s in precision.SETTINGS] == ["highest", "high", "high"]
+    assert [precision.loosest(s) for s in precision.SETTINGS] == ["highest", "high", "high", "high"]
 
 
 def test_what_a_config_needs():

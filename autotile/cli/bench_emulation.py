@@ -133,8 +133,8 @@ def markdown(rows: list[dict[str, Any]], device: str) -> str:
              "speedup = cuBLAS time / emulated time, errors ||C - exact|| / ||exact|| on sampled elements.", "",
              "| dtype | M x N x K | inputs | moduli, beta | emulated | cuBLAS | speedup | picked | autotile high | "
              "error emulated | error cuBLAS | error high | phases (stats, residues, int8, rebuild, fix-up) | "
-             "guard failed (runs of 32, whole tiles) |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "guard failed (runs of 32, whole tiles) | int8 residue epilogue |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         phases = ", ".join(f"{v:.2f}" for v in r["phases_ms"].values())
         high = f"{r['high_ms']:.2f}" if "high_ms" in r else "-"
@@ -143,7 +143,8 @@ def markdown(rows: list[dict[str, Any]], device: str) -> str:
                      f"{r['moduli']}, {r['beta']} | {r['emulated_ms']:.2f} | "
                      f"{r['cublas_ms']:.2f} | {r['speedup']:.2f}x | {'yes' if r['picked'] else 'no'} | {high} | "
                      f"{r['emulated_error']:.1e} | {r['cublas_error']:.1e} | {high_err} | {phases} | "
-                     f"{r['guard']['failed_runs']}, {r['guard']['whole_tiles']} of {r['guard']['tiles']} |")
+                     f"{r['guard']['failed_runs']}, {r['guard']['whole_tiles']} of {r['guard']['tiles']} | "
+                     f"{'yes' if r['guard'].get('residue_epilogue') else 'no'} |")
     return "\n".join(lines) + "\n"
 
 

@@ -178,7 +178,8 @@ EXTRA_OPTIONS: tuple[str, ...] = ("--device-int128",)
 # columns both run along K (each failed element then costs a warp's pass over K, not a lane's).
 DEFAULT_KNOBS: dict[str, int] = {"STATS_WARPS": 8, "STATS_COLUMN_WARPS": 32, "REBUILD_THREADS": 256,
                                  "SPLIT_TILE": 32, "FEW_PER_TILE": 16}
-KERNEL_NAMES = ("emu_stats_a", "emu_stats_b", "emu_split_a", "emu_split_b", "emu_rebuild", "emu_fixup")
+KERNEL_NAMES = ("emu_stats_a", "emu_stats_b", "emu_split_a", "emu_split_b", "emu_rebuild", "emu_rebuild_residues",
+                "emu_fixup")
 
 
 def _double_literal(value: float) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Mapping
 from typing import Any, Callable
 
 import numpy as np
@@ -92,10 +93,19 @@ class KernelSpec:
         """The layout under its current name (None: the kernel's default, nn or row)."""
         return canonical_layout(self.name, layout) if layout is not None else self.space.layouts[0]
 
-    def render(self, config: Config, dtype: str = "float32", layout: str | None = None) -> str:
+    def render(self, config: Config, dtype: str = "float32", layout: str | None = None,
+               variant: Mapping[str, Any] | None = None) -> str:
+        """The source of `config`. `variant`: template variables beyond the space's parameters, for a kernel
+        the library derives from a config (the int8 kernels' `RESIDUES`: each sum leaves as its residue
+        modulo a `modulus` argument, for the emulated float64/float32 matmul); they join the config line."""
         layout = self.layout(layout)
-        return render(self.space.template, self.name, config, dtype, layout, self.space.source_key(config),
-                      _geometry(self.space_name or self.name, config, dtype, layout), batched=self.batched)
+        key = self.space.source_key(config)
+        geometry = _geometry(self.space_name or self.name, config, dtype, layout)
+        values: Mapping[str, Any] = config
+        if variant:
+            values = {**config, **variant}
+            key += "".join(f",{name}={value}" for name, value in variant.items())
+        return render(self.space.template, self.name, values, dtype, layout, key, geometry, batched=self.batched)
 
     def launch(self, config: Config, shape: tuple[int, ...], dtype: str = "float32", layout: str | None = None,
                sm_count: int | None = None) -> Launch:

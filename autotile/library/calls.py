@@ -36,6 +36,8 @@ import sys
 import threading
 from typing import TYPE_CHECKING, Any, Callable
 
+import numpy as np
+
 from autotile.codegen import dtypes as dtypes_mod
 from autotile.codegen.dtypes import DTYPE_NAMES
 from autotile.codegen.problem import MAX_DIM, ProblemKey, canonical_layout
@@ -338,17 +340,55 @@ def matmul_no_autograd(A: Any, B: Any, out: Any = None, precision: str | None = 
     return c.obj
 
 
-def _int8_gemm(framework: Framework, device: int) -> Callable[[tuple[int, int, int]], Any]:
-    """What the emulation's int8 products run: for a shape (M, N, K), the library's own int8 matmul of
-    layout nt (A M x K and B N x K, both K-major), as a function of (pointers, out, out bytes, stream)."""
+class _Int8Products:
+    """The emulation's int8 products of one shape (M, N, K) in layout nt (A M x K and B N x K, both
+    K-major): the library's own int8 matmul, called with device pointers (int32 sums), and where that is a
+    generated kernel whose K splits, if any, are summed by the last block, the same kernel with each sum
+    leaving as its residue modulo a modulus, an int8 (`residues`): a quarter of the bytes to write and to
+    read back."""
 
-    def gemm(shape: tuple[int, int, int]) -> Callable[..., None]:
-        prepared = _prepare("matmul", "int8", "nt", shape, None, device)
+    def __init__(self, prepared: _Prepared, shape: tuple[int, int, int], allocate: Any):
+        self.prepared, self.shape, self.allocate = prepared, shape, allocate
 
-        def run(pointers: tuple[int, int], out_ptr: int, out_nbytes: int, stream_ptr: int) -> None:
-            prepared.call_pointers(pointers, out_ptr, out_nbytes, "int32", stream_ptr, framework.allocate)
+    def __call__(self, pointers: tuple[int, int], out_ptr: int, out_nbytes: int, stream_ptr: int) -> None:
+        self.prepared.call_pointers(pointers, out_ptr, out_nbytes, "int32", stream_ptr, self.allocate)
 
-        return run
+    def residues(self, modulus: int) -> Callable[[tuple[int, int], int, int], None] | None:
+        """A launch (pointers, out, stream) writing each sum modulo `modulus` (symmetric, int8), or None
+        where the selection runs cuBLAS or a kernel whose splits add atomically into C."""
+        from autotile.codegen import kernels
+        from autotile.runtime.impl import Generated, KernelRunner
+
+        runner = self.prepared.runner
+        implementation = self.prepared.selection.implementation_object()
+        launch = getattr(runner, "geometry", None)
+        if (not isinstance(implementation, Generated) or launch is None or launch.zero_output
+                or implementation.config.get("MATH") != "wgmma_direct"):
+            return None
+        key = (id(runner), modulus)
+        residue_runner = _residue_runners.get(key)
+        if residue_runner is None:
+            from autotile.codegen import build
+
+            spec = kernels.get("matmul")
+            source = spec.render(implementation.config, "int8", "nt", {"RESIDUES": True})
+            kernel = build.compile_kernel(source, "autotile_matmul")
+            sizes = (*spec.size_args(self.shape), np.int32(modulus))
+            residue_runner = _residue_runners.setdefault(key, KernelRunner(kernel, launch, sizes, False, 2))
+        m, n, _ = self.shape
+        allocate = self.allocate
+        return lambda pointers, out_ptr, stream_ptr: residue_runner.launch(pointers, out_ptr, m * n, "int32",
+                                                                           stream_ptr, (), allocate)
+
+
+_residue_runners: dict[tuple[int, int], Any] = {}  # (the int32 runner's id, modulus) -> its residue twin
+
+
+def _int8_gemm(framework: Framework, device: int) -> Callable[[tuple[int, int, int]], _Int8Products]:
+    """What the emulation's int8 products run, per shape (M, N, K): `_Int8Products`."""
+
+    def gemm(shape: tuple[int, int, int]) -> _Int8Products:
+        return _Int8Products(_prepare("matmul", "int8", "nt", shape, None, device), shape, framework.allocate)
 
     return gemm
 
@@ -459,6 +499,7 @@ def forget() -> None:
         _prepared.clear()
         _calls.clear()
         _scaled_calls.clear()
+        _residue_runners.clear()
 
 
 events.on_records_changed(forget)  # a record tuned in this process is served from the next call on
