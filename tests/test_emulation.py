@@ -461,12 +461,21 @@ def test_int32_and_residue_products_rebuild_the_same_bits(dtype, emulate_everyth
     import cupy
 
     import autotile
-    from autotile.library import calls
+    from autotile.library import calls, emulation
+    from autotile.library.plan import plan_matmul
+    from autotile.runtime.operands import as_framework, framework_by_type
 
     g = cupy.random.default_rng(6)
     a = g.standard_normal((700, 1100)).astype(dtype)
     b = g.standard_normal((1100, 900)).astype(dtype)
-    fused = autotile.matmul(a, b, precision="emulated")
-    monkeypatch.setattr(calls._Int8Products, "residues", lambda self, modulus: None)
-    plain = autotile.matmul(a, b, precision="emulated")
+    plain = autotile.matmul(a, b, precision="emulated")  # int32 sums, reduced by the rebuild
+    monkeypatch.setattr(emulation, "RESIDUE_EPILOGUE", True)
+    report: dict[str, int] = {}
+    fused = cupy.empty_like(plain)
+    framework = framework_by_type(a, b)
+    op_a, op_b, op_c = (as_framework(framework, x, name) for x, name in ((a, "A"), (b, "B"), (fused, "out")))
+    plan = plan_matmul(op_a.shape, op_a.strides, op_b.shape, op_b.strides)
+    emulation.run(framework, op_a, op_b, op_c, plan.layout, plan.shape, cupy.cuda.get_current_stream().ptr,
+                  calls._int8_gemm(framework, op_a.device), report=report)
     assert cupy.array_equal(fused, plain)
+    assert report["residue_epilogue"] in (0, 1)  # 0 where the selection runs cuBLAS for these int8 products

@@ -43,6 +43,11 @@ MIN_SIDE = {"float64": 2048, "float32": 2048}  # M and N
 # CUDA's grid limit on the fix-up's tiles along y (65535 rows of FIX_TILE-row tiles)
 MAX_M = 65535 * FIX_TILE
 K_ALIGN = 16  # the int8 GEMMs' K: a multiple of 16 bytes, so that their tiles load with the TMA
+# Whether the residue products leave the int8 kernel as int8 residues (its RESIDUES epilogue) rather than as
+# int32 sums. Off: on an H100 (2026-11-25) it cut the rebuild by 30% (8192³ float64: 1.94 -> 1.34 ms) but
+# slowed the 16 products by 5-9% (12.5 -> 13.2-13.7 ms; the epilogue does not overlap the next tile's main
+# loop), 3-4% slower in all. Worth turning on once the int8 kernels overlap their epilogue.
+RESIDUE_EPILOGUE = False
 
 
 def pays(dtype: str, shape: tuple[int, ...]) -> bool:
@@ -135,9 +140,9 @@ def run(framework: Framework, a: Operand, b: Operand, c: Operand, layout: str, s
     lines_b = [allocate(n, "int32"), allocate(n, "float64"), allocate(n, "int32"), allocate(n, "int32")]
     res_a, res_b = allocate(planes * m * kp, "int8"), allocate(planes * n * kp, "int8")
     products = int8_gemm((m, n, kp))
-    # The int8 kernel's residue epilogue where the selection runs a generated kernel that has one: each
-    # product leaves as int8 residues, else as int32 sums (reduced by the rebuild).
-    residue_launches = [products.residues(modulus) for modulus in s.moduli]
+    # With RESIDUE_EPILOGUE, and where the selection runs a generated kernel that has one, each product
+    # leaves as int8 residues; else as int32 sums (reduced by the rebuild).
+    residue_launches = [products.residues(modulus) if RESIDUE_EPILOGUE else None for modulus in s.moduli]
     fused = all(launch is not None for launch in residue_launches)
     sums = allocate(s.count * m * n, "int8" if fused else "int32")
     magnitudes = allocate(m * n, "int32")
