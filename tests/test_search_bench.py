@@ -62,3 +62,36 @@ def test_cli_prints_one_line_per_sweep_and_sampler(capsys):
 def test_unknown_sampler_is_refused():
     with pytest.raises(InvalidValueError, match="'anneal'"):
         search_bench.run(samplers=["anneal"], seeds=1)
+
+
+def _first_configs(s, named_first, warm_starts, seed=0, trials=6):
+    """The config keys the tuner's search over `s` ran, in order (the replay's evaluator answers)."""
+    from autotile.tuning.testing import ReplayEvaluator
+    from autotile.tuning.tuner import Tuner
+
+    space = s.space()
+    options = TuneOptions(trials=trials, sampler="tpe", seed=seed, cache=search_bench.shipped_cache(),
+                          named_first=named_first, warm_starts=warm_starts)
+    search = Tuner(s.key, options, space=space).search(ReplayEvaluator(s.table(), space), s.limits)
+    trials_run = sorted(search.study.get_trials(deepcopy=False), key=lambda t: t.number)
+    return [(t.user_attrs.get("seed") or t.user_attrs.get("named"), t.user_attrs.get("config_key"))
+            for t in trials_run]
+
+
+def test_no_seeds_runs_the_sampler_from_the_first_trial():
+    s = next(s for s in SWEEPS if s.space().named_configs)
+    with_named = _first_configs(s, True, 0)
+    without = _first_configs(s, False, 0)
+    assert any(name for name, _ in with_named)  # a seed or named config among the first trials
+    assert not any(name for name, _ in without)
+    replayed = search_bench.replay(s, "tpe", seed=0, trials=10, named_first=False, warm_starts=0)
+    assert len(replayed.curve) == 10 and not replayed.named_first and replayed.warm_starts == 0
+
+
+def test_cli_takes_no_seeds_and_warm_starts(capsys):
+    argv = ["search-bench", "--samplers", "random", "--seeds", "1", "--budgets", "3", "--jobs", "1"]
+    assert cli.main([*argv, "--no-seeds", "--warm-starts", "0"]) == 0
+    out = capsys.readouterr().out
+    assert "no named configs, 0 warm starts" in out
+    assert cli.main([*argv, "--warm-starts", "-1"]) == 2
+    assert "--warm-starts" in capsys.readouterr().err

@@ -14,6 +14,7 @@ from autotile.codegen.problem import ProblemKey, canonical_layout
 from autotile.errors import InvalidValueError
 from autotile.runtime import device as device_mod
 from autotile.tuning import validate
+from autotile.tuning.transfer import WARM_STARTS
 
 
 def add_commands(sub: Any, add_problem_options: Callable[..., None]) -> None:
@@ -42,6 +43,12 @@ def add_commands(sub: Any, add_problem_options: Callable[..., None]) -> None:
     b.add_argument("--seeds", type=int, default=20, help="seeds per sampler and sweep (default 20)")
     b.add_argument("--budgets", default="20,40,100", help="trial budgets to report (default 20,40,100)")
     b.add_argument("--jobs", type=int, default=0, help="processes (default: one per CPU core)")
+    b.add_argument("--no-seeds", action="store_true",
+                   help="replay without the space's named configs (seeds and starting points) first: the sampler "
+                        "alone, as on a shape no named config was picked for")
+    b.add_argument("--warm-starts", default=None, metavar="N",
+                   help="warm starts from the shipped records a tpe replay takes (default: the tuner's, "
+                        f"{WARM_STARTS}; 0: none)")
     b.set_defaults(func=cmd_search_bench)
 
 
@@ -109,8 +116,10 @@ def cmd_search_bench(args: argparse.Namespace) -> int:
         raise InvalidValueError(f"--jobs must be 0 (one per CPU core) or a positive number of processes, "
                                 f"got {args.jobs}")
     samplers = tuple(s.strip() for s in args.samplers.split(",")) if args.samplers else None
+    warm_starts = WARM_STARTS if args.warm_starts is None else validate.count(args.warm_starts, name="--warm-starts",
+                                                                               minimum=0)
     results = search_bench.run(args.sweeps, samplers=samplers, seeds=args.seeds, budgets=budgets,
-                               jobs=args.jobs or None)
+                               jobs=args.jobs or None, named_first=not args.no_seeds, warm_starts=warm_starts)
     print(search_bench.format_table(results, budgets))
     return 0
 

@@ -4,7 +4,10 @@ sampler and many seeds. It reports how close each gets to the sweep's optimum wi
 budget (the tuner never runs them); the seeds and named configs of the sub-space do, as in a real tune.
 
 The default search's warm starts (`autotile.tuning.transfer`) come from the records shipped in cache/, the sweep's
-own problem on its own GPU left out, as for a user who tunes a new shape.
+own problem on its own GPU left out, as for a user who tunes a new shape. The harder replay takes the space's
+named configs away (`named_first=False`, the command's `--no-seeds`): where a sweep's optimum is a named
+config, a search that starts with the named configs finds it at once, which says nothing of the sampler.
+`warm_starts` (`--warm-starts N`) sets how many warm starts the replay takes (0: none).
 
 Also measured: the search's own CPU time per trial (sampler, proposals, study bookkeeping), the part of a
 tune's wall time that is not the GPU's.
@@ -23,6 +26,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from autotile.tuning.sweep import Sweep, sweeps
+from autotile.tuning.transfer import WARM_STARTS
 from autotile.tuning.tuner import SAMPLERS
 
 BUDGETS = (20, 40, 100)
@@ -38,13 +42,17 @@ class Replay:
     curve: tuple[float, ...]  # optimum / best found, after run 1, 2, ...
     cpu_s: float  # the search's own time, the replayed GPU costing nothing
     asks: int
+    named_first: bool = True  # the space's named configs ran first
+    warm_starts: int = WARM_STARTS
 
     def at(self, budget: int) -> float:
         return self.curve[min(budget, len(self.curve)) - 1] if self.curve else 0.0
 
 
-def replay(sweep: Sweep, sampler: str, seed: int, trials: int) -> Replay:
-    """Run the tuner's search over `sweep` (in memory, no GPU) and read its best-so-far curve."""
+def replay(sweep: Sweep, sampler: str, seed: int, trials: int, named_first: bool = True,
+           warm_starts: int = WARM_STARTS) -> Replay:
+    """Run the tuner's search over `sweep` (in memory, no GPU) and read its best-so-far curve; with the
+    space's named configs first or not (`named_first`), and at most `warm_starts` warm starts."""
     import optuna
 
     from autotile.tuning.study import Ledger
@@ -53,7 +61,8 @@ def replay(sweep: Sweep, sampler: str, seed: int, trials: int) -> Replay:
 
     space = sweep.space()
     evaluator: Any = ReplayEvaluator(sweep.table(), space)  # an Evaluator (its baseline is never None)
-    options = TuneOptions(trials=trials, sampler=sampler, seed=seed, cache=shipped_cache())
+    options = TuneOptions(trials=trials, sampler=sampler, seed=seed, cache=shipped_cache(), named_first=named_first,
+                          warm_starts=warm_starts)
     tuner = Tuner(sweep.key, options, space=space)
     started = time.process_time()
     search = tuner.search(evaluator, sweep.limits)
@@ -69,7 +78,8 @@ def replay(sweep: Sweep, sampler: str, seed: int, trials: int) -> Replay:
         if value is not None:
             found = min(found, value)
         curve.append(best / found if found < float("inf") else 0.0)
-    return Replay(sweep.name, sampler, seed, tuple(curve), cpu_s, getattr(search, "asks", 0))
+    return Replay(sweep.name, sampler, seed, tuple(curve), cpu_s, getattr(search, "asks", 0), named_first,
+                  warm_starts)
 
 
 def shipped_cache() -> Any:
@@ -80,25 +90,27 @@ def shipped_cache() -> Any:
     return TuningCache(root=Path(tempfile.gettempdir()) / "autotile-search-bench-no-user-records")
 
 
-def _job(args: tuple[str, str, int, int]) -> Replay:
+def _job(args: tuple[str, str, int, int, bool, int]) -> Replay:
     from autotile.tuning.sweep import load
 
     logging.getLogger("autotile").setLevel(logging.ERROR)
-    path, sampler, seed, trials = args
-    return replay(load(path), sampler, seed, trials)
+    path, sampler, seed, trials, named_first, warm_starts = args
+    return replay(load(path), sampler, seed, trials, named_first, warm_starts)
 
 
 def run(folder: str | Path | None = None, samplers: Sequence[str] | None = None, seeds: int = 20,
-        budgets: Sequence[int] = BUDGETS, jobs: int | None = None) -> list[Replay]:
-    """Every sampler over every sweep in `folder`, `seeds` seeds each, up to the largest budget."""
+        budgets: Sequence[int] = BUDGETS, jobs: int | None = None, named_first: bool = True,
+        warm_starts: int = WARM_STARTS) -> list[Replay]:
+    """Every sampler over every sweep in `folder`, `seeds` seeds each, up to the largest budget; the
+    space's named configs first or not, at most `warm_starts` warm starts (tpe's)."""
     found = sweeps(folder)
     samplers = tuple(samplers or SAMPLERS)
     from autotile.tuning.tuner import check_sampler
 
     for s in samplers:
         check_sampler(s)
-    work = [(str(s.path), sampler, seed, max(budgets)) for s in found for sampler in samplers
-            for seed in range(seeds)]
+    work = [(str(s.path), sampler, seed, max(budgets), named_first, warm_starts) for s in found
+            for sampler in samplers for seed in range(seeds)]
     jobs = jobs or os.cpu_count() or 1
     if jobs == 1:
         return [_job(w) for w in work]
@@ -132,7 +144,10 @@ def format_table(results: Sequence[Replay], budgets: Sequence[int] = BUDGETS) ->
         runs = sum(len(r.curve) for r in rs)
         ms = 1000 * sum(r.cpu_s for r in rs) / max(runs, 1)
         lines.append(f"{sweep:<40} {sampler:<8}{cells}  {ms:>8.1f}  {sum(r.asks for r in rs) / max(runs, 1):>8.2f}")
-    lines.append(f"({len({r.seed for r in results})} seeds; optimum time / best found, 1.0 = the optimum)")
+    starts = {("named configs first" if r.named_first else "no named configs") + f", {r.warm_starts} warm starts"
+              for r in results}
+    lines.append(f"({len({r.seed for r in results})} seeds; {'; '.join(sorted(starts))}; optimum time / best found, "
+                 "1.0 = the optimum)")
     return "\n".join(lines)
 
 

@@ -87,6 +87,10 @@ class TuneOptions:
     # (0: none). `cache`: the TuningCache to read them from (None: the default one, shipped records too).
     warm_starts: int = WARM_STARTS
     cache: Any = None
+    # Run the space's named configs (the seeds, the baselines, and the hand-picked starting points) first.
+    # False: the sampler alone from the first trial, as the search benchmark's --no-seeds replays it (a
+    # space's named configs are a head start only for the shapes they were picked for).
+    named_first: bool = True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -558,7 +562,7 @@ class Tuner:
         # The seeds run next: they are the baselines every result is reported against. The space's
         # other named configs (hand-picked starting points) follow, then the sampler's own draws.
         named = sorted(self.space.named_configs.items(), key=lambda item: not item[0].startswith(SEED_PREFIX))
-        for name, config in named:
+        for name, config in named if opts.named_first else ():
             if config.key() not in taken and self.space.is_feasible(config, problem):
                 attrs = {"seed": name} if name.startswith(SEED_PREFIX) else {"named": name}
                 study.enqueue_trial(dict(config), user_attrs=attrs)
