@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -42,6 +43,21 @@ def pytest_collection_modifyitems(config, items):
         marker = pytest.mark.skip(reason=f"needs a GPU: {reason}")
         for item in needs_gpu:
             item.add_marker(marker)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def session_compile_cache(tmp_path_factory):
+    """Kernels compiled by the tests (and the tuning workers they start) are kept on disk in a folder of the
+    session's own, never in the user's cache: shared by every test of the session, gone with it."""
+    from autotile.codegen import compile_cache
+
+    before = os.environ.get(compile_cache.ENV_VAR)
+    os.environ[compile_cache.ENV_VAR] = str(tmp_path_factory.mktemp("compiled"))
+    yield
+    if before is None:
+        os.environ.pop(compile_cache.ENV_VAR, None)
+    else:
+        os.environ[compile_cache.ENV_VAR] = before
 
 
 @pytest.fixture

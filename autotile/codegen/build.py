@@ -10,7 +10,8 @@ Two steps, so that the library, the tuner and the tests build every kernel the s
 
 Options come from `COMPILE_OPTIONS` plus the target architecture and `-Xptxas=-v` (`nvrtc_options`);
 nothing is added behind our back, as CuPy's own compile path would (it appends `-ftz=true`). Results are
-memoized by the hash of source and options (`compile`) and per device (`compile_kernel`). CuPy is imported
+memoized by the hash of source and options (`compile`) and per device (`compile_kernel`), and kept on disk
+across processes (`compile_cache`: a kernel compiles once per machine). CuPy is imported
 on first use, so importing this module needs neither a GPU nor CuPy.
 """
 
@@ -25,6 +26,7 @@ import re
 import threading
 from typing import Any, Callable, Iterable
 
+from autotile.codegen import compile_cache
 from autotile.errors import CompileError, InvalidValueError
 
 # Every option NVRTC gets, apart from the target (`-arch=`, per device) and `-Xptxas=-v` (the report). Each
@@ -219,7 +221,8 @@ _results: collections.OrderedDict[str, CompileResult] = collections.OrderedDict(
 def compile(source: str, arch: str, options: tuple[str, ...] = COMPILE_OPTIONS) -> CompileResult:
     """Compile `source` for `arch` ("sm_90": cubin; "compute_90": PTX) with NVRTC; no GPU needed.
 
-    Memoized by the hash of source and full options. Raises CompileError (source, options and log attached,
+    Memoized by the hash of source and full options, in memory and on disk (`compile_cache`: another process
+    reads the binary instead of compiling again). Raises CompileError (source, options and log attached,
     first error line in the message) when NVRTC rejects the source or cannot be loaded."""
     full = nvrtc_options(arch, options)
     key = source_hash(source, full)
@@ -229,6 +232,24 @@ def compile(source: str, arch: str, options: tuple[str, ...] = COMPILE_OPTIONS) 
             return _results[key]
     nvrtc = _require_nvrtc()
     kind = "cubin" if arch.startswith("sm_") else "ptx"
+    compiler = compiler_version()
+    stored = compile_cache.load(key, compiler)
+    if stored is not None and stored[0].get("kind") == kind and stored[0].get("arch") == arch:
+        result = _result(stored[1], kind, arch, full, compiler, str(stored[0].get("log", "")), key)
+    else:
+        result = _run_nvrtc(nvrtc, source, kind, arch, full, compiler, key)
+        compile_cache.store(key, compiler, {"kind": kind, "arch": arch, "options": list(full), "log": result.log},
+                            result.binary)
+    with _lock:
+        _results[key] = result
+        while len(_results) > MEMO_SIZE:
+            _results.popitem(last=False)
+    return result
+
+
+def _run_nvrtc(nvrtc: Any, source: str, kind: str, arch: str, full: tuple[str, ...], compiler: str,
+               key: str) -> CompileResult:
+    """One NVRTC compile of `source` with the full option list `full`."""
     prog = nvrtc.createProgram(source, "kernel.cu", [], [])
     try:
         try:
@@ -242,16 +263,18 @@ def compile(source: str, arch: str, options: tuple[str, ...] = COMPILE_OPTIONS) 
             binary = binary.encode()
     finally:
         nvrtc.destroyProgram(prog)
+    return _result(binary, kind, arch, full, compiler, log, key)
+
+
+def _result(binary: bytes, kind: str, arch: str, full: tuple[str, ...], compiler: str, log: str,
+            key: str) -> CompileResult:
+    """A `CompileResult`, ptxas' report read from `log` (the same whether NVRTC just ran or the disk cache
+    kept its log)."""
     try:
         usages = tuple(parse_ptxas(log))
     except ValueError:  # a report we cannot read must not stop the kernel; the compile tests would catch it
         usages = ()
-    result = CompileResult(binary, kind, arch, full, compiler_version(), log, usages, key)
-    with _lock:
-        _results[key] = result
-        while len(_results) > MEMO_SIZE:
-            _results.popitem(last=False)
-    return result
+    return CompileResult(binary, kind, arch, full, compiler, log, usages, key)
 
 
 def _log(nvrtc: Any, prog: Any) -> str:

@@ -1,11 +1,14 @@
-"""Where the templates, search spaces and shipped cache are: inside the installed wheel, or in the source tree."""
+"""Where the templates, search spaces and shipped cache are (inside the installed wheel, or in the source tree), and
+where the user's cache root is."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from autotile.errors import UnknownNameError
 
+CACHE_DIR_ENV = "AUTOTILE_CACHE_DIR"  # the user cache root: tuned records, studies' journals, compiled kernels
 _PACKAGE = Path(__file__).resolve().parent.parent  # autotile/
 
 
@@ -32,6 +35,17 @@ def shipped_cache_dir() -> Path | None:
         return _data_dir("cache")
     except FileNotFoundError:
         return None
+
+
+def user_cache_root() -> Path:
+    """The user's cache root: ``$AUTOTILE_CACHE_DIR`` if set, else the platform's user cache folder (for
+    example ~/.cache/autotile). Tuned records live in its device folders, compiled kernels in `compiled/`."""
+    env = os.environ.get(CACHE_DIR_ENV, "").strip()
+    if env:
+        return Path(os.path.expanduser(env))
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir("autotile"))
 
 
 def kernel_names() -> list[str]:

@@ -47,9 +47,8 @@ from pathlib import Path
 from typing import Any, Callable, Literal
 
 import filelock
-import platformdirs
 
-from autotile.codegen import resources
+from autotile.codegen import compile_cache, resources
 from autotile.codegen.problem import LAYOUT_ALIASES, ProblemKey, layout_spellings
 from autotile.dispatch import precision as precision_mod
 from autotile.dispatch.record import Record, check_shape
@@ -58,7 +57,7 @@ from autotile.errors import CacheError
 COMPAT_CHARS = 12  # how much of the compatibility hash goes into a file name
 DEFAULT_SHAPE = "default"  # the shape part of a device's fallback entry
 LOCK_TIMEOUT_S = 60.0  # a put or clear waits this long for another process's write to the same device folder
-ENV_VAR = "AUTOTILE_CACHE_DIR"
+ENV_VAR = resources.CACHE_DIR_ENV
 MAX_RECORD_BYTES = 1 << 20  # a record is about 1.3 kB; a file past this is not one, and is not read into memory
 LOCK_NAME = ".lock"  # the one lock file of a device folder (see TuningCache._lock)
 STALE_TMP_S = 60.0  # clear() removes a writer's temporary file once it is this old (a write takes milliseconds)
@@ -80,10 +79,7 @@ class CacheWarning(UserWarning):
 
 def default_root() -> Path:
     """The user cache root: ``$AUTOTILE_CACHE_DIR`` if set, else the platform's user cache folder."""
-    env = os.environ.get(ENV_VAR, "").strip()
-    if env:
-        return Path(os.path.expanduser(env))
-    return Path(platformdirs.user_cache_dir("autotile"))
+    return resources.user_cache_root()
 
 
 def _file_kind(mode: int) -> str | None:
@@ -432,7 +428,8 @@ class TuningCache:
             return
         if root.is_dir():
             try:
-                folders = sorted(p for p in root.iterdir() if p.is_dir())
+                # compiled/ holds the compile cache (autotile.codegen.compile_cache), not a device's records
+                folders = sorted(p for p in root.iterdir() if p.is_dir() and p.name != compile_cache.COMPILED_DIR)
             except OSError as exc:  # unreadable: said, not taken for an empty cache
                 self._report(root, f"cannot be listed ({exc.strerror or exc})")
                 return
