@@ -312,3 +312,42 @@ def test_warm_starts_come_from_the_cache_given_and_can_be_turned_off(table, tmp_
         from autotile.codegen.limits import DeviceLimits
 
         assert seen == [f"1024x1024x1024@{DeviceLimits.from_json(first.environment['limits']).fingerprint}"]
+
+
+class _TimedReplay(ReplayEvaluator):
+    """The recorded answers after a pause per candidate, split into phases as a GPU worker reports them."""
+
+    PAUSE_S = 0.02
+
+    def evaluate(self, candidates):
+        import dataclasses
+        import time
+
+        time.sleep(self.PAUSE_S * len(candidates))
+        return [dataclasses.replace(r, compile_wait_s=0.25 * self.PAUSE_S, check_s=0.25 * self.PAUSE_S,
+                                    timing_s=0.4 * self.PAUSE_S)
+                for r in super().evaluate(candidates)]
+
+
+def test_the_phases_add_up_to_the_tunes_wall_time_and_are_printed(table):
+    import time
+
+    from autotile.cli.tune import format_phases, format_result
+    from autotile.tuning.tuner import PHASES
+
+    began = time.monotonic()
+    result = api.tune("matmul", SHAPE, evaluator=_TimedReplay(json.loads(json.dumps(table))), fix=NARROW, trials=12,
+                      cache=None)
+    wall = time.monotonic() - began
+    phases = result.phases
+    assert set(phases) == {key for key, _ in PHASES}
+    assert phases["compile"] == pytest.approx(12 * 0.25 * _TimedReplay.PAUSE_S)
+    assert phases["timing"] == pytest.approx(12 * 0.4 * _TimedReplay.PAUSE_S)
+    # The pauses' unreported part (0.1 of each) is the evaluator's "other"; the whole is the call's wall time.
+    assert phases["other"] >= 12 * 0.1 * _TimedReplay.PAUSE_S * 0.9
+    assert 0 < phases["start"] < wall / 2  # the checks and the space (the caller's evaluator is started)
+    assert sum(phases.values()) == pytest.approx(wall, rel=0.05, abs=0.02)
+    lines = format_phases(phases)
+    assert lines[1].startswith("time: ") and len(lines) == 2 + len(PHASES)
+    assert "waiting for compiles" in format_result(result) and "%" in lines[-1]
+    assert format_phases({}) == []

@@ -236,7 +236,21 @@ def format_result(r: Any) -> str:
     lines.append(f"best: {r.best.median_ms:.4f} ms, {r.metric:,.0f} {unit}"
                  + (f", {r.vs_baseline:.2f}x cuBLAS" if r.vs_baseline else "")
                  + (f", {r.vs_best_seed:.2f}x the best seed ({r.best_seed.seed_name})" if r.best_seed else ""))
-    return "\n".join(lines)
+    return "\n".join(lines + format_phases(getattr(r, "phases", None) or {}))
+
+
+def format_phases(phases: dict[str, float]) -> list[str]:
+    """Where the tune's wall time went: one line per phase (`tuner.PHASES`) with its share; none if unknown."""
+    from autotile.tuning.tuner import PHASES
+
+    total = sum(phases.values())
+    if total <= 0:
+        return []
+    lines = ["", f"time: {total:.1f} s in all"]
+    for key, words in PHASES:
+        if key in phases:
+            lines.append(f"  {words:<52} {phases[key]:>7.1f} s {phases[key] / total:>5.0%}")
+    return lines
 
 
 def _cache(args: argparse.Namespace) -> Any:

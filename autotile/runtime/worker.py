@@ -59,6 +59,11 @@ class CandidateResult:
     error: float | None = None  # worst relative error over the verified shapes
     registers: int | None = None
     compile_s: float | None = None
+    # Where the worker's time went for this candidate, in seconds: waiting for its compile (NVRTC, or the
+    # compile cache), checking its results against the reference, timing it.
+    compile_wait_s: float = 0.0
+    check_s: float = 0.0
+    timing_s: float = 0.0
 
     @property
     def ok(self) -> bool:
@@ -151,7 +156,23 @@ def _context_alive() -> bool:
 
 
 def _evaluate(state: _WorkerState, cand: Candidate, kernel: Any, compile_s: float) -> CandidateResult:
+    """Check `kernel` on every shape, time it on the tuning shape, check it again; the result says how long
+    the checks and the timing took."""
+    spent = {"check_s": 0.0, "timing_s": 0.0}
+    result = _check_and_time(state, cand, kernel, compile_s, spent)
+    return dataclasses.replace(result, **spent)
+
+
+def _check_and_time(state: _WorkerState, cand: Candidate, kernel: Any, compile_s: float,
+                    spent: dict[str, float]) -> CandidateResult:
     from autotile.runtime.timing import time_launch
+
+    def check(shape: tuple[int, ...], when: str) -> tuple[CandidateResult | None, float]:
+        started = time.perf_counter()
+        try:
+            return _check(state, cand, shape, runs[shape], regs, compile_s, when)
+        finally:
+            spent["check_s"] += time.perf_counter() - started
 
     regs = _registers(kernel)
     worst = 0.0
@@ -161,19 +182,22 @@ def _evaluate(state: _WorkerState, cand: Candidate, kernel: Any, compile_s: floa
             runs[shape] = state.runner(kernel, cand.launches[tuple(shape)], shape)
         except Exception as exc:  # the dynamic shared-memory opt-in, refused by the device
             return _launch_failure(cand, exc, regs, compile_s)
-        failed, err = _check(state, cand, shape, runs[shape], regs, compile_s, "")
+        failed, err = check(shape, "")
         if failed is not None:
             return failed
         worst = max(worst, err)
     shape = state.setup.key.shape
+    started = time.perf_counter()
     try:
         timing = time_launch(runs[shape], state.flush)
     except Exception as exc:
         status = LAUNCH if _context_alive() else CRASH
         return CandidateResult(cand.id, status, f"{type(exc).__name__}: {exc}", registers=regs)
+    finally:
+        spent["timing_s"] += time.perf_counter() - started
     # Once more on the runner just timed: a kernel that leaves state behind for its next launch (the
     # tickets of SPLIT_REDUCE=last_block, which each launch must reset) fails here, not in the library.
-    failed, err = _check(state, cand, shape, runs[shape], regs, compile_s, " after the timed runs")
+    failed, err = check(shape, " after the timed runs")
     if failed is not None:
         return failed
     state.kernels[cand.id] = kernel
@@ -240,11 +264,15 @@ def _serve(conn: Any) -> None:
             t0 = time.perf_counter()
             futures = build.compile_many([(c.source, c.name) for c in cands], state.setup.compile_threads)
             for cand, fut in zip(cands, futures, strict=True):
+                waiting = time.perf_counter()  # the GPU idles while a compile is awaited
                 try:
                     kernel = fut.result()
-                    result = _evaluate(state, cand, kernel, time.perf_counter() - t0)
+                    waited = time.perf_counter() - waiting
+                    result = dataclasses.replace(_evaluate(state, cand, kernel, time.perf_counter() - t0),
+                                                 compile_wait_s=waited)
                 except CompileError as exc:
-                    result = CandidateResult(cand.id, COMPILE, str(exc) + "\n" + exc.log[-2000:])
+                    result = CandidateResult(cand.id, COMPILE, str(exc) + "\n" + exc.log[-2000:],
+                                             compile_wait_s=time.perf_counter() - waiting)
                 conn.send(result)
                 if result.status == CRASH:
                     os._exit(3)  # the context is unusable: the parent starts a fresh worker

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -54,6 +55,7 @@ def tune(kernel: str, shape: str | tuple[int, ...], *, dtype: str = "float32", l
     index.html; matplotlib, the `report` extra, is checked before tuning starts). A report that cannot be
     written is said in the result's `report_error`; the result is returned all the same.
     """
+    began = time.monotonic()
     key = ProblemKey.of(kernel, shape, dtype, layout)
     # Everything cheap is checked before a worker starts: the same checks, and words, as the command's.
     trials = validate.count(trials, name="trials")
@@ -116,6 +118,7 @@ def tune(kernel: str, shape: str | tuple[int, ...], *, dtype: str = "float32", l
     try:
         if owned:
             evaluator.start()
+        starting = time.monotonic() - began
         limits = DeviceLimits.from_json(evaluator.environment["limits"])
         search = tuner.search(evaluator, limits, callback)
         result = tuner.finish(evaluator, limits, search)
@@ -128,7 +131,15 @@ def tune(kernel: str, shape: str | tuple[int, ...], *, dtype: str = "float32", l
         result = save_result(result, tuner.render(result.best.config), cache)
     if report is not None:
         result = _report(result, report, study=search.study)
-    return result
+    return dataclasses.replace(result, phases=_whole(result.phases, starting, time.monotonic() - began))
+
+
+def _whole(phases: dict[str, float], starting: float, wall: float) -> dict[str, float]:
+    """The tune's phases with the worker's start added and "other" grown to what no phase accounts for, so
+    that they add up to `wall` (seconds)."""
+    out = dict(phases, start=starting)
+    out["other"] = out.get("other", 0.0) + max(0.0, wall - sum(out.values()))
+    return out
 
 
 def _report(result: TuneResult, out_dir: str | Path, *, study: Any = None, storage: str | None = None) -> TuneResult:

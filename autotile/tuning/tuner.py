@@ -38,6 +38,11 @@ STARTUP = 10  # tpe: configs drawn uniformly over the feasible ones before TPE's
 # tpe, after STARTUP: of every IMPROVE_EVERY proposals, one is a neighbour of the fastest configs so far
 # (propose.improvement), the others TPE's. Measured with `autotile search-bench` over the recorded sweeps.
 IMPROVE_EVERY = 3
+# Where a tune's wall time goes, in the order `autotile tune` prints it: (key of TuneResult.phases, words).
+PHASES = (("start", "starting: checks, the worker (inputs, reference, cuBLAS)"), ("compile", "waiting for compiles"),
+          ("check", "checking results"), ("timing", "timing candidates"), ("retime", "re-timing the finalists"),
+          ("search", "the search itself (sampler, proposals, rendering)"),
+          ("other", "the rest (messages, restarts, saving)"))
 PROPOSED = "proposed"  # user attribute of a trial the tuner proposed itself: UNIFORM, NEIGHBOUR or IMPROVE
 UNIFORM, NEIGHBOUR, IMPROVE, TRANSFER = "uniform", "neighbour", "improve", "transfer"
 SEED_PREFIX = "seed-"
@@ -144,6 +149,9 @@ class TuneResult:
     # The report folder's index.html, or why it was not written (set by `autotile.tune(report=...)`).
     report_path: str | None = None
     report_error: str | None = None
+    # Seconds per phase of the tune (keys from `PHASES`); `autotile.tune` adds "start" and "other" so that
+    # they add up to its wall time. Empty where unknown (several GPUs: each worker's are its own).
+    phases: dict[str, float] = dataclasses.field(default_factory=dict)
 
     @property
     def key(self) -> ProblemKey:
@@ -174,6 +182,10 @@ class Search:
     failures: dict[str, int]
     seconds: float
     asks: int = 0  # trials this worker asked optuna for (runs, infeasible draws, repeats)
+    # Seconds per phase (`PHASES`) of this worker's search: "compile", "check" and "timing" as the evaluator
+    # reported them, "search" the tuner's own (sampler, proposals, rendering, the study), "other" the rest
+    # of the time spent in the evaluator (messages, worker restarts).
+    phases: dict[str, float] = dataclasses.field(default_factory=dict)
 
 
 def _worker_seed(seed: int, worker: int) -> int:
@@ -338,13 +350,15 @@ class Tuner:
         from autotile.tuning import study as study_mod
         from autotile.tuning.study import INFEASIBLE, OVER, REPEAT, Heartbeat, Ledger, judge, recover_dead
 
+        started = time.monotonic()  # opening the study and queueing its starting points count as search
         opts = self.options
         study = study if study is not None else self.open_study(limits)
         problem = Problem(limits, self.dtype, self.layout)
         self.enqueue_fixed(study, problem)
 
-        started = time.monotonic()
         ran = pruned = duplicates = skips = asks = 0
+        spent = {"compile": 0.0, "check": 0.0, "timing": 0.0}  # as the evaluator reports them
+        in_evaluator = 0.0  # wall seconds inside evaluator.evaluate
         seed = opts.seed if opts.worker is None else _worker_seed(opts.seed, opts.worker)
         rng = random.Random(seed)
         missed: Config | None = None  # the last draw that was infeasible or a repeat
@@ -422,9 +436,14 @@ class Tuner:
                 if not batch:
                     continue
                 candidates = [self.candidate(c) for _, c in batch]
+                evaluating = time.monotonic()
                 results = evaluator.evaluate(candidates)
+                in_evaluator += time.monotonic() - evaluating
                 for (trial, _config), result in zip(batch, results, strict=True):
                     ran += 1
+                    spent["compile"] += result.compile_wait_s
+                    spent["check"] += result.check_s
+                    spent["timing"] += result.timing_s
                     if result.status == OK and result.timing is not None:
                         _attrs(trial, spread=result.timing.spread, error=result.error,
                                **_readable(self, result.timing.median_ms, baseline_ms))
@@ -444,7 +463,11 @@ class Tuner:
                         progress(Progress(done.finished, opts.trials, best_ms,
                                           kernels.metric(self.spec.name, self.shape, self.dtype, best_ms)[0]
                                           if best_ms else None, unit, baseline_ms, result.status))
-        return Search(study, ran, pruned, duplicates, failures, time.monotonic() - started, asks)
+        seconds = time.monotonic() - started
+        reported = sum(spent.values())
+        spent["search"] = max(0.0, seconds - in_evaluator)
+        spent["other"] = max(0.0, in_evaluator - reported)
+        return Search(study, ran, pruned, duplicates, failures, seconds, asks, spent)
 
     def _proposal_counts(self, study: Any) -> dict[str, int]:
         """Runs (trials timed or being timed) per kind of proposal: UNIFORM, NEIGHBOUR, IMPROVE, and "model"
@@ -509,6 +532,8 @@ class Tuner:
         known = Ledger.of(study.get_trials(deepcopy=False)).results()
         failures = dict(search.failures) if search else {}
         finalists, baseline = self._retime(evaluator, known)
+        phases = dict(search.phases) if search is not None else {}
+        phases["retime"] = time.monotonic() - started
         if not finalists:
             raise TuningError(f"no candidate of {self.key} ran correctly in study {study.study_name!r} "
                               f"({', '.join(f'{n} {s}' for s, n in failures.items()) or 'none ran'})")
@@ -528,7 +553,8 @@ class Tuner:
             trials=search.ran if search else 0, failures=failures, pruned=search.pruned if search else 0,
             duplicates=search.duplicates if search else 0,
             seconds=(search.seconds if search else 0.0) + time.monotonic() - started,
-            environment=dict(evaluator.environment), study_name=study.study_name, precision=self.options.precision)
+            environment=dict(evaluator.environment), study_name=study.study_name, precision=self.options.precision,
+            phases=phases)
 
     def enqueue_fixed(self, study: Any, problem: Problem) -> None:
         """Enqueue the seeds, the space's named configs and the starting points (and, for the grid sampler,
