@@ -160,7 +160,7 @@ def _evaluate(state: _WorkerState, cand: Candidate, kernel: Any, compile_s: floa
     the checks and the timing took."""
     spent = {"check_s": 0.0, "timing_s": 0.0}
     result = _check_and_time(state, cand, kernel, compile_s, spent)
-    return dataclasses.replace(result, **spent)
+    return dataclasses.replace(result, check_s=spent["check_s"], timing_s=spent["timing_s"])
 
 
 def _check_and_time(state: _WorkerState, cand: Candidate, kernel: Any, compile_s: float,
