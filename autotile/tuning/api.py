@@ -136,7 +136,9 @@ def tune(kernel: str, shape: str | tuple[int, ...], *, dtype: str = "float32", l
 
 def _whole(phases: dict[str, float], starting: float, wall: float) -> dict[str, float]:
     """The tune's phases with the worker's start added and "other" grown to what no phase accounts for, so
-    that they add up to `wall` (seconds)."""
+    that they add up to `wall` (seconds); none where the search's are unknown."""
+    if not phases:
+        return {}
     out = dict(phases, start=starting)
     out["other"] = out.get("other", 0.0) + max(0.0, wall - sum(out.values()))
     return out

@@ -533,7 +533,8 @@ class Tuner:
         failures = dict(search.failures) if search else {}
         finalists, baseline = self._retime(evaluator, known)
         phases = dict(search.phases) if search is not None else {}
-        phases["retime"] = time.monotonic() - started
+        if phases:  # unknown where the search ran in other processes (several GPUs): none then
+            phases["retime"] = time.monotonic() - started
         if not finalists:
             raise TuningError(f"no candidate of {self.key} ran correctly in study {study.study_name!r} "
                               f"({', '.join(f'{n} {s}' for s, n in failures.items()) or 'none ran'})")
