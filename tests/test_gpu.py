@@ -433,3 +433,19 @@ def test_library_calls_load_no_tuner():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "", out.stdout
+
+
+def test_timing_stops_early_only_for_a_clearly_slower_launch():
+    import cupy
+
+    from autotile.runtime.timing import PROBE_REPS, time_launch
+
+    a = cupy.ones(1 << 20, dtype=cupy.float32)
+
+    def launch():
+        a.sum()
+
+    full = time_launch(launch, None)
+    assert full.reps >= 10
+    assert time_launch(launch, None, give_up_ms=full.min_ms / 100).reps == PROBE_REPS  # far above the threshold
+    assert time_launch(launch, None, give_up_ms=full.median_ms * 100).reps >= 10  # far below it: timed in full

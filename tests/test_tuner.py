@@ -572,3 +572,49 @@ def test_uniform_proposals_follow_the_feasible_configs_not_the_branches():
     assert len(taken) == 300  # never a config already taken
     naive = draws.count("none") / len(draws)
     assert 0.02 < naive < 0.15, naive
+
+
+# -- stopping the timing of a candidate that clearly loses -----------------------------------------------------
+
+def test_clearly_slower_needs_the_probe_runs_and_all_of_them_slow():
+    from autotile.runtime.timing import PROBE_REPS, clearly_slower
+
+    assert not clearly_slower([2.0] * (PROBE_REPS - 1), 1.0)  # too few runs to say
+    assert clearly_slower([2.0] * PROBE_REPS, 1.0)
+    assert not clearly_slower([2.0] * (PROBE_REPS - 1) + [0.9], 1.0)  # one run as fast as the threshold
+    assert not clearly_slower([2.0] * 50, None)  # no threshold: timed in full
+
+
+class GiveUpRecorder(ReplayEvaluator):
+    """The recorded answers; keeps each batch's give_up_ms as the tuner set it."""
+
+    def __init__(self, table):
+        super().__init__(table)
+        self.thresholds = []
+
+    def evaluate(self, candidates):
+        self.thresholds.append({c.give_up_ms for c in candidates})
+        return super().evaluate(candidates)
+
+
+def test_candidates_give_up_above_the_best_so_far_times_the_option(space, table, limits):
+    evaluator = GiveUpRecorder(table)
+    tuner = Tuner(KEY, TuneOptions(trials=12, batch=4, give_up=1.5), space=space)
+    result = tuner.run(evaluator, limits)
+    assert evaluator.thresholds[0] == {None}  # nothing measured yet: the first batch is timed in full
+    # After that, one threshold per batch: 1.5 times the best median measured before it.
+    best = min(v["timing"]["median_ms"] for k, v in table["results"].items()
+               if k in evaluator.evaluated[:4] and v["status"] == OK)
+    assert list(evaluator.thresholds[1]) == [pytest.approx(1.5 * best)]
+    assert all(len(t) == 1 and None not in t for t in evaluator.thresholds[1:])
+    assert result.best.median_ms <= best
+
+    off = GiveUpRecorder(table)
+    Tuner(KEY, TuneOptions(trials=8, batch=4, give_up=None), space=space).run(off, limits)
+    assert off.thresholds == [{None}, {None}]
+
+
+@pytest.mark.parametrize("give_up", [1.0, 0.5, float("nan"), -2.0])
+def test_give_up_must_be_above_one(give_up):
+    with pytest.raises(InvalidValueError, match="give_up must be above 1"):
+        Tuner(KEY, TuneOptions(give_up=give_up))

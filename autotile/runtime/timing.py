@@ -100,14 +100,28 @@ def hold_gpu(microseconds: float = HOLD_US) -> None:
     _harness_kernel("hold")((1,), (1,), (np.uint64(int(microseconds * 1e3)),))
 
 
+PROBE_REPS = 5  # repetitions after which a candidate clearly slower than the best so far stops (`clearly_slower`)
+
+
+def clearly_slower(samples: list[float], give_up_ms: float | None, probe_reps: int = PROBE_REPS) -> bool:
+    """Whether timing can stop: after `probe_reps` repetitions, even the fastest of them took longer than
+    `give_up_ms`. Noise on a GPU (clocks, a neighbour's load) mostly adds time, so the minimum of a few
+    runs above the threshold says the kernel is slower than it, and more runs would only pin down by how
+    much. None never stops early."""
+    return give_up_ms is not None and len(samples) >= probe_reps and min(samples) > give_up_ms
+
+
 def time_launch(launch: Callable[[], Any], flush: Callable[[], None] | None, *, warmup: int = 3,
-                min_reps: int = 10, max_reps: int = 200, target_ms: float = 200.0) -> Timing:
+                min_reps: int = 10, max_reps: int = 200, target_ms: float = 200.0,
+                give_up_ms: float | None = None) -> Timing:
     """Time `launch` with CUDA events around it alone: the flush and then a hold kernel run before the
     start event, so the interval holds the launched work and neither the flush nor the host's launch
     path.
 
     Repeats until `target_ms` of kernel time or `max_reps`, at least `min_reps`: short kernels get more
-    repetitions, so their median is as stable as a long kernel's.
+    repetitions, so their median is as stable as a long kernel's. With `give_up_ms` (the tuner's threshold,
+    above the best time so far), a launch `clearly_slower` than it stops after PROBE_REPS repetitions: its
+    median then comes from those few (`Timing.reps` says how many).
     """
     import cupy
 
@@ -129,6 +143,8 @@ def time_launch(launch: Callable[[], Any], flush: Callable[[], None] | None, *, 
         ms = cupy.cuda.get_elapsed_time(start, stop)
         samples.append(ms)
         total += ms
+        if clearly_slower(samples, give_up_ms):
+            break
     return Timing.from_samples(samples)
 
 

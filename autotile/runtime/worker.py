@@ -48,6 +48,9 @@ class Candidate:
     name: str
     launches: dict[tuple[int, ...], Launch]
     config_key: str = ""
+    # Timing stops after a few runs where even the fastest took longer than this (ms; None: never): the
+    # tuner's threshold above its best time so far (`timing.clearly_slower`).
+    give_up_ms: float | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -189,7 +192,7 @@ def _check_and_time(state: _WorkerState, cand: Candidate, kernel: Any, compile_s
     shape = state.setup.key.shape
     started = time.perf_counter()
     try:
-        timing = time_launch(runs[shape], state.flush)
+        timing = time_launch(runs[shape], state.flush, give_up_ms=cand.give_up_ms)
     except Exception as exc:
         status = LAUNCH if _context_alive() else CRASH
         return CandidateResult(cand.id, status, f"{type(exc).__name__}: {exc}", registers=regs)

@@ -96,6 +96,10 @@ class TuneOptions:
     # False: the sampler alone from the first trial, as the search benchmark's --no-seeds replays it (a
     # space's named configs are a head start only for the shapes they were picked for).
     named_first: bool = True
+    # A candidate whose first few runs are all slower than this many times the best median so far stops
+    # being timed (`timing.clearly_slower`): its time only needs to say that it loses. None: every
+    # candidate timed in full. The finalists are re-timed in full whatever this is.
+    give_up: float | None = 1.25
 
 
 @dataclasses.dataclass(frozen=True)
@@ -277,6 +281,8 @@ class Tuner:
         check_sampler(options.sampler)
         if options.trials < 1:
             raise InvalidValueError(f"trials must be at least 1, got {options.trials}")
+        if options.give_up is not None and not options.give_up > 1:  # NaN too
+            raise InvalidValueError(f"give_up must be above 1 (times the best so far) or None, got {options.give_up}")
         precision_mod.check(options.precision)
         # What the setting does not allow is never drawn, nor run as a seed or a start.
         self.space = precision_mod.restricted(self.space, key.dtype, options.precision)
@@ -308,12 +314,14 @@ class Tuner:
         """The CUDA source this tuner runs for `config`."""
         return self._render(config)
 
-    def candidate(self, config: Config) -> Candidate:
+    def candidate(self, config: Config, give_up_ms: float | None = None) -> Candidate:
+        """What the evaluator runs for `config`; its timing stops early where it is clearly slower than
+        `give_up_ms` (`timing.clearly_slower`)."""
         self._next_id += 1
         shapes = [self.shape] + [s for s in self.spec.check_shapes if s != self.shape]
         launches = {s: self.spec.launch(config, s, self.dtype, self.layout) for s in shapes}
         return Candidate(self._next_id, self._render(config), "autotile_" + self.spec.name, launches,
-                         config.key())
+                         config.key(), give_up_ms)
 
     # -- the study ---------------------------------------------------------------------------------------
 
@@ -435,7 +443,9 @@ class Tuner:
                     batch.append((trial, config))
                 if not batch:
                     continue
-                candidates = [self.candidate(c) for _, c in batch]
+                best_ms = min((v for v, _ in ledger.results().values() if v is not None), default=None)
+                give_up_ms = best_ms * opts.give_up if best_ms is not None and opts.give_up else None
+                candidates = [self.candidate(c, give_up_ms) for _, c in batch]
                 evaluating = time.monotonic()
                 results = evaluator.evaluate(candidates)
                 in_evaluator += time.monotonic() - evaluating
