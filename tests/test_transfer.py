@@ -120,5 +120,6 @@ def test_tpe_gives_one_guided_proposal_in_improve_every_to_improvement():
     guided = [t for t in _ran(search) if "seed" not in t.user_attrs and "named" not in t.user_attrs
               and t.user_attrs.get(PROPOSED) not in (TRANSFER, "uniform")]
     share = sum(t.user_attrs.get(PROPOSED) == IMPROVE for t in guided) / len(guided)
-    assert sum(t.user_attrs.get(PROPOSED) == "uniform" for t in _ran(search)) == STARTUP
+    # STARTUP draws, and one more for each repeated or infeasible draw that had no unmeasured neighbour
+    assert STARTUP <= sum(t.user_attrs.get(PROPOSED) == "uniform" for t in _ran(search)) <= STARTUP + 3
     assert abs(share - 1 / IMPROVE_EVERY) < 0.1, share

@@ -25,7 +25,8 @@ from autotile.codegen.resources import search_space_path
 from autotile.codegen.space import Problem, Space
 from autotile.dispatch.cache import TuningCache
 from autotile.errors import InvalidValueError
-from autotile.runtime.worker import COMPILE, CRASH, FAILURES, LAUNCH, OK, TIMEOUT, WRONG
+from autotile.runtime.timing import Timing
+from autotile.runtime.worker import COMPILE, CRASH, FAILURES, LAUNCH, OK, TIMEOUT, WRONG, CandidateResult
 from autotile.tuning import api, results
 from autotile.tuning.testing import ReplayEvaluator
 from autotile.tuning.tuner import SAMPLERS, TuneOptions, Tuner, make_sampler
@@ -572,6 +573,73 @@ def test_uniform_proposals_follow_the_feasible_configs_not_the_branches():
     assert len(taken) == 300  # never a config already taken
     naive = draws.count("none") / len(draws)
     assert 0.02 < naive < 0.15, naive
+
+
+def test_uniform_draws_each_settled_config_equally_often():
+    """Kept with probability (smallest weight) / (its weight): a settled config where A is off stands for
+    three raw draws, and comes out as often as one where A is on."""
+    import collections
+    import random
+
+    from autotile.codegen.limits import PROFILES
+    from autotile.codegen.space import Problem, Space
+    from autotile.tuning.propose import uniform
+
+    space = Space({"kernel": "tiny", "template": "tiny.cu.j2",
+                   "params": {"smem": ["none", "static"],
+                              "A": {"choices": [1, 2, 4], "active": "smem != 'none'", "inactive": 1},
+                              "B": [1, 2]},
+                   "derived": {"threads": "32 * B", "smem_bytes": "0", "regs_per_thread": "32"},
+                   "constraints": []}, "tiny.yaml")
+    problem = Problem(PROFILES["h100"], "float32", "row")
+    rng = random.Random(5)
+    counts = collections.Counter(uniform(space, problem, rng, set()).key() for _ in range(4000))
+    assert len(counts) == 8  # smem=none: 2 configs (A off), static: 6
+    assert all(400 < n < 600 for n in counts.values()), counts  # 500 each; 3 sigma is 64
+
+
+class RandomTimes:
+    """Any config runs, in a random time: a search's own behaviour on a space no sweep covers."""
+
+    def __init__(self):
+        import random
+
+        self.rng = random.Random(0)
+        self.baseline = Timing(1.0, 1.0, 1.0, 1.0, 10)
+        self.environment = {}
+
+    def evaluate(self, candidates):
+        return [CandidateResult(c.id, OK, "", Timing(*[0.5 + self.rng.random()] * 4, 10), 1e-7) for c in candidates]
+
+    def retime(self, candidates, rounds):
+        return {i: [1.0] * rounds for i in candidates}, self.baseline
+
+
+def test_a_search_of_the_whole_matmul_space_draws_every_family_and_runs_every_trial(tmp_path):
+    """The whole float32 matmul space: SIMT configs are most of its millions, wgmma's a few thousand. Drawn
+    config by config, the smaller families would almost never come up, and the draws weighted by their
+    inactive parameters were all refused (the search stopped after its queued configs, short of its trials)."""
+    import collections
+    import random
+
+    from autotile.codegen.limits import PROFILES
+    from autotile.codegen.space import Problem
+    from autotile.tuning.propose import uniform
+
+    key = ProblemKey("matmul", "float32", "row", (2500, 3500, 1500))
+    tuner = Tuner(key, TuneOptions(trials=40, cache=TuningCache(root=tmp_path, shipped_root=None)))
+    problem = Problem(PROFILES["h100"], "float32", "row")
+    rng, taken = random.Random(1), set()
+    families = collections.Counter()
+    for _ in range(40):
+        config = uniform(tuner.space, problem, rng, taken)
+        assert config is not None and tuner.space.is_feasible(config, problem)
+        taken.add(config.key())
+        families[config["MATH"]] += 1
+    # Not float64's DMMA nor the 16-bit wgmma_direct; skinny is left out above 128 rows of A.
+    assert set(families) == {"simt", "tf32x3", "wgmma"} and min(families.values()) >= 6, families
+    search = tuner.search(RandomTimes(), PROFILES["h100"])
+    assert search.ran == 40
 
 
 # -- stopping the timing of a candidate that clearly loses -----------------------------------------------------

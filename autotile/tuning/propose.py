@@ -17,11 +17,13 @@ first).
 
 from __future__ import annotations
 
+import itertools
 import random
 from collections.abc import Container, Sequence
 from typing import Any
 
 from autotile.codegen.space import Config, Problem, Space
+from autotile.dispatch import precision as precision_mod
 
 MAX_DRAWS = 200_000  # rejection-sampling draws before a space is taken as exhausted
 # A space so narrowed (`--fix MATH=wgmma`: 780 feasible configs among billions of raw draws) that rejection
@@ -32,6 +34,10 @@ ENUMERATE_LIMIT = 100_000
 # Per (space, problem): the feasible configs, or None where there are more than ENUMERATE_LIMIT. The
 # space is kept alongside its id, so that a new space that reuses a freed id is not taken for it.
 _enumerated: dict[tuple[int, Problem], tuple[Space, list[Config] | None]] = {}
+CONTROL_COMBOS = 10_000  # settings of the deciding parameters walked to find a space's smallest weight
+_floors: dict[int, tuple[Space, int]] = {}  # id(space) -> (space, its smallest weight)
+_by_family: dict[int, tuple[Space, list[Space]]] = {}  # id(space) -> (space, the space narrowed per family)
+_feasible_at_all: dict[tuple[int, Problem], tuple[Space, bool]] = {}  # (space, whether it has a feasible config)
 
 
 def _feasible_if_few(space: Space, problem: Problem) -> list[Config] | None:
@@ -46,16 +52,61 @@ def _feasible_if_few(space: Space, problem: Problem) -> list[Config] | None:
 
 def uniform(space: Space, problem: Problem, rng: random.Random, taken: Container[str],
             max_draws: int = MAX_DRAWS) -> Config | None:
-    """A feasible config not in `taken` (config keys), each such config equally likely; None where
-    `max_draws` draws found none. A space where SPARSE_DRAWS draws find nothing and that has at most
+    """A feasible config not in `taken` (config keys): a kernel family (a value of the space's MATH
+    parameter: SIMT, tf32x3 mma.sync, wgmma...) drawn first, each family with a feasible config left equally
+    likely, then a config of that family, each equally likely (`uniform_in`). None where no family has one.
+
+    Why families first: the families differ in size by orders of magnitude (the SIMT kernels are most of
+    the float32 matmul space's millions of configs, the wgmma kernels a few thousand), and the fastest
+    family depends on the shape; drawing configs uniformly over the whole space would almost never try
+    the small families."""
+    for sub in _families(space, rng):
+        if not _any_feasible(sub, problem):
+            continue  # wgmma on an A100, float64's DMMA for float32: never drawn from
+        found = uniform_in(sub, problem, rng, taken, max_draws)
+        if found is not None:
+            return found
+    return None
+
+
+def _any_feasible(space: Space, problem: Problem) -> bool:
+    """Whether `space` has a feasible config for `problem` (the walk's first one; milliseconds, memoized)."""
+    known = _feasible_at_all.get((id(space), problem))
+    if known is None or known[0] is not space:
+        known = (space, bool(space.feasible(problem, limit=1)))
+        _feasible_at_all[(id(space), problem)] = known
+    return known[1]
+
+
+def _families(space: Space, rng: random.Random) -> list[Space]:
+    """The space narrowed to each of its kernel families (MATH values), in a random order; the space itself
+    where it has one family or none."""
+    param = space.params.get(precision_mod.MATH_PARAM)
+    if param is None or len(param.choices) < 2:
+        return [space]
+    known = _by_family.get(id(space))
+    if known is None or known[0] is not space:
+        known = (space, [space.restricted({param.name: [value]}) for value in param.choices])
+        _by_family[id(space)] = known
+    order = list(known[1])
+    rng.shuffle(order)
+    return order
+
+
+def uniform_in(space: Space, problem: Problem, rng: random.Random, taken: Container[str],
+               max_draws: int = MAX_DRAWS) -> Config | None:
+    """A feasible config of `space` not in `taken` (config keys), each such config equally likely; None
+    where `max_draws` draws found none. A space where SPARSE_DRAWS draws find nothing and that has at most
     ENUMERATE_LIMIT feasible configs is enumerated (once), and the pick made among those: None there means
     every one is taken.
 
     Every parameter is drawn from its choices, then the config is settled (a parameter that is off takes
     its inactive value). A settled config with inactive parameters is where that many raw draws land (the
-    product of their numbers of choices), so it is kept with probability one over that product: drawing
-    the branch first instead would give the naive kernel's handful of configs (`smem=none`) a third of
-    all draws, against 0.7% of the feasible matmul configs."""
+    product of their numbers of choices, its weight), so it is kept with probability (the smallest weight
+    of the space) / (its weight): each settled config then comes out equally often. Drawing the branch
+    first instead would give the naive kernel's handful of configs (`smem=none`) a third of all draws,
+    against 0.7% of the feasible matmul configs."""
+    floor = _weight_floor(space)
     known = _enumerated.get((id(space), problem))
     if known is not None and known[0] is space and known[1] is not None:
         return _pick(known[1], rng, taken)
@@ -73,12 +124,46 @@ def uniform(space: Space, problem: Problem, rng: random.Random, taken: Container
                 weight *= len(p.choices)
             else:
                 values[p.name] = rng.choice(p.choices)
-        if weight > 1 and rng.random() * weight >= 1:
+        if weight > floor and rng.random() * weight >= floor:
             continue
         config = Config(values)
         if config.key() not in taken and space.is_feasible(config, problem):
             return config
     return None
+
+
+def _weight_floor(space: Space) -> int:
+    """The smallest weight (raw draws per settled config, `uniform_in`) of any branch of `space`: every way
+    of setting the parameters that decide which others are active (at most CONTROL_COMBOS of them; past
+    that, 1, which keeps the draw uniform, only slower)."""
+    known = _floors.get(id(space))
+    if known is not None and known[0] is space:
+        return known[1]
+    params = list(space.params.values())
+    controls = [p for p in params if any(p.name in q.active.names for q in params if q.active is not None)]
+    combos = 1
+    for p in controls:
+        combos *= len(p.choices)
+    floor = 1
+    if combos <= CONTROL_COMBOS:
+        floor = min(_branch_weight(params, dict(zip([p.name for p in controls], combo, strict=True)))
+                    for combo in itertools.product(*(p.choices for p in controls)))
+    _floors[id(space)] = (space, floor)
+    return floor
+
+
+def _branch_weight(params: Sequence[Any], controls: dict[str, Any]) -> int:
+    """The weight of the branch where the deciding parameters take the values `controls` (the others do not
+    change which parameters are active: any of their choices will do)."""
+    values: dict[str, Any] = {}
+    weight = 1
+    for p in params:
+        if p.active is not None and not p.active(values):
+            values[p.name] = p.inactive
+            weight *= len(p.choices)
+        else:
+            values[p.name] = controls.get(p.name, p.choices[0])
+    return weight
 
 
 def _pick(configs: Sequence[Config], rng: random.Random, taken: Container[str]) -> Config | None:
