@@ -686,3 +686,42 @@ def test_candidates_give_up_above_the_best_so_far_times_the_option(space, table,
 def test_give_up_must_be_above_one(give_up):
     with pytest.raises(InvalidValueError, match="give_up must be above 1"):
         Tuner(KEY, TuneOptions(give_up=give_up))
+
+
+# -- starting points fitted to the shape --------------------------------------------------------------------
+
+def test_filled_splits_k_just_enough_to_fill_the_sms():
+    import math
+
+    from autotile.codegen.limits import PROFILES
+    from autotile.codegen.space import Problem
+    from autotile.tuning.propose import FILL, filled
+
+    space = kernels.get("matmul").space
+    problem = Problem(PROFILES["h100"], "float32", "row")
+    config = space.named_configs["tf32x3-128"]
+    skinny = (48, 4096, 4096)
+    blocks = math.prod(kernels.get("matmul").grid(config, skinny))
+    wide = filled(space, problem, "matmul", skinny, config)
+    assert wide is not None and space.is_feasible(wide, problem)
+    split = wide["SPLIT_K"]
+    assert blocks * split >= FILL * 132 > blocks * (split // 2)  # the fewest splits that fill the SMs
+    assert dict(wide, SPLIT_K=1, SPLIT_REDUCE=config["SPLIT_REDUCE"]) == dict(config)  # nothing else moved
+    assert filled(space, problem, "matmul", (4096, 4096, 4096), config) is None  # filled by its tiles
+    assert filled(space, problem, "matmul", skinny, wide) is None  # split already
+    assert filled(space, problem, "matmul", (48, 4096, 48), config) is None  # under 32 of K per split
+
+
+def test_named_starts_are_the_seeds_then_each_family_in_turn_within_their_share(tmp_path):
+    from autotile.codegen.limits import PROFILES
+    from autotile.codegen.space import Problem
+    from autotile.tuning.tuner import NAMED_SHARE, SEED_PREFIX
+
+    key = ProblemKey("matmul", "float32", "row", (2500, 3500, 1500))
+    tuner = Tuner(key, TuneOptions(trials=40, cache=TuningCache(root=tmp_path, shipped_root=None)))
+    starts = tuner._named_starts(Problem(PROFILES["h100"], "float32", "row"))
+    seeds = [n for n, _ in starts if n.startswith(SEED_PREFIX)]
+    others = [c["MATH"] for n, c in starts if not n.startswith(SEED_PREFIX)]
+    assert [n for n, _ in starts[:len(seeds)]] == seeds and len(seeds) == 4
+    assert len(others) == int(NAMED_SHARE * 40)
+    assert others[:3] == ["simt", "tf32x3", "wgmma"] and others[3:6] == others[:3]  # in turn

@@ -18,8 +18,9 @@ first).
 from __future__ import annotations
 
 import itertools
+import math
 import random
-from collections.abc import Container, Sequence
+from collections.abc import Callable, Container, Sequence
 from typing import Any
 
 from autotile.codegen.space import Config, Problem, Space
@@ -34,6 +35,7 @@ ENUMERATE_LIMIT = 100_000
 # Per (space, problem): the feasible configs, or None where there are more than ENUMERATE_LIMIT. The
 # space is kept alongside its id, so that a new space that reuses a freed id is not taken for it.
 _enumerated: dict[tuple[int, Problem], tuple[Space, list[Config] | None]] = {}
+FILL = 0.9  # `filled`: a launch with blocks for this share of the SMs fills the GPU (128 of an H100's 132)
 CONTROL_COMBOS = 10_000  # settings of the deciding parameters walked to find a space's smallest weight
 _floors: dict[int, tuple[Space, int]] = {}  # id(space) -> (space, its smallest weight)
 _by_family: dict[int, tuple[Space, list[Space]]] = {}  # id(space) -> (space, the space narrowed per family)
@@ -200,12 +202,55 @@ def _at_distance(space: Space, problem: Problem, rng: random.Random, config: Con
     return None
 
 
+def filled(space: Space, problem: Problem, kernel: str, shape: tuple[int, ...], config: Config) -> Config | None:
+    """`config` with its K split into the fewest pieces that give its launch blocks for at least FILL of the
+    SMs, where its tiles alone leave more idle (a skinny or small problem, a tall K); None where it has no K
+    split to change (SPLIT_K is not 1, or the space has none), fills the GPU already, or no split is
+    feasible and worth timing (`model.worth_timing`: enough K per split). Where no split fills FILL of the
+    SMs, the largest that is feasible."""
+    from autotile.codegen import kernels
+    from autotile.dispatch.model import worth_timing
+
+    param = space.params.get("SPLIT_K")
+    if param is None or config.get("SPLIT_K") != 1:
+        return None
+    sm_count = problem.device.sm_count
+    blocks = math.prod(kernels.get(kernel).grid(config, shape))
+    if blocks >= FILL * sm_count:
+        return None
+    best = None
+    for split in sorted(int(c) for c in param.choices if int(c) > 1):
+        for reduce in _reductions(space):
+            candidate = settle(space, Config(dict(config, SPLIT_K=split, **reduce)))
+            if space.is_feasible(candidate, problem) and worth_timing(kernel, candidate, shape, sm_count):
+                best = candidate
+                break
+        if best is not None and best["SPLIT_K"] == split and blocks * split >= FILL * sm_count:
+            return best
+    return best
+
+
+def _reductions(space: Space) -> list[dict[str, Any]]:
+    """The ways a K split may meet (SPLIT_REDUCE's choices, the default first), or one way to say none."""
+    param = space.params.get("SPLIT_REDUCE")
+    if param is None:
+        return [{}]
+    first = [param.default] if param.has_default and param.default in param.choices else []
+    return [{param.name: v} for v in first + [c for c in param.choices if c not in first]]
+
+
 def improvement(space: Space, problem: Problem, rng: random.Random, ranked: Sequence[Config],
-                taken: Container[str], top: int = 5) -> Config | None:
+                taken: Container[str], top: int = 5,
+                fill: Callable[[Config], Config | None] | None = None) -> Config | None:
     """A feasible, unmeasured config one parameter away from the fastest of `ranked` (measured configs,
     fastest first) that has one; only the `top` fastest are tried (beyond them the search would walk away
-    from what is known to be good). None where their neighbourhoods are all measured."""
+    from what is known to be good). None where their neighbourhoods are all measured. With `fill` (a config
+    -> the config with its K split to fill the GPU, `filled`), that move is tried first for each: the one
+    neighbour the shape says is worth it."""
     for config in ranked[:top]:
+        wide = fill(config) if fill is not None else None
+        if wide is not None and wide.key() not in taken:
+            return wide
         near = _at_distance(space, problem, rng, config, taken, 1, swaps=True)
         if near is not None:
             return near
@@ -246,4 +291,4 @@ def settle(space: Space, config: Config) -> Config:
     return Config(values)
 
 
-__all__ = ["improvement", "neighbour", "settle", "uniform"]
+__all__ = ["filled", "improvement", "neighbour", "settle", "uniform", "uniform_in"]

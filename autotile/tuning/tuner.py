@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
+import itertools
 import logging
 import random
 import statistics
@@ -38,6 +39,10 @@ STARTUP = 10  # tpe: configs drawn uniformly over the feasible ones before TPE's
 # tpe, after STARTUP: of every IMPROVE_EVERY proposals, one is a neighbour of the fastest configs so far
 # (propose.improvement), the others TPE's. Measured with `autotile search-bench` over the recorded sweeps.
 IMPROVE_EVERY = 3
+# The space's named configs other than the seeds take at most this share of a search's trials (each kernel
+# family's in turn): on the whole matmul space there are 60 of them, and a 40-trial search that ran them all
+# would be nothing but its starting points.
+NAMED_SHARE = 0.25
 # Where a tune's wall time goes, in the order `autotile tune` prints it: (key of TuneResult.phases, words).
 PHASES = (("start", "starting: checks, the worker (inputs, reference, cuBLAS)"), ("compile", "waiting for compiles"),
           ("check", "checking results"), ("timing", "timing candidates"), ("retime", "re-timing the finalists"),
@@ -527,7 +532,9 @@ class Tuner:
         # tpe: one proposal in IMPROVE_EVERY goes to the neighbourhood of the fastest configs so far.
         guided = counts.get(IMPROVE, 0) + counts.get("model", 0) + counts.get(NEIGHBOUR, 0)
         if IMPROVE_EVERY and counts.get(IMPROVE, 0) * IMPROVE_EVERY <= guided:
-            better = propose.improvement(self.space, problem, rng, ranked, taken)
+            better = propose.improvement(self.space, problem, rng, ranked, taken,
+                                         fill=lambda c: propose.filled(self.space, problem, self.key.kernel,
+                                                                       self.shape, c))
             if better is not None:
                 return IMPROVE, better
         return None
@@ -598,8 +605,7 @@ class Tuner:
                 taken.add(config.key())
         # The seeds run next: they are the baselines every result is reported against. The space's
         # other named configs (hand-picked starting points) follow, then the sampler's own draws.
-        named = sorted(self.space.named_configs.items(), key=lambda item: not item[0].startswith(SEED_PREFIX))
-        for name, config in named if opts.named_first else ():
+        for name, config in self._named_starts(problem) if opts.named_first else ():
             if config.key() not in taken and self.space.is_feasible(config, problem):
                 attrs = {"seed": name} if name.startswith(SEED_PREFIX) else {"named": name}
                 study.enqueue_trial(dict(config), user_attrs=attrs)
@@ -612,6 +618,30 @@ class Tuner:
                 if config.key() not in taken:
                     study.enqueue_trial(dict(config))
                     taken.add(config.key())
+
+    def _named_starts(self, problem: Problem) -> list[tuple[str, Config]]:
+        """The space's named configs a search starts with, as (name, config): every seed (the baselines),
+        then the others taken from each kernel family in turn (MATH: SIMT, tf32x3, wgmma...; each family's
+        in the space's order), at most NAMED_SHARE of the trials, so that a small budget tries every family
+        and leaves most of itself to the search. Each is fitted to the shape (`propose.filled`): where its
+        tiles leave SMs idle, its K is split to fill them (a skinny M, a tall K)."""
+        from autotile.tuning import propose
+
+        feasible = [(n, c) for n, c in self.space.named_configs.items() if self.space.is_feasible(c, problem)]
+        seeds = [(n, c) for n, c in feasible if n.startswith(SEED_PREFIX)]
+        families: dict[Any, list[tuple[str, Config]]] = {}
+        for name, config in feasible:
+            if not name.startswith(SEED_PREFIX):
+                families.setdefault(config.get(precision_mod.MATH_PARAM), []).append((name, config))
+        interleaved = [pair for turn in itertools.zip_longest(*families.values()) for pair in turn if pair]
+        out = list(seeds)
+        seen = {c.key() for _, c in seeds}
+        for name, config in interleaved[:max(1, int(NAMED_SHARE * self.options.trials))]:
+            fitted = propose.filled(self.space, problem, self.key.kernel, self.shape, config) or config
+            if fitted.key() not in seen:
+                seen.add(fitted.key())
+                out.append((name if fitted is config else f"{name}+split{fitted['SPLIT_K']}", fitted))
+        return out
 
     def _enqueue_warm_starts(self, study: Any, problem: Problem, taken: set[str]) -> None:
         """Queue the cache's winners of other shapes and GPUs (`autotile.tuning.transfer`), once per study: a
