@@ -48,11 +48,16 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="session", autouse=True)
 def session_compile_cache(tmp_path_factory):
     """Kernels compiled by the tests (and the tuning workers they start) are kept on disk in a folder of the
-    session's own, never in the user's cache: shared by every test of the session, gone with it."""
+    run's own, never in the user's cache: shared by every test of the run, and by pytest-xdist's worker
+    processes (their temporary folders share a parent), so a kernel two test files compile is compiled
+    once. Pytest removes it with its old temporary folders."""
     from autotile.codegen import compile_cache
 
+    base = tmp_path_factory.getbasetemp()
+    shared = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "compiled"
+    shared.mkdir(parents=True, exist_ok=True)
     before = os.environ.get(compile_cache.ENV_VAR)
-    os.environ[compile_cache.ENV_VAR] = str(tmp_path_factory.mktemp("compiled"))
+    os.environ[compile_cache.ENV_VAR] = str(shared)
     yield
     if before is None:
         os.environ.pop(compile_cache.ENV_VAR, None)
