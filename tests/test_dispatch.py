@@ -442,6 +442,18 @@ def test_model_leaves_out_what_the_setting_does_not_allow():
     assert [m.db.candidates[j].name for j in m.rank((3000, 3000, 3000), setting="highest")] == ["slow"]
 
 
+def test_rank_held_out_leaves_the_shapes_own_row_out():
+    db = _synthetic_db(speedup_big=2.0, speedup_small=2.0)
+    i = 7
+    rows = list(db.times_ms)
+    rows[i] = (rows[i][0], rows[i][1], rows[i][0] / 1e6)  # "slow" a million times cuBLAS on this shape alone
+    db = database.ShapeDatabase(db.kernel, db.dtype, db.layout, db.device, db.candidates, db.shapes, tuple(rows), {})
+    m = model.Model(db, H100)
+    names = lambda order: [db.candidates[j].name for j in order]  # noqa: E731
+    assert names(m.rank(db.shapes[i]))[0] == "slow"  # its own row speaks for it
+    assert names(m.rank(db.shapes[i], held_out=True)) == ["fast", "slow"]  # predicted from the others
+
+
 def test_model_step_under_highest(tmp_path):
     cache = TuningCache(root=tmp_path, shipped_root=None)
     database.save(cache, _synthetic_db())

@@ -48,11 +48,20 @@ def test_warm_starts_alternate_portfolio_and_records_and_leave_out_the_problem_i
     assert records == sorted(records, key=lambda g: g != device)  # this GPU's records before the others'
 
 
-def test_portfolio_starts_are_the_fastest_on_the_nearest_database_shape():
-    device = TF32X3.header["device"]
-    found = transfer._from_portfolio(TF32X3.key, device, search_bench.shipped_cache())
-    assert found and len({w.split(" on ")[1] for w, _ in found}) == 1  # one database shape
-    assert transfer._from_portfolio(TF32X3.key, "no-such-gpu_sm_00", search_bench.shipped_cache()) == []
+def test_portfolio_starts_are_ranked_by_the_selection_model_without_the_shape_itself():
+    import dataclasses
+
+    from autotile.dispatch import database
+    from autotile.dispatch.model import model_for, params_of
+
+    limits, cache = TF32X3.limits, search_bench.shipped_cache()
+    found = transfer._from_portfolio(TF32X3.key, limits, cache)
+    db = database.load(cache, limits.fingerprint, "matmul", "float32", "nn")
+    ranked = model_for(db, limits).rank(TF32X3.key.shape, params_of(db), held_out=True)
+    names = [db.candidates[j].name for j in ranked if db.candidates[j].config is not None]
+    assert found and [w.split(" ")[1] for w, _ in found] == [n for n in names if n != "tuned-2048x2048x2048"]
+    other = dataclasses.replace(limits, name="No Such GPU", compute_capability=(0, 0))
+    assert transfer._from_portfolio(TF32X3.key, other, cache) == []
 
 
 def test_improvement_moves_one_parameter_or_swaps_a_pair_from_the_fastest():

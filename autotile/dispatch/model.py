@@ -246,14 +246,19 @@ class Model:
         enough = 2 * ok.sum(axis=0) >= len(order)  # timed at under half the neighbours: too little
         return predicted, worst, enough, gain, ok
 
-    def rank(self, shape: Sequence[int], params: ModelParams = ModelParams(), setting: str | None = None) -> list[int]:
+    def rank(self, shape: Sequence[int], params: ModelParams = ModelParams(), setting: str | None = None,
+             held_out: bool = False) -> list[int]:
         """Usable generated candidates worth timing on `shape` that the precision `setting` allows (None:
         all), best predicted first (those with too few timed neighbours last): the short list that tuning
-        at first call times."""
+        at first call times, and the tuner's first warm starts. `held_out`: the database's own rows of
+        `shape` are left out (a search of a surveyed shape must not start from its answer)."""
         shape_t = tuple(int(d) for d in shape)
         q = np.log2(np.asarray(shape_t, dtype=np.float64))
         dist = np.abs(self.log_shapes - q).sum(axis=1)
+        if held_out:
+            dist = np.where(dist == 0, np.inf, dist)
         order = np.argsort(dist, kind="stable")[:params.neighbours]
+        order = order[np.isfinite(dist[order])]
         keyed: list[tuple[float, int]] = []
         for j, ok_here in zip(self.usable, self.allowed(setting), strict=True):
             config = self.configs[j]

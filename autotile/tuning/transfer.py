@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
+from autotile.codegen.limits import DeviceLimits
 from autotile.codegen.problem import ProblemKey
 from autotile.codegen.space import Config, Problem, Space
 from autotile.errors import AutotileError
@@ -50,35 +51,31 @@ def _from_records(key: ProblemKey, device: str, cache: Any) -> list[tuple[str, d
     return [(f"{'x'.join(map(str, r.shape))}@{r.device}", r.config) for r in mine]
 
 
-def _from_portfolio(key: ProblemKey, device: str, cache: Any) -> list[tuple[str, dict[str, Any]]]:
-    """The candidates of this device's shape database (`autotile.dispatch.database`, the dispatch portfolio), fastest
-    first on the database shape nearest to `key`'s (`key`'s own shape left out), as (where, config)."""
+def _from_portfolio(key: ProblemKey, device: DeviceLimits, cache: Any) -> list[tuple[str, dict[str, Any]]]:
+    """The candidates of this device's shape database (`autotile.dispatch.database`, the dispatch portfolio) as
+    (where, config), best first as the selection model predicts them for `key`'s shape (`Model.rank`: their
+    speed-ups on the nearest database shapes), `key`'s own shape and its survey record left out."""
     from autotile.dispatch import database
-    from autotile.dispatch.select import log_distance
+    from autotile.dispatch.model import model_for, params_of
 
     db = None
     with contextlib.suppress(OSError, AutotileError):
-        db = database.load(cache, device, key.kernel, key.dtype, key.layout)
-    if db is None or not db.covers(key.shape):
+        db = database.load(cache, device.fingerprint, key.kernel, key.dtype, key.layout)
+    if db is None or not db.covers(key.shape) or any(len(s) != len(key.shape) for s in db.shapes):
         return []
-    rows = [(i, log_distance(s, key.shape)) for i, s in enumerate(db.shapes)
-            if len(s) == len(key.shape) and tuple(s) != tuple(key.shape)]
-    if not rows:
-        return []
-    nearest = min(rows, key=lambda r: r[1])[0]
-    timed = sorted((t, j) for j, t in enumerate(db.times_ms[nearest]) if t is not None)
-    shape = "x".join(map(str, db.shapes[nearest]))
-    own = "tuned-" + "x".join(map(str, key.shape))  # the survey's copy of `key`'s own record: left out
-    return [(f"portfolio {db.candidates[j].name} on {shape}@{device}", db.candidates[j].config or {})
-            for _, j in timed if db.candidates[j].config is not None and db.candidates[j].name != own]
+    shape = "x".join(map(str, key.shape))
+    own = "tuned-" + shape  # the survey's copy of `key`'s own record: left out
+    ranked = model_for(db, device).rank(key.shape, params_of(db), held_out=True)
+    return [(f"portfolio {db.candidates[j].name} for {shape}@{device.fingerprint}", db.candidates[j].config or {})
+            for j in ranked if db.candidates[j].config is not None and db.candidates[j].name != own]
 
 
 def warm_starts(key: ProblemKey, device: str, space: Space, problem: Problem, cache: Any,
                 limit: int = WARM_STARTS) -> list[tuple[str, Config]]:
     """Up to `limit` distinct feasible configs, as (where it came from, config), taken in turn from the
-    dispatch portfolio's fastest on the nearest database shape and from the cache's records of other shapes
+    dispatch portfolio (best predicted for the shape first) and from the cache's records of other shapes
     and GPUs (`_from_portfolio`, `_from_records`)."""
-    sources = [_from_portfolio(key, device, cache), _from_records(key, device, cache)]
+    sources = [_from_portfolio(key, problem.device, cache), _from_records(key, device, cache)]
     found: list[tuple[str, Config]] = []
     seen: set[str] = set()
     while len(found) < limit and any(sources):
