@@ -95,3 +95,14 @@ def test_cli_takes_no_seeds_and_warm_starts(capsys):
     assert "no named configs, 0 warm starts" in out
     assert cli.main([*argv, "--warm-starts", "-1"]) == 2
     assert "--warm-starts" in capsys.readouterr().err
+
+
+def test_agreement_counts_seed_pairs_whose_winners_are_within_two_percent():
+    def replays(*ratios):
+        return [search_bench.Replay("s", "tpe", i, (r,), 0.0, 0) for i, r in enumerate(ratios)]
+
+    assert search_bench.agreement(replays(1.0, 0.99, 0.985), 1) == 1.0
+    assert search_bench.agreement(replays(1.0, 0.99, 0.9), 1) == pytest.approx(1 / 3)  # only 1.0 and 0.99
+    assert search_bench.agreement(replays(0.8), 1) == 1.0  # no pair: nothing disagrees
+    table = search_bench.format_table(replays(1.0, 0.5), budgets=(1,))
+    assert "2%@1" in table.splitlines()[0] and "0.00" in table.splitlines()[1]

@@ -30,6 +30,7 @@ from autotile.tuning.transfer import WARM_STARTS
 from autotile.tuning.tuner import SAMPLERS
 
 BUDGETS = (20, 40, 100)
+AGREE_WITHIN = 0.02  # two tunes of one problem agree where their winners' times are within this of each other
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,14 +128,28 @@ def quantile(values: Sequence[float], q: float) -> float:
     return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
 
 
+def agreement(replays: Sequence[Replay], budget: int, within: float = AGREE_WITHIN) -> float:
+    """The share of pairs of replays (two tunes of one problem with different seeds: a tune and its re-tune)
+    whose best configs at `budget` trials are within `within` of each other's time (0.02: 2%); 1.0 for
+    fewer than two replays. The sweep's recorded times stand still, so this is the search's own
+    reproducibility, not the GPU's noise."""
+    values = [r.at(budget) for r in replays]
+    pairs = [(a, b) for i, a in enumerate(values) for b in values[i + 1:]]
+    if not pairs:
+        return 1.0
+    return sum(max(a, b) <= (1 + within) * min(a, b) for a, b in pairs) / len(pairs)
+
+
 def format_table(results: Sequence[Replay], budgets: Sequence[int] = BUDGETS) -> str:
-    """One line per sweep and sampler: median and 10th percentile of optimum/best at each budget, and the
-    search's CPU time per trial."""
+    """One line per sweep and sampler: median and 10th percentile of optimum/best at each budget, the share
+    of seed pairs whose winners at the middle budget are within 2% (`agreement`), and the search's CPU time
+    per trial."""
     groups: dict[tuple[str, str], list[Replay]] = {}
     for r in results:
         groups.setdefault((r.sweep, r.sampler), []).append(r)
+    middle = sorted(budgets)[len(budgets) // 2]
     head = f"{'sweep':<40} {'sampler':<8}" + "".join(f"  med@{b:<4} p10@{b:<4}" for b in budgets) + \
-        "  ms/trial  asks/run"
+        f"  2%@{middle:<4}  ms/trial  asks/run"
     lines = [head]
     for (sweep, sampler), rs in sorted(groups.items()):
         cells = ""
@@ -143,7 +158,8 @@ def format_table(results: Sequence[Replay], budgets: Sequence[int] = BUDGETS) ->
             cells += f"  {statistics.median(at):>8.3f} {quantile(at, 0.1):>8.3f}"
         runs = sum(len(r.curve) for r in rs)
         ms = 1000 * sum(r.cpu_s for r in rs) / max(runs, 1)
-        lines.append(f"{sweep:<40} {sampler:<8}{cells}  {ms:>8.1f}  {sum(r.asks for r in rs) / max(runs, 1):>8.2f}")
+        lines.append(f"{sweep:<40} {sampler:<8}{cells}  {agreement(rs, middle):>7.2f}  {ms:>8.1f}  "
+                     f"{sum(r.asks for r in rs) / max(runs, 1):>8.2f}")
     starts = {("named configs first" if r.named_first else "no named configs") + f", {r.warm_starts} warm starts"
               for r in results}
     lines.append(f"({len({r.seed for r in results})} seeds; {'; '.join(sorted(starts))}; optimum time / best found, "
@@ -151,4 +167,4 @@ def format_table(results: Sequence[Replay], budgets: Sequence[int] = BUDGETS) ->
     return "\n".join(lines)
 
 
-__all__ = ["BUDGETS", "Replay", "format_table", "quantile", "replay", "run"]
+__all__ = ["AGREE_WITHIN", "BUDGETS", "Replay", "agreement", "format_table", "quantile", "replay", "run"]
