@@ -725,3 +725,45 @@ def test_named_starts_are_the_seeds_then_each_family_in_turn_within_their_share(
     assert [n for n, _ in starts[:len(seeds)]] == seeds and len(seeds) == 4
     assert len(others) == int(NAMED_SHARE * 40)
     assert others[:3] == ["simt", "tf32x3", "wgmma"] and others[3:6] == others[:3]  # in turn
+
+
+# -- compiling one batch ahead ------------------------------------------------------------------------------
+
+class CallLog(ReplayEvaluator):
+    """The recorded answers; keeps the order of prepare and evaluate calls (config keys)."""
+
+    def __init__(self, table):
+        super().__init__(table)
+        self.calls = []
+
+    def prepare(self, candidates):
+        super().prepare(candidates)
+        self.calls.append(("prepare", [c.config_key for c in candidates]))
+
+    def evaluate(self, candidates):
+        self.calls.append(("evaluate", [c.config_key for c in candidates]))
+        return super().evaluate(candidates)
+
+
+def test_each_batch_is_prepared_while_the_one_before_is_evaluated(space, table, limits, studies):
+    evaluator = CallLog(table)
+    result = Tuner(KEY, TuneOptions(trials=18, batch=4), space=space).run(evaluator, limits)
+    kinds = [kind for kind, _ in evaluator.calls]
+    # prepare 1, prepare 2, evaluate 1, prepare 3, evaluate 2, ... evaluate the last
+    assert kinds[:3] == ["prepare", "prepare", "evaluate"] and kinds[-1] == "evaluate"
+    prepared = [keys for kind, keys in evaluator.calls if kind == "prepare"]
+    evaluated = [keys for kind, keys in evaluator.calls if kind == "evaluate"]
+    assert prepared == evaluated  # every batch compiled ahead, run in the order asked
+    for i, (kind, keys) in enumerate(evaluator.calls):
+        if kind == "evaluate" and keys != evaluated[-1]:
+            assert evaluator.calls[i - 1][0] == "prepare"  # the next batch was under way as this one ran
+    assert result.trials == 18 == len(evaluator.evaluated) == len(set(evaluator.evaluated))
+    import optuna
+
+    assert not studies[-1].get_trials(states=(optuna.trial.TrialState.RUNNING,))
+
+
+def test_compile_ahead_off_asks_each_batch_after_the_one_before(space, table, limits):
+    evaluator = CallLog(table)
+    Tuner(KEY, TuneOptions(trials=12, batch=4, compile_ahead=False), space=space).run(evaluator, limits)
+    assert [kind for kind, _ in evaluator.calls] == ["evaluate"] * 3

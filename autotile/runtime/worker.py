@@ -121,6 +121,8 @@ class _WorkerState:
             (lambda: time_launch(lambda: cublas.run(args, out), self.flush)) if runs else (lambda: None)
         self.baseline = self.time_cublas()
         self.kernels: dict[int, Any] = {}
+        # (source, name) -> the future of its compile, from "prepare" until its "evaluate" takes it
+        self.compiling: dict[tuple[str, str], Any] = {}
 
     def environment(self) -> dict[str, Any]:
         import cupy
@@ -261,11 +263,20 @@ def _serve(conn: Any) -> None:
         elif op == "setup":
             state = _WorkerState(msg["setup"])
             conn.send({"baseline": state.baseline, "environment": state.environment()})
+        elif op == "prepare":  # start compiling what a later "evaluate" will bring; no answer
+            assert state is not None
+            jobs = [(c.source, c.name) for c in msg["candidates"] if (c.source, c.name) not in state.compiling]
+            for job, future in zip(jobs, build.compile_many(jobs, state.setup.compile_threads), strict=True):
+                state.compiling[job] = future
         elif op == "evaluate":
             assert state is not None
             cands: list[Candidate] = msg["candidates"]
             t0 = time.perf_counter()
-            futures = build.compile_many([(c.source, c.name) for c in cands], state.setup.compile_threads)
+            # Compiles a "prepare" started are taken up where they are (under way, or done), not begun again.
+            fresh = [(c.source, c.name) for c in cands if (c.source, c.name) not in state.compiling]
+            for job, future in zip(fresh, build.compile_many(fresh, state.setup.compile_threads), strict=True):
+                state.compiling[job] = future
+            futures = [state.compiling.pop((c.source, c.name)) for c in cands]
             for cand, fut in zip(cands, futures, strict=True):
                 waiting = time.perf_counter()  # the GPU idles while a compile is awaited
                 try:
@@ -474,6 +485,15 @@ class IsolatedRunner:
         self._kill()
         self.restarts += 1
         self.start()
+
+    def prepare(self, candidates: list[Candidate]) -> None:
+        """Have the worker start compiling `candidates`, which a later `evaluate` brings (the tuner asks for
+        a batch while the one before is timed). Nothing is answered; a worker that dies meanwhile loses
+        only the head start."""
+        try:
+            self._send({"op": "prepare", "candidates": candidates})
+        except WorkerCrashed:
+            self._restart()
 
     def retime(self, candidates: dict[int, Candidate], rounds: int) -> tuple[dict[int, list[float]], Timing]:
         """Per candidate, its median in each of `rounds` interleaved rounds; and cuBLAS re-timed."""

@@ -106,6 +106,9 @@ class TuneOptions:
     # being timed (`timing.clearly_slower`): its time only needs to say that it loses. None: every
     # candidate timed in full. The finalists are re-timed in full whatever this is.
     give_up: float | None = 1.25
+    # Ask for each batch while the one before is timed, and have the evaluator compile it meanwhile (where it
+    # can: `prepare`). False: each batch is asked for once the one before has been told.
+    compile_ahead: bool = True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -388,6 +391,47 @@ class Tuner:
             # The first batch (the seeds) always runs, so that a result can be named.
             return ran > 0 and opts.timeout_s is not None and time.monotonic() - started > opts.timeout_s
 
+        # Compile one batch ahead where the evaluator can (`prepare`), so that the GPU times a batch while the
+        # next one compiles.
+        prepare: Callable[[list[Candidate]], None] | None = \
+            getattr(evaluator, "prepare", None) if opts.compile_ahead else None
+        pending: list[tuple[Any, Config]] = []
+
+        def run(batch: list[tuple[Any, Config]]) -> None:
+            """Evaluate one batch of asked trials and tell the study their results."""
+            nonlocal ran, in_evaluator
+            done = Ledger.of(study.get_trials(deepcopy=False))
+            best_ms = min((v for v, _ in done.results().values() if v is not None), default=None)
+            give_up_ms = best_ms * opts.give_up if best_ms is not None and opts.give_up else None
+            candidates = [self.candidate(c, give_up_ms) for _, c in batch]
+            evaluating = time.monotonic()
+            results = evaluator.evaluate(candidates)
+            in_evaluator += time.monotonic() - evaluating
+            for (trial, _config), result in zip(batch, results, strict=True):
+                ran += 1
+                spent["compile"] += result.compile_wait_s
+                spent["check"] += result.check_s
+                spent["timing"] += result.timing_s
+                if result.status == OK and result.timing is not None:
+                    _attrs(trial, spread=result.timing.spread, error=result.error,
+                           **_readable(self, result.timing.median_ms, baseline_ms))
+                    told = _tell(study, trial, result.timing.median_ms)
+                else:
+                    failures[result.status] = failures.get(result.status, 0) + 1
+                    _attrs(trial, failure=result.status, message=result.message[:1000])
+                    told = _tell(study, trial, None)
+                if heart is not None:
+                    heart.remove(trial._trial_id)
+                if not told:
+                    log.warning("trial %d was failed by another worker (it took its heartbeat for dead); "
+                                "its config is retried", trial.number)
+                if progress is not None:
+                    done = Ledger.of(study.get_trials(deepcopy=False))
+                    best_ms = min((v for v, _ in done.results().values() if v is not None), default=None)
+                    progress(Progress(done.finished, opts.trials, best_ms,
+                                      kernels.metric(self.spec.name, self.shape, self.dtype, best_ms)[0]
+                                      if best_ms else None, unit, baseline_ms, result.status))
+
         with Heartbeat(study) if shared else contextlib.nullcontext() as heart:
             while not out_of_time() and skips < MAX_SKIPS:
                 if shared and time.monotonic() - last_recovery > 1.0:
@@ -396,6 +440,10 @@ class Tuner:
                 ledger = Ledger.of(study.get_trials(deepcopy=False))
                 if ledger.finished >= opts.trials:
                     break
+                if ledger.runs >= opts.trials and pending:  # the budget is asked for: run what was
+                    run(pending)
+                    pending = []
+                    continue
                 if ledger.runs >= opts.trials:
                     # The last places are taken by other workers' running trials; one of them may die, and
                     # its config come back to be run: wait until they finish.
@@ -447,38 +495,23 @@ class Tuner:
                     skips = 0
                     taken.add(config.key())
                     batch.append((trial, config))
-                if not batch:
-                    continue
-                best_ms = min((v for v, _ in ledger.results().values() if v is not None), default=None)
-                give_up_ms = best_ms * opts.give_up if best_ms is not None and opts.give_up else None
-                candidates = [self.candidate(c, give_up_ms) for _, c in batch]
-                evaluating = time.monotonic()
-                results = evaluator.evaluate(candidates)
-                in_evaluator += time.monotonic() - evaluating
-                for (trial, _config), result in zip(batch, results, strict=True):
-                    ran += 1
-                    spent["compile"] += result.compile_wait_s
-                    spent["check"] += result.check_s
-                    spent["timing"] += result.timing_s
-                    if result.status == OK and result.timing is not None:
-                        _attrs(trial, spread=result.timing.spread, error=result.error,
-                               **_readable(self, result.timing.median_ms, baseline_ms))
-                        told = _tell(study, trial, result.timing.median_ms)
-                    else:
-                        failures[result.status] = failures.get(result.status, 0) + 1
-                        _attrs(trial, failure=result.status, message=result.message[:1000])
-                        told = _tell(study, trial, None)
+                if prepare is not None:
+                    # Compiled in the worker while it times the batch before (asked for one batch earlier
+                    # than the sampler would otherwise be: constant_liar keeps the two apart).
+                    if batch:
+                        prepare([self.candidate(c) for _, c in batch])
+                    if pending:
+                        run(pending)
+                    pending = batch
+                elif batch:
+                    run(batch)
+            if pending and out_of_time():  # asked and compiling, but the time is up: given back, not run
+                for trial, _config in pending:
+                    _tell(study, trial, None)  # failed without a failure status: not a result (`Ledger`)
                     if heart is not None:
                         heart.remove(trial._trial_id)
-                    if not told:
-                        log.warning("trial %d was failed by another worker (it took its heartbeat for dead); "
-                                    "its config is retried", trial.number)
-                    if progress is not None:
-                        done = Ledger.of(study.get_trials(deepcopy=False))
-                        best_ms = min((v for v, _ in done.results().values() if v is not None), default=None)
-                        progress(Progress(done.finished, opts.trials, best_ms,
-                                          kernels.metric(self.spec.name, self.shape, self.dtype, best_ms)[0]
-                                          if best_ms else None, unit, baseline_ms, result.status))
+            elif pending:  # asked and compiling: run, or its trials would stay running
+                run(pending)
         seconds = time.monotonic() - started
         reported = sum(spent.values())
         spent["search"] = max(0.0, seconds - in_evaluator)
