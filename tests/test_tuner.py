@@ -730,19 +730,23 @@ def test_named_starts_are_the_seeds_then_each_family_in_turn_within_their_share(
 # -- compiling one batch ahead ------------------------------------------------------------------------------
 
 class CallLog(ReplayEvaluator):
-    """The recorded answers; keeps the order of prepare and evaluate calls (config keys)."""
+    """The recorded answers, each after `compile_wait_s` of compiling (as the worker reports it); keeps the
+    order of prepare and evaluate calls (config keys)."""
 
-    def __init__(self, table):
+    def __init__(self, table, compile_wait_s=1.0):
         super().__init__(table)
         self.calls = []
+        self.compile_wait_s = compile_wait_s
 
     def prepare(self, candidates):
         super().prepare(candidates)
         self.calls.append(("prepare", [c.config_key for c in candidates]))
 
     def evaluate(self, candidates):
+        import dataclasses
+
         self.calls.append(("evaluate", [c.config_key for c in candidates]))
-        return super().evaluate(candidates)
+        return [dataclasses.replace(r, compile_wait_s=self.compile_wait_s) for r in super().evaluate(candidates)]
 
 
 def test_each_batch_is_prepared_while_the_one_before_is_evaluated(space, table, limits, studies):
@@ -761,6 +765,14 @@ def test_each_batch_is_prepared_while_the_one_before_is_evaluated(space, table, 
     import optuna
 
     assert not studies[-1].get_trials(states=(optuna.trial.TrialState.RUNNING,))
+
+
+def test_where_compiles_do_not_keep_the_gpu_waiting_each_batch_waits_for_the_one_before(space, table, limits):
+    # Compiles from the cache: after the first batch (taken to compile), the tuner stops asking ahead, which
+    # would cost the search the last batch's results.
+    evaluator = CallLog(table, compile_wait_s=0.0)
+    Tuner(KEY, TuneOptions(trials=20, batch=4), space=space).run(evaluator, limits)
+    assert [kind for kind, _ in evaluator.calls] == ["prepare", "prepare"] + ["evaluate"] * 5
 
 
 def test_compile_ahead_off_asks_each_batch_after_the_one_before(space, table, limits):

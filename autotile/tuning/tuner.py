@@ -43,6 +43,9 @@ IMPROVE_EVERY = 3
 # family's in turn): on the whole matmul space there are 60 of them, and a 40-trial search that ran them all
 # would be nothing but its starting points.
 NAMED_SHARE = 0.25
+# A batch whose evaluation spent at least this share of its time waiting for compiles is compile-bound: the
+# next batch is then compiled ahead (`TuneOptions.compile_ahead`).
+COMPILE_BOUND = 0.25
 EXPLORE_EVERY = 0  # tpe, after STARTUP: one proposal in this many is a uniform draw (0: none)
 # Where a tune's wall time goes, in the order `autotile tune` prints it: (key of TuneResult.phases, words).
 PHASES = (("start", "starting: checks, the worker (inputs, reference, cuBLAS)"), ("compile", "waiting for compiles"),
@@ -391,11 +394,15 @@ class Tuner:
             # The first batch (the seeds) always runs, so that a result can be named.
             return ran > 0 and opts.timeout_s is not None and time.monotonic() - started > opts.timeout_s
 
-        # Compile one batch ahead where the evaluator can (`prepare`), so that the GPU times a batch while the
-        # next one compiles.
+        # Compile one batch ahead where the evaluator can (`prepare`) and compiles keep the GPU waiting
+        # (`compile_bound`, from the last batch; a new study's first compiles are taken to): the GPU then times
+        # a batch while the next one compiles. The next batch is asked for before the last one's results are
+        # in, which costs the search (measured: `autotile search-bench` lost 2 targets of 27 asking
+        # so throughout), so where compiles come from the cache each batch waits for the one before.
         prepare: Callable[[list[Candidate]], None] | None = \
             getattr(evaluator, "prepare", None) if opts.compile_ahead else None
-        pending: list[tuple[Any, Config]] = []
+        pending: list[tuple[Any, Config]] = []  # asked and compiling, to be run next
+        compile_bound = True
 
         def run(batch: list[tuple[Any, Config]]) -> None:
             """Evaluate one batch of asked trials and tell the study their results."""
@@ -404,9 +411,12 @@ class Tuner:
             best_ms = min((v for v, _ in done.results().values() if v is not None), default=None)
             give_up_ms = best_ms * opts.give_up if best_ms is not None and opts.give_up else None
             candidates = [self.candidate(c, give_up_ms) for _, c in batch]
+            nonlocal compile_bound
             evaluating = time.monotonic()
             results = evaluator.evaluate(candidates)
-            in_evaluator += time.monotonic() - evaluating
+            took = time.monotonic() - evaluating
+            in_evaluator += took
+            compile_bound = sum(r.compile_wait_s for r in results) >= COMPILE_BOUND * took
             for (trial, _config), result in zip(batch, results, strict=True):
                 ran += 1
                 spent["compile"] += result.compile_wait_s
@@ -440,7 +450,8 @@ class Tuner:
                 ledger = Ledger.of(study.get_trials(deepcopy=False))
                 if ledger.finished >= opts.trials:
                     break
-                if ledger.runs >= opts.trials and pending:  # the budget is asked for: run what was
+                if pending and (ledger.runs >= opts.trials or not compile_bound):
+                    # Run what was asked for: the budget is spent, or the next batch may wait for its results.
                     run(pending)
                     pending = []
                     continue
@@ -495,7 +506,7 @@ class Tuner:
                     skips = 0
                     taken.add(config.key())
                     batch.append((trial, config))
-                if prepare is not None:
+                if prepare is not None and compile_bound:
                     # Compiled in the worker while it times the batch before (asked for one batch earlier
                     # than the sampler would otherwise be: constant_liar keeps the two apart).
                     if batch:
