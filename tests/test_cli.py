@@ -477,6 +477,23 @@ def test_cache_unknown_device_says_there_are_no_entries_for_it(capsys, isolated_
     assert not isolated_cache.exists()
 
 
+def test_cache_clear_compiled_removes_the_compiled_kernels_only(capsys, tmp_path, monkeypatch):
+    from autotile.codegen import compile_cache
+
+    folder = tmp_path / "compiled"
+    monkeypatch.setenv(compile_cache.ENV_VAR, str(folder))
+    for i in range(3):
+        compile_cache.store(f"{i:064x}", "nvrtc-13.0", {}, b"binary")
+    rc, out, err = run(capsys, "cache", "clear", "--compiled")
+    assert (rc, err, out) == (0, "", f"removed 3 compiled kernels from {folder}\n")
+    assert compile_cache.entries(folder) == []
+    rc, out, err = run(capsys, "cache", "clear", "--compiled", "--kernel", "matmul")
+    assert_one_line_error(rc, out, err, "--compiled clears every compiled kernel")
+    monkeypatch.setenv(compile_cache.ENV_VAR, "off")
+    rc, out, err = run(capsys, "cache", "clear", "--compiled")
+    assert (rc, err) == (0, "") and out.startswith("the compile cache is off")
+
+
 # -- devices: why no GPU is listed --------------------------------------------------------------------
 
 def test_devices_says_cupy_is_missing(capsys, monkeypatch):

@@ -89,6 +89,8 @@ def add_commands(sub: Any, add_problem_options: Callable[..., None]) -> None:
     q = csub.add_parser("clear", help="delete cached entries (the shipped ones stay)")
     q.add_argument("--device", default=None, help=device_help)
     q.add_argument("--kernel", default=None, help=f"only this kernel ({', '.join(kernels.KERNELS)})")
+    q.add_argument("--compiled", action="store_true",
+                   help="delete the compiled kernels instead (the compile cache; tuned configs stay)")
     q.set_defaults(func=cmd_cache_clear)
 
 
@@ -332,6 +334,18 @@ def cmd_cache_show(args: argparse.Namespace) -> int:
 
 
 def cmd_cache_clear(args: argparse.Namespace) -> int:
+    if args.compiled:
+        from autotile.codegen import compile_cache
+
+        if args.device or args.kernel:
+            raise InvalidValueError("--compiled clears every compiled kernel: it takes no --device or --kernel")
+        folder = compile_cache.root()
+        if folder is None:
+            print(f"the compile cache is off ({compile_cache.ENV_VAR}={compile_cache.OFF}): nothing to remove")
+            return 0
+        n = compile_cache.clear(folder)
+        print(f"removed {n} compiled kernel{'' if n == 1 else 's'} from {folder}")
+        return 0
     if args.kernel is not None:
         kernels.get(args.kernel)  # a typo must not read as "removed 0 entries"
     cache = _cache(args)
