@@ -106,3 +106,23 @@ def test_agreement_counts_seed_pairs_whose_winners_are_within_two_percent():
     assert search_bench.agreement(replays(0.8), 1) == 1.0  # no pair: nothing disagrees
     table = search_bench.format_table(replays(1.0, 0.5), budgets=(1,))
     assert "2%@1" in table.splitlines()[0] and "0.00" in table.splitlines()[1]
+
+
+def test_time_to_good_replays_a_sweep_and_says_when_each_seed_came_within_three_percent(capsys, monkeypatch,
+                                                                                         tmp_path):
+    import importlib.util
+    from pathlib import Path
+
+    monkeypatch.setenv("AUTOTILE_CACHE_DIR", str(tmp_path / "user"))
+    path = Path(__file__).resolve().parent.parent / "tools" / "time_to_good.py"
+    spec = importlib.util.spec_from_file_location("time_to_good", path)
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    sweep = next(s for s in SWEEPS if s.name == "matmul-tf32x3-2048-h100")
+    assert tool.main(["--sweep", str(sweep.path), "--replay", "--seeds", "2", "--trials", "12"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("matmul 2048x2048x2048 nn, 12 trials, reference 284.4 us (the sweep optimum)")
+    assert [line.split()[0] for line in out[2:4]] == ["0", "1"]
+    assert out[-1].startswith("within 3% of the reference: ")
+    user = tmp_path / "user"
+    assert not user.exists() or not any(user.iterdir())  # the seeds tuned in folders of their own

@@ -1,0 +1,103 @@
+"""Time to a good kernel: `autotile.tune` of one shape with several seeds, each from an empty tuning cache,
+and how soon each came within 3% of the best known config.
+
+    python tools/time_to_good.py --shape 96x5120x3072 [--kernel matmul] [--layout nn] [--trials 40] [--seeds 5]
+        [--fix MATH=wgmma] [--sweep FILE] [--replay]
+
+Per seed: the wall seconds of the call, its phases (`TuneResult.phases`: start, compiles, timing, the search
+itself...), the winner's time and its ratio to cuBLAS, and the seconds from the call's start until the best
+time measured so far came within 3% of the reference: the sweep's optimum where a sweep of the shape is
+given (`--sweep`, recorded by `autotile sweep`), else the best time any seed measured. The compile cache is
+shared by the seeds and kept (the first seed compiles cold unless an earlier run compiled its kernels); the
+tuning cache is a fresh folder per seed, so no seed starts from a record of the shape. `--replay` answers
+from the sweep's recorded times instead of a GPU, over the sweep's sub-space: the CPU check of this tool.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from typing import Any
+
+WITHIN = 0.03  # "good": within 3% of the reference time
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
+    parser.add_argument("--kernel", default=None, help="matmul, bmm or matvec (default: the sweep's, else matmul)")
+    parser.add_argument("--shape", help="MxNxK, or MxK for matvec (default: the sweep's)")
+    parser.add_argument("--layout", default=None, help="nn, nt, tn or tt (default: the sweep's, else nn)")
+    parser.add_argument("--trials", type=int, default=40)
+    parser.add_argument("--seeds", type=int, default=5)
+    parser.add_argument("--fix", action="append", default=[], help="PARAM=V1,V2 (as autotile tune)")
+    parser.add_argument("--sweep", help="a recorded sweep of the shape: its optimum is the reference")
+    parser.add_argument("--replay", action="store_true", help="answer from the sweep's times, no GPU")
+    args = parser.parse_args(argv)
+
+    from autotile.codegen import compile_cache, resources
+    from autotile.tuning import api
+    from autotile.tuning.sweep import load
+    from autotile.tuning.testing import ReplayEvaluator
+    from autotile.tuning.validate import fix_items
+
+    sweep = load(args.sweep) if args.sweep else None
+    if args.replay and sweep is None:
+        parser.error("--replay answers from a sweep: give --sweep")
+    if args.shape is None and sweep is None:
+        parser.error("give --shape or --sweep")
+    shape = args.shape or "x".join(map(str, sweep.key.shape))  # type: ignore[union-attr]
+    kernel = args.kernel or (sweep.key.kernel if sweep is not None else "matmul")
+    layout = args.layout or (sweep.key.layout if sweep is not None else ("row" if kernel == "matvec" else "nn"))
+    fix: Any = sweep.sub.choices if args.replay and sweep is not None else (fix_items(args.fix) or None)
+    # The compile cache outlives the seeds' tuning caches (each a temporary folder under which it would
+    # otherwise live): it is the user's, or the one this environment names.
+    os.environ.setdefault(compile_cache.ENV_VAR, str(compile_cache.root() or compile_cache.OFF))
+    saved_root = os.environ.get(resources.CACHE_DIR_ENV)
+    runs = []
+    try:
+        for seed in range(args.seeds):
+            with tempfile.TemporaryDirectory(prefix="autotile-time-to-good-") as tmp:
+                os.environ[resources.CACHE_DIR_ENV] = tmp
+                evaluator = ReplayEvaluator(sweep.table(), sweep.space()) if args.replay and sweep else None
+                timeline: list[tuple[float, float]] = []  # (seconds since the start, best ms so far)
+                start = time.monotonic()
+
+                def seen(p: Any, start: float = start, timeline: list[tuple[float, float]] = timeline) -> None:
+                    if p.best_ms is not None:
+                        timeline.append((time.monotonic() - start, p.best_ms))
+
+                result = api.tune(kernel, shape, layout=layout, trials=args.trials, seed=seed, evaluator=evaluator,
+                                  fix=fix, progress=seen)
+                runs.append((seed, time.monotonic() - start, result, timeline))
+    finally:
+        if saved_root is None:
+            os.environ.pop(resources.CACHE_DIR_ENV, None)
+        else:
+            os.environ[resources.CACHE_DIR_ENV] = saved_root
+    reference = sweep.best_ms() if sweep is not None else min(r.best.median_ms for _, _, r, _ in runs)
+    print(f"{kernel} {shape} {layout}, {args.trials} trials, reference {reference * 1000:.1f} us "
+          f"({'the sweep optimum' if sweep is not None else 'the best any seed measured'})")
+    print(f"{'seed':>4} {'wall s':>7} {'start':>6} {'compile':>8} {'timing':>7} {'search':>7} {'retime':>7} "
+          f"{'best us':>8} {'x cuBLAS':>8} {'ref/best':>8} {'to 97% s':>9}")
+    reached = []
+    for seed, wall, result, timeline in runs:
+        p = result.phases
+        good = next((t for t, best in timeline if best <= (1 + WITHIN) * reference), None)
+        reached.append(good)
+        ratio = f"{result.vs_baseline:.2f}" if result.vs_baseline else "-"
+        phases = "".join(f" {p.get(k, 0.0):>{w}.1f}" for k, w in
+                         (("start", 6), ("compile", 8), ("timing", 7), ("search", 7), ("retime", 7)))
+        print(f"{seed:>4} {wall:>7.1f}{phases} {result.best.median_ms * 1000:>8.1f} {ratio:>8} "
+              f"{reference / result.best.median_ms:>8.3f} {'never' if good is None else f'{good:.1f}':>9}")
+    got = [g for g in reached if g is not None]
+    print(f"within {WITHIN:.0%} of the reference: {len(got)} of {len(runs)} seeds"
+          + (f", median {statistics.median(got):.1f} s after the start" if got else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
