@@ -1,9 +1,12 @@
-"""Proposals the tuner makes itself, without asking optuna's sampler: a feasible config drawn uniformly,
-and the nearest feasible, unmeasured neighbour of a config.
+"""Proposals the tuner makes itself, without asking optuna's sampler: a feasible config drawn uniformly (a
+kernel family first, then a config of it), the nearest feasible, unmeasured neighbour of a config, and a
+config's K split fitted to the GPU's SMs (`filled`).
 
 Why: the spaces are all-categorical and conditional. optuna draws a conditional space branch by branch,
 so `smem=none` (the naive kernel, where most parameters are inactive: a handful of configs) gets a third
-of all random draws; drawing uniformly over the *feasible configs* gives each config the same chance.
+of all random draws; drawing uniformly over the *feasible configs* gives each config the same chance
+within a kernel family, and each family (SIMT, tf32x3, wgmma: thousands to millions of configs) the same
+chance of being drawn.
 And a converged TPE keeps proposing configs already measured (tens of asks per new config, each costing
 time in proportion to the study's size): after such a repeat, or an infeasible draw, the tuner runs the
 nearest unmeasured neighbour instead, which is what the sampler was pointing at, for no sampler cost.
