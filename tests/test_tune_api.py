@@ -351,3 +351,53 @@ def test_the_phases_add_up_to_the_tunes_wall_time_and_are_printed(table):
     assert lines[1].startswith("time: ") and len(lines) == 2 + len(PHASES)
     assert "waiting for compiles" in format_result(result) and "%" in lines[-1]
     assert format_phases({}) == []
+
+
+def test_the_worker_compiles_each_source_once_and_takes_up_what_prepare_started(monkeypatch):
+    """The worker's message loop with the GPU left out: a "prepare" starts compiles, the "evaluate" that
+    follows takes them up instead of compiling again, and two candidates that render alike compile once."""
+    import concurrent.futures
+    import types
+
+    from autotile.runtime import worker
+    from autotile.runtime.timing import Timing
+
+    compiled = []
+
+    def compile_many(jobs, threads):
+        futures = []
+        for job in jobs:
+            compiled.append(job[0])
+            future = concurrent.futures.Future()
+            future.set_result(object())
+            futures.append(future)
+        return futures
+
+    state = types.SimpleNamespace(compiling={}, setup=types.SimpleNamespace(compile_threads=4), kernels={},
+                                  baseline=None, environment=lambda: {})
+    monkeypatch.setattr(build, "compile_many", compile_many)
+    monkeypatch.setattr(worker, "_WorkerState", lambda setup: state)
+    monkeypatch.setattr(worker, "_evaluate", lambda state, cand, kernel, compile_s:
+                        worker.CandidateResult(cand.id, worker.OK, "", Timing(1.0, 1.0, 1.0, 1.0, 5)))
+
+    def cand(i, source):
+        return worker.Candidate(i, source, "k", {}, f"key{i}")
+
+    class Conn:
+        def __init__(self, messages):
+            self.messages, self.sent = list(messages), []
+
+        def recv(self):
+            return self.messages.pop(0)
+
+        def send(self, message):
+            self.sent.append(message)
+
+    conn = Conn([{"op": "setup", "setup": None},
+                 {"op": "prepare", "candidates": [cand(1, "a"), cand(2, "b"), cand(3, "a")]},
+                 {"op": "evaluate", "candidates": [cand(4, "a"), cand(5, "b"), cand(6, "a"), cand(7, "c")]},
+                 {"op": "stop"}])
+    worker._serve(conn)
+    assert compiled == ["a", "b", "c"]
+    assert [(r.id, r.status) for r in conn.sent[1:]] == [(4, "ok"), (5, "ok"), (6, "ok"), (7, "ok")]
+    assert state.compiling == {}

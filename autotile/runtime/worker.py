@@ -247,6 +247,15 @@ def _registers(kernel: Any) -> int | None:
     return int(registers) if registers else None
 
 
+def _start_compiles(state: _WorkerState, jobs: list[tuple[str, str]]) -> None:
+    """Start compiling each (source, name) not under way already (once: two configs may render alike)."""
+    from autotile.codegen import build
+
+    fresh = list(dict.fromkeys(job for job in jobs if job not in state.compiling))
+    for job, future in zip(fresh, build.compile_many(fresh, state.setup.compile_threads), strict=True):
+        state.compiling[job] = future
+
+
 def _serve(conn: Any) -> None:
     from autotile.codegen import build
     from autotile.errors import CompileError
@@ -265,18 +274,16 @@ def _serve(conn: Any) -> None:
             conn.send({"baseline": state.baseline, "environment": state.environment()})
         elif op == "prepare":  # start compiling what a later "evaluate" will bring; no answer
             assert state is not None
-            jobs = [(c.source, c.name) for c in msg["candidates"] if (c.source, c.name) not in state.compiling]
-            for job, future in zip(jobs, build.compile_many(jobs, state.setup.compile_threads), strict=True):
-                state.compiling[job] = future
+            _start_compiles(state, [(c.source, c.name) for c in msg["candidates"]])
         elif op == "evaluate":
             assert state is not None
             cands: list[Candidate] = msg["candidates"]
             t0 = time.perf_counter()
             # Compiles a "prepare" started are taken up where they are (under way, or done), not begun again.
-            fresh = [(c.source, c.name) for c in cands if (c.source, c.name) not in state.compiling]
-            for job, future in zip(fresh, build.compile_many(fresh, state.setup.compile_threads), strict=True):
-                state.compiling[job] = future
-            futures = [state.compiling.pop((c.source, c.name)) for c in cands]
+            _start_compiles(state, [(c.source, c.name) for c in cands])
+            futures = [state.compiling[(c.source, c.name)] for c in cands]
+            for c in cands:
+                state.compiling.pop((c.source, c.name), None)
             for cand, fut in zip(cands, futures, strict=True):
                 waiting = time.perf_counter()  # the GPU idles while a compile is awaited
                 try:
