@@ -779,3 +779,38 @@ def test_compile_ahead_off_asks_each_batch_after_the_one_before(space, table, li
     evaluator = CallLog(table)
     Tuner(KEY, TuneOptions(trials=12, batch=4, compile_ahead=False), space=space).run(evaluator, limits)
     assert [kind for kind, _ in evaluator.calls] == ["evaluate"] * 3
+
+
+def _branchy_space(conditions):
+    """A small space whose parameters B, C, D are each active where a condition on the ones before holds."""
+    params: dict = {"smem": ["static"], "A": [1, 2, 3]}
+    for name, choices, active in zip(("B", "C", "D"), ([1, 2], [1, 2, 4, 8], [0, 1, 2]), conditions, strict=True):
+        params[name] = {"choices": choices, "active": active, "inactive": choices[0]} if active else choices
+    return Space({"kernel": "tiny", "template": "tiny.cu.j2", "params": params,
+                  "derived": {"threads": "32", "smem_bytes": "0", "regs_per_thread": "32"}, "constraints": []},
+                 "tiny.yaml")
+
+
+@pytest.mark.parametrize("conditions,floor", [
+    ((None, None, None), 1),
+    (("A == 3", "A > 1 and B == 1", "C >= 4"), 1),
+    ((None, "B == 2", "A == 1 or C == 8"), 1),
+    # no branch with every parameter active: the floor is what the cheapest branch leaves off
+    (("A == 1", "A != 1", None), 2),
+    (("A == 1", "A != 1", "A == 2"), 2),
+    (("A == 1", "A == 2", "A == 3"), 6),
+    (("A == 1", "A == 1 and B == 2", "A != 1"), 3),
+])
+def test_the_weight_floor_is_the_fewest_raw_draws_behind_a_settled_config(conditions, floor):
+    import collections
+    import itertools
+
+    from autotile.codegen.space import Config
+    from autotile.tuning.propose import _weight_floor, settle
+
+    space = _branchy_space(conditions)
+    params = list(space.params.values())
+    behind = collections.Counter(
+        settle(space, Config(dict(zip([p.name for p in params], values, strict=True)))).key()
+        for values in itertools.product(*(p.choices for p in params)))
+    assert _weight_floor(space) == min(behind.values()) == floor
