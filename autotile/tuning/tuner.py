@@ -406,12 +406,11 @@ class Tuner:
 
         def run(batch: list[tuple[Any, Config]]) -> None:
             """Evaluate one batch of asked trials and tell the study their results."""
-            nonlocal ran, in_evaluator
+            nonlocal ran, in_evaluator, compile_bound
             done = Ledger.of(study.get_trials(deepcopy=False))
             best_ms = min((v for v, _ in done.results().values() if v is not None), default=None)
             give_up_ms = best_ms * opts.give_up if best_ms is not None and opts.give_up else None
             candidates = [self.candidate(c, give_up_ms) for _, c in batch]
-            nonlocal compile_bound
             evaluating = time.monotonic()
             results = evaluator.evaluate(candidates)
             took = time.monotonic() - evaluating
