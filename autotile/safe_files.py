@@ -6,6 +6,9 @@ expanded in a nest of aliases grows without bound: a 500-byte file can stand for
 may stand for at most MAX_NODES values) and JSON within a nesting depth. Every failure is one
 `InvalidValueError` line that names the file and the limit it broke; callers that own a more specific error
 (a space's `SpaceDefinitionError`) pass its class.
+
+And writing autotile's own cache files whole or not at all (`write_atomic`): a reader, in this process or
+another, sees the old file or the new one, never a part.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import stat
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -179,5 +183,42 @@ def load_json(text: str, where: str, error: type[AutotileError] = InvalidValueEr
     return data
 
 
+def write_atomic(path: str | Path, data: bytes) -> None:
+    """Write `data` to `path` whole: a temporary file in the same folder (so that `os.replace` is a rename
+    within one file system), readable by all (a cache folder may be shared read-only), flushed to disk, then
+    renamed over `path`, and the rename made durable. Raises OSError; the temporary file is gone either way."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            if hasattr(os, "fchmod"):  # mkstemp makes 0600
+                os.fchmod(f.fileno(), 0o644)
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    fsync_dir(path.parent)
+
+
+def fsync_dir(folder: Path) -> None:
+    """Make a rename in `folder` durable; best effort (Windows cannot open a folder)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
 __all__ = ["MAX_DEPTH", "MAX_NODES", "MAX_TEXT_BYTES", "decode", "expanded_size", "load_json", "load_yaml",
-           "read_bytes", "read_text"]
+           "fsync_dir", "read_bytes", "read_text", "write_atomic"]

@@ -9,10 +9,9 @@ kernels take their sizes at run time, so one binary serves every shape), and eac
 Layout: ``<root>/<compiler>/<key[:2]>/<key>.bin``, `key` being `build.source_hash` of the source and the full
 option list (target architecture included), `compiler` NVRTC's version (a new compiler starts afresh). A
 file is one JSON header line (what `build` needs besides the binary, and the binary's length and SHA-256),
-then the binary. Writes go to a temporary file in the same folder, then `os.replace`: a reader sees a whole
-file or none. A file that does not read back whole and true (torn, foreign, over `MAX_ENTRY_BYTES`, a
-checksum that differs) is ignored, removed, and the kernel compiled again: the cache can cost a compile,
-never a wrong kernel.
+then the binary. Writes are atomic (`safe_files.write_atomic`): a reader sees a whole file or none. A file
+that does not read back whole and true (torn, foreign, over `MAX_ENTRY_BYTES`, a checksum that differs) is
+ignored, removed, and the kernel compiled again: the cache can cost a compile, never a wrong kernel.
 
 The root is ``$AUTOTILE_COMPILE_CACHE_DIR``, else `compiled/` in the user cache root
 (`resources.user_cache_root`); ``AUTOTILE_COMPILE_CACHE_DIR=off`` turns the cache off. It holds at most
@@ -25,7 +24,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -33,7 +31,7 @@ from typing import Any
 
 from autotile.codegen import resources
 from autotile.errors import InvalidValueError
-from autotile.safe_files import read_bytes
+from autotile.safe_files import read_bytes, write_atomic
 
 ENV_VAR = "AUTOTILE_COMPILE_CACHE_DIR"
 OFF = "off"  # the value of ENV_VAR that turns the cache off
@@ -123,14 +121,7 @@ def store(key: str, compiler: str, header: dict[str, Any], binary: bytes) -> boo
                            sha256=hashlib.sha256(binary).hexdigest()), sort_keys=True).encode()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(line + b"\n" + binary)
-            os.replace(tmp, path)
-        except BaseException:
-            _discard(Path(tmp))
-            raise
+        write_atomic(path, line + b"\n" + binary)
     except OSError:
         return False
     with _lock:

@@ -38,7 +38,6 @@ import os
 import re
 import stat
 import sys
-import tempfile
 import time
 import types
 import warnings
@@ -53,6 +52,7 @@ from autotile.codegen.problem import LAYOUT_ALIASES, ProblemKey, layout_spelling
 from autotile.dispatch import precision as precision_mod
 from autotile.dispatch.record import Record, check_shape
 from autotile.errors import CacheError
+from autotile.safe_files import fsync_dir, write_atomic
 
 COMPAT_CHARS = 12  # how much of the compatibility hash goes into a file name
 DEFAULT_SHAPE = "default"  # the shape part of a device's fallback entry
@@ -539,7 +539,7 @@ class TuningCache:
                                existing.compat, existing.precision)
         if self._occupant(target, existing, problems) is None:
             os.replace(path, target)
-            _fsync_dir(path.parent)
+            fsync_dir(path.parent)
 
     @staticmethod
     def _move_aside(path: Path) -> Path:
@@ -554,24 +554,7 @@ class TuningCache:
 
     @staticmethod
     def _write_atomic(path: Path, text: str) -> None:
-        # The temporary file is in the same folder, so os.replace is a rename within one file system:
-        # readers see the old file or the new one, never a part.
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                if hasattr(os, "fchmod"):  # mkstemp makes 0600; a cache may be shared read-only
-                    os.fchmod(f.fileno(), 0o644)
-                f.write(text)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            raise
-        _fsync_dir(path.parent)
+        write_atomic(path, text.encode("utf-8"))
 
     def clear(self, device: str | None = None, kernel: str | None = None) -> int:
         """Delete the user-root entries of one device and/or kernel (all if None); returns how many.
@@ -650,17 +633,3 @@ def _same_path(a: Path, b: Path) -> bool:
         return a.resolve() == b.resolve()
     except OSError:
         return False
-
-
-def _fsync_dir(folder: Path) -> None:
-    """Make a rename durable; best effort (Windows cannot open a folder)."""
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
