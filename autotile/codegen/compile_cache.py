@@ -134,39 +134,39 @@ def store(key: str, compiler: str, header: dict[str, Any], binary: bytes) -> boo
 
 def entries(folder: Path | None = None) -> list[tuple[Path, int, float]]:
     """Every entry file under `folder` (default: `root()`), as (path, bytes, last use as a Unix time)."""
+    return _walk(folder)[0]
+
+
+def _walk(folder: Path | None) -> tuple[list[tuple[Path, int, float]], list[tuple[Path, float]]]:
+    """The entry files under `folder` (default: `root()`) as `entries` gives them, and the writers'
+    temporary files, as (path, modification time), in one walk."""
     folder = folder if folder is not None else root()
     found: list[tuple[Path, int, float]] = []
+    temporary: list[tuple[Path, float]] = []
     if folder is None or not folder.is_dir():
-        return found
+        return found, temporary
     for where, _dirs, files in os.walk(folder):
         for name in files:
+            path = Path(where) / name
+            try:
+                st = path.stat()
+            except OSError:
+                continue
             if name.endswith(SUFFIX):
-                path = Path(where) / name
-                try:
-                    st = path.stat()
-                except OSError:
-                    continue
                 found.append((path, st.st_size, st.st_mtime))
-    return found
+            elif name.startswith(".") and name.endswith(".tmp"):
+                temporary.append((path, st.st_mtime))
+    return found, temporary
 
 
 def prune(folder: Path | None = None, max_bytes: int = MAX_BYTES) -> int:
     """Bring the cache under `max_bytes`, down to PRUNE_TO of it, least recently used first, if it is over;
     also removes temporary files that a writer left over an hour ago. Returns how many entries went."""
-    folder = folder if folder is not None else root()
-    if folder is None or not folder.is_dir():
-        return 0
+    found, temporary = _walk(folder)
     now = time.time()
-    for where, _dirs, files in os.walk(folder):
-        for name in files:
-            if name.endswith(".tmp") and name.startswith("."):
-                path = Path(where) / name
-                try:
-                    if now - path.stat().st_mtime > 3600:
-                        _discard(path)
-                except OSError:
-                    continue
-    found = entries(folder)
+    for path, modified in temporary:
+        if now - modified > 3600:
+            _discard(path)
     total = sum(size for _, size, _ in found)
     if total <= max_bytes:
         return 0

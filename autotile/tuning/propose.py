@@ -24,7 +24,7 @@ import itertools
 import math
 import random
 from collections.abc import Callable, Container, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from autotile.codegen.space import Config, Problem, Space
 from autotile.dispatch import precision as precision_mod
@@ -35,24 +35,37 @@ MAX_DRAWS = 200_000  # rejection-sampling draws before a space is taken as exhau
 # feasible configs (the full matmul space has 3.9 million and takes half a minute to walk).
 SPARSE_DRAWS = 20_000
 ENUMERATE_LIMIT = 100_000
-# Per (space, problem): the feasible configs, or None where there are more than ENUMERATE_LIMIT. The
-# space is kept alongside its id, so that a new space that reuses a freed id is not taken for it.
-_enumerated: dict[tuple[int, Problem], tuple[Space, list[Config] | None]] = {}
 FILL = 0.9  # `filled`: a launch with blocks for this share of the SMs fills the GPU (128 of an H100's 132)
 CONTROL_COMBOS = 10_000  # settings of the deciding parameters walked to find a space's smallest weight
-_floors: dict[int, tuple[Space, int]] = {}  # id(space) -> (space, its smallest weight)
-_by_family: dict[int, tuple[Space, list[Space]]] = {}  # id(space) -> (space, the space narrowed per family)
-_feasible_at_all: dict[tuple[int, Problem], tuple[Space, bool]] = {}  # (space, whether it has a feasible config)
+# What is worked out once per space (and problem) in a process: (what, id(space), problem) -> (space, value).
+# The space is kept alongside its id, so that a new space that reuses a freed id is not taken for it.
+_memo: dict[tuple[str, int, Problem | None], tuple[Space, Any]] = {}
+_ABSENT = object()
+T = TypeVar("T")
+
+
+def _once(what: str, space: Space, problem: Problem | None, make: Callable[[], T]) -> T:
+    """`make()` for this space and problem, computed on the first call only."""
+    known = _memo.get((what, id(space), problem))
+    if known is None or known[0] is not space:
+        known = _memo[(what, id(space), problem)] = (space, make())
+    value: T = known[1]
+    return value
+
+
+def _computed(what: str, space: Space, problem: Problem | None) -> Any:
+    """What `_once` computed for this space and problem, or _ABSENT where it has not yet."""
+    known = _memo.get((what, id(space), problem))
+    return known[1] if known is not None and known[0] is space else _ABSENT
 
 
 def _feasible_if_few(space: Space, problem: Problem) -> list[Config] | None:
     """Every feasible config of a sparse space (at most ENUMERATE_LIMIT), else None; walked once."""
-    known = _enumerated.get((id(space), problem))
-    if known is None or known[0] is not space:
+    def walk() -> list[Config] | None:
         configs = space.feasible(problem, limit=ENUMERATE_LIMIT + 1)
-        known = (space, configs if len(configs) <= ENUMERATE_LIMIT else None)
-        _enumerated[(id(space), problem)] = known
-    return known[1]
+        return configs if len(configs) <= ENUMERATE_LIMIT else None
+
+    return _once("feasible if few", space, problem, walk)
 
 
 def uniform(space: Space, problem: Problem, rng: random.Random, taken: Container[str],
@@ -76,11 +89,7 @@ def uniform(space: Space, problem: Problem, rng: random.Random, taken: Container
 
 def _any_feasible(space: Space, problem: Problem) -> bool:
     """Whether `space` has a feasible config for `problem` (the walk's first one; milliseconds, memoized)."""
-    known = _feasible_at_all.get((id(space), problem))
-    if known is None or known[0] is not space:
-        known = (space, bool(space.feasible(problem, limit=1)))
-        _feasible_at_all[(id(space), problem)] = known
-    return known[1]
+    return _once("any feasible", space, problem, lambda: bool(space.feasible(problem, limit=1)))
 
 
 def _families(space: Space, rng: random.Random) -> list[Space]:
@@ -89,11 +98,8 @@ def _families(space: Space, rng: random.Random) -> list[Space]:
     param = space.params.get(precision_mod.MATH_PARAM)
     if param is None or len(param.choices) < 2:
         return [space]
-    known = _by_family.get(id(space))
-    if known is None or known[0] is not space:
-        known = (space, [space.restricted({param.name: [value]}) for value in param.choices])
-        _by_family[id(space)] = known
-    order = list(known[1])
+    order = list(_once("families", space, None,
+                       lambda: [space.restricted({param.name: [value]}) for value in param.choices]))
     rng.shuffle(order)
     return order
 
@@ -112,9 +118,9 @@ def uniform_in(space: Space, problem: Problem, rng: random.Random, taken: Contai
     first instead would give the naive kernel's handful of configs (`smem=none`) a third of all draws,
     against 0.7% of the feasible matmul configs."""
     floor = _weight_floor(space)
-    known = _enumerated.get((id(space), problem))
-    if known is not None and known[0] is space and known[1] is not None:
-        return _pick(known[1], rng, taken)
+    few = _computed("feasible if few", space, problem)
+    if few is not _ABSENT and few is not None:
+        return _pick(few, rng, taken)
     params = list(space.params.values())
     for draw in range(max_draws):
         if draw == SPARSE_DRAWS:
@@ -141,20 +147,15 @@ def _weight_floor(space: Space) -> int:
     """The smallest weight (raw draws per settled config, `uniform_in`) of any branch of `space`: every way
     of setting the parameters that decide which others are active (at most CONTROL_COMBOS of them; past
     that, 1, which keeps the draw uniform, only slower)."""
-    known = _floors.get(id(space))
-    if known is not None and known[0] is space:
-        return known[1]
-    params = list(space.params.values())
-    controls = [p for p in params if any(p.name in q.active.names for q in params if q.active is not None)]
-    combos = 1
-    for p in controls:
-        combos *= len(p.choices)
-    floor = 1
-    if combos <= CONTROL_COMBOS:
-        floor = min(_branch_weight(params, dict(zip([p.name for p in controls], combo, strict=True)))
-                    for combo in itertools.product(*(p.choices for p in controls)))
-    _floors[id(space)] = (space, floor)
-    return floor
+    def smallest() -> int:
+        params = list(space.params.values())
+        controls = [p for p in params if any(p.name in q.active.names for q in params if q.active is not None)]
+        if math.prod(len(p.choices) for p in controls) > CONTROL_COMBOS:
+            return 1
+        return min(_branch_weight(params, dict(zip([p.name for p in controls], combo, strict=True)))
+                   for combo in itertools.product(*(p.choices for p in controls)))
+
+    return _once("weight floor", space, None, smallest)
 
 
 def _branch_weight(params: Sequence[Any], controls: dict[str, Any]) -> int:

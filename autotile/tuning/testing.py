@@ -49,7 +49,6 @@ class ReplayEvaluator:
         self.baseline = Timing(b["median_ms"], b["p25_ms"], b["p75_ms"], b["min_ms"], b["reps"])
         self.environment = dict(table.get("environment", {}))
         self.evaluated: list[str] = []
-        self.prepared: list[str] = []  # config keys given to `prepare`, in order
         self.delay_s = delay_s
         self.log = Path(log) if log is not None else None
         self.tag = tag
@@ -62,9 +61,8 @@ class ReplayEvaluator:
         return self.table["results"].get(key) or {"status": COMPILE, "message": "not recorded in the replay table"}
 
     def prepare(self, candidates: list[Candidate]) -> None:
-        """What the GPU worker does to compile ahead (`IsolatedRunner.prepare`): here, only noted, so that a
-        replay asks for its batches in the order a GPU tune does."""
-        self.prepared.extend(c.config_key for c in candidates)
+        """What the GPU worker does to compile ahead (`IsolatedRunner.prepare`): nothing to compile here, but
+        present, so that a replay takes the tuner's compile-ahead path as a GPU tune does."""
 
     def evaluate(self, candidates: list[Candidate]) -> list[CandidateResult]:
         out = []

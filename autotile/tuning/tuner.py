@@ -46,14 +46,13 @@ NAMED_SHARE = 0.25
 # A batch whose evaluation spent at least this share of its time waiting for compiles is compile-bound: the
 # next batch is then compiled ahead (`TuneOptions.compile_ahead`).
 COMPILE_BOUND = 0.25
-EXPLORE_EVERY = 0  # tpe, after STARTUP: one proposal in this many is a uniform draw (0: none)
 # Where a tune's wall time goes, in the order `autotile tune` prints it: (key of TuneResult.phases, words).
 PHASES = (("start", "starting: checks, the worker (inputs, reference, cuBLAS)"), ("compile", "waiting for compiles"),
           ("check", "checking results"), ("timing", "timing candidates"), ("retime", "re-timing the finalists"),
           ("search", "the search itself (sampler, proposals, rendering)"),
           ("other", "the rest (messages, restarts, saving)"))
 PROPOSED = "proposed"  # user attribute of a trial the tuner proposed itself: UNIFORM, NEIGHBOUR or IMPROVE
-UNIFORM, NEIGHBOUR, IMPROVE, TRANSFER, EXPLORE = "uniform", "neighbour", "improve", "transfer", "explore"
+UNIFORM, NEIGHBOUR, IMPROVE, TRANSFER = "uniform", "neighbour", "improve", "transfer"
 SEED_PREFIX = "seed-"
 MAX_SKIPS = 5000  # infeasible or repeated draws in a row before we call the space exhausted
 PROBLEM_ATTR = "autotile_problem"  # the study's user attribute that binds it to one problem
@@ -573,11 +572,8 @@ class Tuner:
             return UNIFORM, propose.uniform(self.space, problem, rng, taken)
         if sampler == "random" or counts.get(UNIFORM, 0) < STARTUP:
             return UNIFORM, propose.uniform(self.space, problem, rng, taken)
-        # tpe: one proposal in IMPROVE_EVERY goes to the neighbourhood of the fastest configs so far, and one
-        # in EXPLORE_EVERY anywhere (a run that settled early in the wrong basin gets out of it).
+        # tpe: one proposal in IMPROVE_EVERY goes to the neighbourhood of the fastest configs so far.
         guided = counts.get(IMPROVE, 0) + counts.get("model", 0) + counts.get(NEIGHBOUR, 0)
-        if EXPLORE_EVERY and (counts.get(EXPLORE, 0) + 1) * EXPLORE_EVERY <= guided + counts.get(EXPLORE, 0):
-            return EXPLORE, propose.uniform(self.space, problem, rng, taken)
         if IMPROVE_EVERY and counts.get(IMPROVE, 0) * IMPROVE_EVERY <= guided:
             better = propose.improvement(self.space, problem, rng, ranked, taken,
                                          fill=lambda c: propose.filled(self.space, problem, self.key.kernel,
