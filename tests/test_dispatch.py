@@ -326,6 +326,27 @@ def test_first_call_candidates_come_from_the_database(tmp_path):
     assert len(picks) <= at_first_call.MAX_CANDIDATES + 1
 
 
+def test_first_call_on_a_gpu_without_a_database_times_its_siblings_candidates(tmp_path):
+    # An H200 has no database of this family: the selection chain predicts from the H100's, so tuning at
+    # first call times the H100's candidates (it once found nothing to time on the H200 and gave up).
+    cache = TuningCache(root=tmp_path, shipped_root=None)
+    database.save(cache, _synthetic_db())
+    key = ProblemKey("matmul", "float32", "row", (3000, 3000, 3000))
+    h200 = PROFILES["h200"]
+    assert database.load(cache, h200.fingerprint, "matmul", "float32", "row") is None
+    on_h100 = at_first_call.candidates(key, H100, cache)
+    on_h200 = at_first_call.candidates(key, h200, cache)
+    assert len(on_h200) > 1 and [c.config for c in on_h200] == [c.config for c in on_h100]
+    assert select.select(key, h200, cache).source.startswith("model")
+
+
+def test_first_call_with_nothing_to_time_says_so(monkeypatch, tmp_path):
+    monkeypatch.setattr(at_first_call, "candidates", lambda *args: [])  # and no GPU is touched
+    with pytest.raises(RuntimeError, match="nothing to time"):
+        at_first_call._tune(ProblemKey("matmul", "float32", "row", (5, 6, 7)), H100,
+                            TuningCache(root=tmp_path, shipped_root=None), "high")
+
+
 def test_first_call_failure_warns_and_keeps_the_chosen(monkeypatch, tmp_path):
     fallback = select.Selection(None, "model", None, None, "cublas")
 

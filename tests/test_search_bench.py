@@ -123,6 +123,11 @@ def test_time_to_good_replays_a_sweep_and_says_when_each_seed_came_within_three_
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("matmul 2048x2048x2048 nn, 12 trials, reference 284.4 us (the sweep optimum)")
     assert [line.split()[0] for line in out[2:4]] == ["0", "1"]
-    assert out[-1].startswith("within 3% of the reference: ")
+    assert all(" tf32x3 BM=" in line for line in out[2:4])  # each seed's winner, named
+    assert out[-2].startswith("within 3% of the reference: ")
+    assert out[-1].startswith("winners' times: ") and out[-1].endswith("pairs of seeds within 2%: 1 of 1")
+    assert tool.main(["--sweep", str(sweep.path), "--replay", "--seeds", "1", "--first-seed", "7",
+                      "--trials", "12"]) == 0
+    assert capsys.readouterr().out.splitlines()[2].split()[0] == "7"
     user = tmp_path / "user"
     assert not user.exists() or not any(user.iterdir())  # the seeds tuned in folders of their own

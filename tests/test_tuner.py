@@ -752,15 +752,20 @@ class CallLog(ReplayEvaluator):
 def test_each_batch_is_prepared_while_the_one_before_is_evaluated(space, table, limits, studies):
     evaluator = CallLog(table)
     result = Tuner(KEY, TuneOptions(trials=18, batch=4), space=space).run(evaluator, limits)
-    kinds = [kind for kind, _ in evaluator.calls]
+    # First every queued config (the seeds and named configs, known before any ask) at once; then
     # prepare 1, prepare 2, evaluate 1, prepare 3, evaluate 2, ... evaluate the last
+    (first, queued), *calls = evaluator.calls
+    assert first == "prepare" and queued
+    kinds = [kind for kind, _ in calls]
     assert kinds[:3] == ["prepare", "prepare", "evaluate"] and kinds[-1] == "evaluate"
-    prepared = [keys for kind, keys in evaluator.calls if kind == "prepare"]
-    evaluated = [keys for kind, keys in evaluator.calls if kind == "evaluate"]
+    prepared = [keys for kind, keys in calls if kind == "prepare"]
+    evaluated = [keys for kind, keys in calls if kind == "evaluate"]
     assert prepared == evaluated  # every batch compiled ahead, run in the order asked
-    for i, (kind, keys) in enumerate(evaluator.calls):
+    ran = [key for keys in evaluated for key in keys]
+    assert ran[:len(queued)] == queued  # the queued configs ran first, in the order they were compiled
+    for i, (kind, keys) in enumerate(calls):
         if kind == "evaluate" and keys != evaluated[-1]:
-            assert evaluator.calls[i - 1][0] == "prepare"  # the next batch was under way as this one ran
+            assert calls[i - 1][0] == "prepare"  # the next batch was under way as this one ran
     assert result.trials == 18 == len(evaluator.evaluated) == len(set(evaluator.evaluated))
     import optuna
 
@@ -772,7 +777,8 @@ def test_where_compiles_do_not_keep_the_gpu_waiting_each_batch_waits_for_the_one
     # would cost the search the last batch's results.
     evaluator = CallLog(table, compile_wait_s=0.0)
     Tuner(KEY, TuneOptions(trials=20, batch=4), space=space).run(evaluator, limits)
-    assert [kind for kind, _ in evaluator.calls] == ["prepare", "prepare"] + ["evaluate"] * 5
+    # the queued configs, the first batch, the second; then each batch after the one before
+    assert [kind for kind, _ in evaluator.calls] == ["prepare"] * 3 + ["evaluate"] * 5
 
 
 def test_compile_ahead_off_asks_each_batch_after_the_one_before(space, table, limits):

@@ -24,6 +24,7 @@ import time
 from typing import Any
 
 WITHIN = 0.03  # "good": within 3% of the reference time
+AGREE = 0.02  # a re-tune "names the same winner" when the two winners' times are within 2%
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -33,6 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--layout", default=None, help="nn, nt, tn or tt (default: the sweep's, else nn)")
     parser.add_argument("--trials", type=int, default=40)
     parser.add_argument("--seeds", type=int, default=5)
+    parser.add_argument("--first-seed", type=int, default=0, help="the first seed's number (the others follow)")
     parser.add_argument("--fix", action="append", default=[], help="PARAM=V1,V2 (as autotile tune)")
     parser.add_argument("--sweep", help="a recorded sweep of the shape: its optimum is the reference")
     parser.add_argument("--replay", action="store_true", help="answer from the sweep's times, no GPU")
@@ -59,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     saved_root = os.environ.get(resources.CACHE_DIR_ENV)
     runs = []
     try:
-        for seed in range(args.seeds):
+        for seed in range(args.first_seed, args.first_seed + args.seeds):
             with tempfile.TemporaryDirectory(prefix="autotile-time-to-good-") as tmp:
                 os.environ[resources.CACHE_DIR_ENV] = tmp
                 evaluator = ReplayEvaluator(sweep.table(), sweep.space()) if args.replay and sweep else None
@@ -82,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{kernel} {shape} {layout}, {args.trials} trials, reference {reference * 1000:.1f} us "
           f"({'the sweep optimum' if sweep is not None else 'the best any seed measured'})")
     print(f"{'seed':>4} {'wall s':>7} {'start':>6} {'compile':>8} {'timing':>7} {'search':>7} {'retime':>7} "
-          f"{'best us':>8} {'x cuBLAS':>8} {'ref/best':>8} {'to 97% s':>9}")
+          f"{'best us':>8} {'x cuBLAS':>8} {'ref/best':>8} {'to 97% s':>9}  winner")
     reached = []
     for seed, wall, result, timeline in runs:
         p = result.phases
@@ -92,12 +94,36 @@ def main(argv: list[str] | None = None) -> int:
         phases = "".join(f" {p.get(k, 0.0):>{w}.1f}" for k, w in
                          (("start", 6), ("compile", 8), ("timing", 7), ("search", 7), ("retime", 7)))
         print(f"{seed:>4} {wall:>7.1f}{phases} {result.best.median_ms * 1000:>8.1f} {ratio:>8} "
-              f"{reference / result.best.median_ms:>8.3f} {'never' if good is None else f'{good:.1f}':>9}")
+              f"{reference / result.best.median_ms:>8.3f} {'never' if good is None else f'{good:.1f}':>9}  "
+              f"{winner_label(result.best.config)}")
     got = [g for g in reached if g is not None]
     print(f"within {WITHIN:.0%} of the reference: {len(got)} of {len(runs)} seeds"
           + (f", median {statistics.median(got):.1f} s after the start" if got else ""))
+    winners = [r.best.median_ms for _, _, r, _ in runs]
+    pairs = [(a, b) for i, a in enumerate(winners) for b in winners[i + 1:]]
+    agree = sum(max(a, b) <= (1 + AGREE) * min(a, b) for a, b in pairs)
+    print(f"winners' times: fastest {min(winners) * 1000:.1f} us, slowest {max(winners) * 1000:.1f} us "
+          f"({max(winners) / min(winners) - 1:.1%} apart); pairs of seeds within {AGREE:.0%}: {agree} of {len(pairs)}")
     return 0
 
+
+def winner_label(config: Any) -> str:
+    """The winner's family and the parameters that tell that family's configs apart, in one short line."""
+    values = dict(config)
+    family = values.get("MATH")
+    keys = LABEL_KEYS.get(family, ("BM", "BN", "BK", "STAGES", "SPLIT_K")) if family else MATVEC_LABEL_KEYS
+    return " ".join([str(family)] * bool(family) + [f"{k}={values[k]}" for k in keys if k in values])
+
+
+LABEL_KEYS = {
+    "simt": ("BM", "BN", "TM", "TN", "BK", "STAGES", "SPLIT_K"),
+    "tf32x3": ("BM", "BN", "WM", "WN", "BK", "STAGES", "SPLIT_K"),
+    "dmma": ("BM", "BN", "WM", "WN", "MMA_K", "BK", "STAGES", "SPLIT_K"),
+    "wgmma": ("BM", "BN", "BK", "STAGES", "PRODUCERS", "LOADER", "SPLIT_K"),
+    "wgmma_direct": ("BM", "BN", "BK", "STAGES", "CLUSTER_M", "PERSISTENT", "SPLIT_K"),
+    "skinny": ("BM", "BN", "TN", "THREADS_K", "STEPS", "SPLIT_K"),
+}
+MATVEC_LABEL_KEYS = ("ROWS", "THREADS_K", "VEC", "UNROLL", "SPLIT_K")
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -22,6 +22,7 @@ import concurrent.futures
 import dataclasses
 import functools
 import hashlib
+import os
 import re
 import threading
 from typing import Any, Callable, Iterable
@@ -441,6 +442,19 @@ def compile_kernel(source: str, name: str, options: tuple[str, ...] = COMPILE_OP
     kernel = Kernel(module.get_function(name), name, result, device_id)
     with _lock:
         return _kernels.setdefault((result.key, device_id, name), kernel)
+
+
+MAX_COMPILE_THREADS = 16  # NVRTC compiles at once; beyond this a tune has too few configs in flight to use more
+
+
+def host_compile_threads() -> int:
+    """Parallel compiles this process may run: one per CPU core it may use, at most MAX_COMPILE_THREADS (a
+    tune's compiles are CPU-bound and otherwise leave the host's cores idle while the GPU waits)."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not on Linux
+        cores = os.cpu_count() or 1
+    return max(1, min(MAX_COMPILE_THREADS, cores))
 
 
 def compile_many(jobs: Iterable[tuple[str, str]], workers: int = 4) -> list[concurrent.futures.Future]:

@@ -181,6 +181,13 @@ def load_sibling(cache: TuningCache, device: str, kernel: str, dtype: str, layou
     return None
 
 
+def find(cache: TuningCache, device: str, kernel: str, dtype: str, layout: str) -> ShapeDatabase | None:
+    """The database a problem family on `device` is served by: its own (`load`), else a sibling GPU's of the
+    same architecture (`load_sibling`), else None. The selection chain and tuning at first call both ask
+    this, so that what one predicts from, the other times."""
+    return load(cache, device, kernel, dtype, layout) or load_sibling(cache, device, kernel, dtype, layout)
+
+
 @functools.lru_cache(maxsize=32)
 def _read(path: str, mtime_ns: int, size: int) -> ShapeDatabase:
     # Keyed by modification time and size: a rebuilt database is read again, an unchanged one once.

@@ -182,9 +182,7 @@ def model(ctx: Context) -> Selection | None:
     from autotile.dispatch import database
     from autotile.dispatch.model import model_for, params_of
 
-    db = database.load(ctx.cache, ctx.device.fingerprint, *_key_parts(ctx.key))
-    if db is None:  # another GPU's of the same architecture, where this one has none
-        db = database.load_sibling(ctx.cache, ctx.device.fingerprint, *_key_parts(ctx.key))
+    db = database.find(ctx.cache, ctx.device.fingerprint, *_key_parts(ctx.key))
     if db is None or not db.shapes or not db.covers(ctx.key.shape):
         return None
     # where cuBLAS cannot run the problem (int8 shapes it refuses; any 8-bit float problem, even one that

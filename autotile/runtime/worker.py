@@ -28,7 +28,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from autotile.codegen import dtypes
+from autotile.codegen import build, dtypes
 from autotile.codegen.kernels import Launch
 from autotile.codegen.problem import ProblemKey
 from autotile.errors import AutotileError
@@ -79,7 +79,7 @@ class Setup:
 
     key: ProblemKey
     seed: int = 0
-    compile_threads: int = 4
+    compile_threads: int = dataclasses.field(default_factory=build.host_compile_threads)
     device_id: int = 0
 
 
@@ -249,15 +249,12 @@ def _registers(kernel: Any) -> int | None:
 
 def _start_compiles(state: _WorkerState, jobs: list[tuple[str, str]]) -> None:
     """Start compiling each (source, name) not under way already (once: two configs may render alike)."""
-    from autotile.codegen import build
-
     fresh = list(dict.fromkeys(job for job in jobs if job not in state.compiling))
     for job, future in zip(fresh, build.compile_many(fresh, state.setup.compile_threads), strict=True):
         state.compiling[job] = future
 
 
 def _serve(conn: Any) -> None:
-    from autotile.codegen import build
     from autotile.errors import CompileError
     from autotile.runtime.timing import time_launch
 

@@ -39,8 +39,9 @@ class FirstCallWarning(UserWarning):
 def candidates(key: ProblemKey, device: DeviceLimits, cache: Any, precision: str | None = None) -> list[Selection]:
     """What is timed: the model's ranking of the usable candidates of the problem's database, or of the
     first database it borrows (`dispatch.select.borrowed_keys`: float16 bfloat16's, the 8-bit floats
-    int8's), at most MAX_CANDIDATES, or, without one, the configs tuned on this device; and cuBLAS where it
-    can run the problem. Only what the precision setting allows (None: the process-wide setting)."""
+    int8's), this GPU's or, where it has none, a sibling GPU's (`database.find`), at most MAX_CANDIDATES,
+    or, without one, the configs tuned on this device; and cuBLAS where it can run the problem. Only what
+    the precision setting allows (None: the process-wide setting)."""
     from autotile.codegen.space import Problem
     from autotile.dispatch import database
     from autotile.dispatch.model import model_for, worth_timing
@@ -52,7 +53,7 @@ def candidates(key: ProblemKey, device: DeviceLimits, cache: Any, precision: str
     problem = Problem(device, key.dtype, key.layout)
     cublas_runs = unsupported_reason(key) is None
     found: dict[Any, Selection] = {}
-    lender = next((db for db in (database.load(cache, device.fingerprint, k.kernel, k.dtype, k.layout)
+    lender = next((db for db in (database.find(cache, device.fingerprint, k.kernel, k.dtype, k.layout)
                                  for k in (key, *borrowed_keys(key)) if k.kernel == key.kernel)
                    if db is not None and db.shapes and db.covers(key.shape)), None)
     if lender is not None:
@@ -97,6 +98,10 @@ def tune_here(key: ProblemKey, device: DeviceLimits, cache: Any, fallback: Selec
 
 
 def _tune(key: ProblemKey, device: DeviceLimits, cache: Any, setting: str) -> Selection:
+    listed = candidates(key, device, cache, setting)
+    if not listed:  # before anything touches the GPU
+        raise RuntimeError("nothing to time: no surveyed or tuned config of this problem family on this GPU or "
+                           "its siblings, and cuBLAS cannot run it")
     import cupy
 
     from autotile.runtime.cublas import unsupported_reason
@@ -114,7 +119,8 @@ def _tune(key: ProblemKey, device: DeviceLimits, cache: Any, setting: str) -> Se
     if _flusher is None:
         _flusher = L2Flusher(device.l2_bytes)
     timed: list[tuple[float, Selection]] = []
-    for sel in candidates(key, device, cache, setting):
+    failed: list[str] = []
+    for sel in listed:
         try:
             runner = sel.implementation_object().prepare(key)
 
@@ -123,14 +129,17 @@ def _tune(key: ProblemKey, device: DeviceLimits, cache: Any, setting: str) -> Se
 
             kernels.poison(out)
             run()
-            if not relative_error(out, ref) <= tol:
+            error = relative_error(out, ref)
+            if not error <= tol:
+                failed.append(f"{sel.explain()}: error {error:.3g} above {tol:.3g}")
                 continue
             ms = time_launch(run, _flusher, warmup=1, min_reps=3, max_reps=10, target_ms=10.0).median_ms
-        except Exception:  # a candidate that cannot run here is skipped, not fatal
+        except Exception as exc:  # a candidate that cannot run here is skipped, not fatal
+            failed.append(f"{sel.explain()}: {type(exc).__name__}: {exc}")
             continue
         timed.append((ms, sel))
     if not timed:
-        raise RuntimeError("no candidate ran correctly")
+        raise RuntimeError(f"none of {len(listed)} candidates ran correctly; the first: {failed[0]}")
     cublas_ms = next((ms for ms, s in timed if s.implementation == "cublas"), None)
     best_ms, best = min(timed, key=lambda t: t[0])
     generated = [(ms, s) for ms, s in timed if s.config is not None]

@@ -207,11 +207,12 @@ def _at_distance(space: Space, problem: Problem, rng: random.Random, config: Con
 
 
 def filled(space: Space, problem: Problem, kernel: str, shape: tuple[int, ...], config: Config) -> Config | None:
-    """`config` with its K split into the fewest pieces that give its launch blocks for at least FILL of the
-    SMs, where its tiles alone leave more idle (a skinny or small problem, a tall K); None where it has no K
-    split to change (SPLIT_K is not 1, or the space has none), fills the GPU already, or no split is
-    feasible and worth timing (`model.worth_timing`: enough K per split). Where no split fills FILL of the
-    SMs, the largest that is feasible."""
+    """`config` with its K split to fill the SMs, where its tiles alone leave more than 1 - FILL of them idle
+    (a skinny or small problem, a tall K); None where it has no K split to change (SPLIT_K is not 1, or the
+    space has none), fills the GPU already, or no split is feasible and worth timing (`model.worth_timing`:
+    enough K per split). Of the splits from the fewest that fill FILL of the SMs to twice as many, the one
+    whose waves are fullest for its work (`_wave_cost`), the fewer pieces on a tie; where none fills, the
+    largest that is feasible."""
     from autotile.codegen import kernels
     from autotile.dispatch.model import worth_timing
 
@@ -222,16 +223,27 @@ def filled(space: Space, problem: Problem, kernel: str, shape: tuple[int, ...], 
     blocks = math.prod(kernels.get(kernel).grid(config, shape))
     if blocks >= FILL * sm_count:
         return None
-    best = None
+    usable = []  # (split, config), fewer pieces first
     for split in sorted(int(c) for c in param.choices if int(c) > 1):
         for reduce in _reductions(space):
             candidate = settle(space, Config(dict(config, SPLIT_K=split, **reduce)))
             if space.is_feasible(candidate, problem) and worth_timing(kernel, candidate, shape, sm_count):
-                best = candidate
+                usable.append((split, candidate))
                 break
-        if best is not None and best["SPLIT_K"] == split and blocks * split >= FILL * sm_count:
-            return best
-    return best
+    fewest = next((split for split, _ in usable if blocks * split >= FILL * sm_count), None)
+    if fewest is None:
+        return usable[-1][1] if usable else None
+    near = [(split, c) for split, c in usable if fewest <= split <= 2 * fewest]
+    return min(near, key=lambda sc: (_wave_cost(space, problem, sc[1], blocks * sc[0]), sc[0]))[1]
+
+
+def _wave_cost(space: Space, problem: Problem, config: Config, blocks: int) -> float:
+    """The launch's time in units of one block's work at one split (the time of a split into S pieces is its
+    waves of blocks, each block doing 1/S of the K loop): waves / S. A split whose last wave is nearly empty
+    costs as much as a full one, which the fewest pieces that fill the SMs often leave (40 tiles on 132 SMs
+    split 4 is two waves, the second a fifth full; split 8 is three nearly full, each half as long)."""
+    per_wave = problem.device.sm_count * max(1, int(space.derive(config, problem).get("blocks_per_sm", 1)))
+    return math.ceil(blocks / per_wave) / config["SPLIT_K"]
 
 
 def _reductions(space: Space) -> list[dict[str, Any]]:
@@ -245,20 +257,49 @@ def _reductions(space: Space) -> list[dict[str, Any]]:
 
 def improvement(space: Space, problem: Problem, rng: random.Random, ranked: Sequence[Config],
                 taken: Container[str], top: int = 5,
-                fill: Callable[[Config], Config | None] | None = None) -> Config | None:
+                moves: Callable[[Config], list[Config]] | None = None) -> Config | None:
     """A feasible, unmeasured config one parameter away from the fastest of `ranked` (measured configs,
-    fastest first) that has one; only the `top` fastest are tried (beyond them the search would walk away
-    from what is known to be good). None where their neighbourhoods are all measured. With `fill` (a config
-    -> the config with its K split to fill the GPU, `filled`), that move is tried first for each: the one
-    neighbour the shape says is worth it."""
+    in the order to improve on them) that has one; only the `top` first are tried (beyond them the search
+    would walk away from what is known to be good). None where their neighbourhoods are all measured. With
+    `moves` (a config -> the neighbours the shape says are worth it first, `shape_moves`), those are tried
+    first for each."""
     for config in ranked[:top]:
-        wide = fill(config) if fill is not None else None
-        if wide is not None and wide.key() not in taken:
-            return wide
+        for move in moves(config) if moves is not None else ():
+            if move.key() not in taken:
+                return move
         near = _at_distance(space, problem, rng, config, taken, 1, swaps=True)
         if near is not None:
             return near
     return None
+
+
+def shape_moves(space: Space, problem: Problem, kernel: str, shape: tuple[int, ...], config: Config) -> list[Config]:
+    """The neighbours of `config` that the shape singles out: its K split to fill the GPU (`filled`), else,
+    where K is split already, into the next fewer and the next more pieces the space offers (feasible and
+    worth timing). The time of a K split is not monotonic in the pieces (the last wave's fill, the reduction's
+    cost), so both sides are tried."""
+    from autotile.dispatch.model import worth_timing
+
+    wide = filled(space, problem, kernel, shape, config)
+    if wide is not None:
+        return [wide]
+    param = space.params.get("SPLIT_K")
+    split = config.get("SPLIT_K")
+    if param is None or split is None or split == 1:
+        return []
+    choices = sorted(int(c) for c in param.choices)
+    i = choices.index(int(split)) if int(split) in choices else None
+    if i is None:
+        return []
+    out = []
+    for step in (choices[i - 1] if i > 0 else None, choices[i + 1] if i + 1 < len(choices) else None):
+        if step is None:
+            continue
+        reduce = {"SPLIT_REDUCE": config["SPLIT_REDUCE"]} if "SPLIT_REDUCE" in config and step > 1 else {}
+        candidate = settle(space, Config(dict(config, SPLIT_K=step, **reduce)))
+        if space.is_feasible(candidate, problem) and worth_timing(kernel, candidate, shape, problem.device.sm_count):
+            out.append(candidate)
+    return out
 
 
 def _swaps(params: list[Any], config: Config) -> list[dict[str, Any]]:

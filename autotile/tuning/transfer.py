@@ -52,21 +52,22 @@ def _from_records(key: ProblemKey, device: str, cache: Any) -> list[tuple[str, d
 
 
 def _from_portfolio(key: ProblemKey, device: DeviceLimits, cache: Any) -> list[tuple[str, dict[str, Any]]]:
-    """The candidates of this device's shape database (`autotile.dispatch.database`, the dispatch portfolio) as
-    (where, config), best first as the selection model predicts them for `key`'s shape (`Model.rank`: their
-    speed-ups on the nearest database shapes), `key`'s own shape and its survey record left out."""
+    """The candidates of this device's shape database, or a sibling GPU's (`autotile.dispatch.database.find`:
+    the dispatch portfolio), as (where, config), best first as the selection model predicts them for `key`'s
+    shape (`Model.rank`: their speed-ups on the nearest database shapes), `key`'s own shape and its survey
+    record left out."""
     from autotile.dispatch import database
     from autotile.dispatch.model import model_for, params_of
 
     db = None
     with contextlib.suppress(OSError, AutotileError):
-        db = database.load(cache, device.fingerprint, key.kernel, key.dtype, key.layout)
+        db = database.find(cache, device.fingerprint, key.kernel, key.dtype, key.layout)
     if db is None or not db.covers(key.shape) or any(len(s) != len(key.shape) for s in db.shapes):
         return []
     shape = "x".join(map(str, key.shape))
     own = "tuned-" + shape  # the survey's copy of `key`'s own record: left out
     ranked = model_for(db, device).rank(key.shape, params_of(db), held_out=True)
-    return [(f"portfolio {db.candidates[j].name} for {shape}@{device.fingerprint}", db.candidates[j].config or {})
+    return [(f"portfolio {db.candidates[j].name} for {shape}@{db.device}", db.candidates[j].config or {})
             for j in ranked if db.candidates[j].config is not None and db.candidates[j].name != own]
 
 

@@ -39,6 +39,10 @@ STARTUP = 10  # tpe: configs drawn uniformly over the feasible ones before TPE's
 # tpe, after STARTUP: of every IMPROVE_EVERY proposals, one is a neighbour of the fastest configs so far
 # (propose.improvement), the others TPE's. Measured with `autotile search-bench` over the recorded sweeps.
 IMPROVE_EVERY = 3
+# Those neighbours are taken in turn around the fastest config and the fastest of each other kernel family
+# whose best is within this factor of it (a family's first configs may be poorly fitted to the shape, and
+# its optimum a few parameters away: wgmma at a skinny M behind a tf32x3 basin, measured on the H200 sweeps).
+RIVAL = 1.25
 # The space's named configs other than the seeds take at most this share of a search's trials (each kernel
 # family's in turn): on the whole matmul space there are 60 of them, and a 40-trial search that ran them all
 # would be nothing but its starting points.
@@ -402,6 +406,12 @@ class Tuner:
             getattr(evaluator, "prepare", None) if opts.compile_ahead else None
         pending: list[tuple[Any, Config]] = []  # asked and compiling, to be run next
         compile_bound = True
+        if prepare is not None:
+            # The queued configs (seeds, named configs, warm starts) are known before the first ask: their
+            # compiles all start now, on the host's cores (`Setup.compile_threads`), not a batch at a time.
+            queued = self._queued(study, problem)[:opts.trials]
+            if queued:
+                prepare([self.candidate(c) for c in queued])
 
         def run(batch: list[tuple[Any, Config]]) -> None:
             """Evaluate one batch of asked trials and tell the study their results."""
@@ -461,9 +471,9 @@ class Tuner:
                 batch: list[tuple[Any, Config]] = []
                 taken = set(ledger.owned)
                 counts = self._proposal_counts(study)
-                ranked = self._ranked(ledger)
+                ranked, leaders = self._ranked(ledger)
                 while len(batch) < opts.batch and ledger.runs + len(batch) < opts.trials and skips < MAX_SKIPS:
-                    proposal = self._propose(study, problem, rng, taken, missed, counts, ranked)
+                    proposal = self._propose(study, problem, rng, taken, missed, counts, ranked, leaders)
                     if proposal is not None:
                         kind, proposed = proposal
                         if proposed is None:  # nothing left to propose: the space is exhausted
@@ -540,17 +550,25 @@ class Tuner:
             counts[kind] = counts.get(kind, 0) + 1
         return counts
 
-    def _ranked(self, ledger: Any) -> list[Config]:
-        """The measured configs of this space, fastest first."""
+    def _ranked(self, ledger: Any) -> tuple[list[Config], int]:
+        """The measured configs of this space to improve on, and how many of them lead their kernel family:
+        the fastest, then the fastest of each other family within RIVAL of it (fastest first), then the
+        next fastest (ten in all, besides those leaders)."""
         timed = sorted((value, key) for key, (value, _) in ledger.results().items() if value is not None)
-        ranked = []
-        for _, key in timed[:10]:
+        configs = []
+        for value, key in timed:
             with contextlib.suppress(InvalidValueError, UnknownNameError):
-                ranked.append(self._config_from_key(key))
-        return ranked
+                configs.append((value, self._config_from_key(key)))
+        leaders: dict[Any, Config] = {}
+        for value, config in configs:
+            family = config.get(precision_mod.MATH_PARAM)
+            if family not in leaders and value <= RIVAL * configs[0][0]:
+                leaders[family] = config
+        heads = list(leaders.values())
+        return heads + [c for _, c in configs[:10] if c not in heads], len(heads)
 
     def _propose(self, study: Any, problem: Problem, rng: random.Random, taken: set[str], missed: Config | None,
-                 counts: dict[str, int], ranked: list[Config]) -> tuple[str, Config | None] | None:
+                 counts: dict[str, int], ranked: list[Config], leaders: int = 1) -> tuple[str, Config | None] | None:
         """The config the tuner proposes itself for the next trial, as (UNIFORM, NEIGHBOUR or IMPROVE,
         config; None where the space has nothing left), or None to let the sampler draw. Configs queued in
         the study (seeds, starting points, retries, the grid) go first: nothing is proposed while any wait.
@@ -575,9 +593,12 @@ class Tuner:
         # tpe: one proposal in IMPROVE_EVERY goes to the neighbourhood of the fastest configs so far.
         guided = counts.get(IMPROVE, 0) + counts.get("model", 0) + counts.get(NEIGHBOUR, 0)
         if IMPROVE_EVERY and counts.get(IMPROVE, 0) * IMPROVE_EVERY <= guided:
+            # around each family's leader in turn (`_ranked`): the fastest config, then its rivals
+            turn = counts.get(IMPROVE, 0) % max(1, leaders)
+            ranked = ranked[turn:leaders] + ranked[:turn] + ranked[leaders:]
             better = propose.improvement(self.space, problem, rng, ranked, taken,
-                                         fill=lambda c: propose.filled(self.space, problem, self.key.kernel,
-                                                                       self.shape, c))
+                                         moves=lambda c: propose.shape_moves(self.space, problem,
+                                                                             self.key.kernel, self.shape, c))
             if better is not None:
                 return IMPROVE, better
         return None
@@ -662,6 +683,18 @@ class Tuner:
                     study.enqueue_trial(dict(config))
                     taken.add(config.key())
 
+    def _queued(self, study: Any, problem: Problem) -> list[Config]:
+        """The feasible configs of the study's queued (waiting) trials, in the order they will run."""
+        import optuna
+
+        configs = []
+        for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,)):
+            with contextlib.suppress(Exception):  # a queued config outside today's space: nothing to compile
+                config = self.space.from_drawn(dict(t.system_attrs.get("fixed_params", t.params)))
+                if self.space.is_feasible(config, problem):
+                    configs.append(config)
+        return configs
+
     def _named_starts(self, problem: Problem) -> list[tuple[str, Config]]:
         """The space's named configs a search starts with, as (name, config): every seed (the baselines),
         then the others taken from each kernel family in turn (MATH: SIMT, tf32x3, wgmma...; each family's
@@ -687,16 +720,19 @@ class Tuner:
         return out
 
     def _enqueue_warm_starts(self, study: Any, problem: Problem, taken: set[str]) -> None:
-        """Queue the cache's winners of other shapes and GPUs (`autotile.tuning.transfer`), once per study: a
-        resumed study has them already, run or queued."""
+        """Queue the cache's winners of other shapes and GPUs (`autotile.tuning.transfer`), each fitted to the
+        shape (`propose.filled`), once per study: a resumed study has them already, run or queued."""
         from autotile.dispatch.cache import TuningCache
-        from autotile.tuning import transfer
+        from autotile.tuning import propose, transfer
 
         if any(t.user_attrs.get(PROPOSED) == TRANSFER for t in study.get_trials(deepcopy=False)):
             return
         cache = self.options.cache if self.options.cache is not None else TuningCache()
-        for where, config in transfer.warm_starts(self.key, problem.device.fingerprint, self.space, problem,
-                                                  cache, self.options.warm_starts):
+        for where, found in transfer.warm_starts(self.key, problem.device.fingerprint, self.space, problem,
+                                                 cache, self.options.warm_starts):
+            # Fitted to the shape as the named configs are: a config of another shape that leaves this
+            # one's SMs idle has its K split to fill them.
+            config = propose.filled(self.space, problem, self.key.kernel, self.shape, found) or found
             if config.key() not in taken:
                 study.enqueue_trial(dict(config), user_attrs={PROPOSED: TRANSFER, "transfer": where})
                 taken.add(config.key())
