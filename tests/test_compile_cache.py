@@ -157,3 +157,13 @@ def test_other_options_or_targets_are_other_entries(folder):
     build.compile(SOURCE, "sm_90")
     build.compile(SOURCE, "compute_80")
     assert len(compile_cache.entries(folder)) == 3
+
+
+@pytest.mark.parametrize("cores,threads", [(1, 1), (2, 2), (12, 12), (64, build.MAX_COMPILE_THREADS)])
+def test_a_tune_compiles_on_every_core_it_may_use(monkeypatch, cores, threads):
+    from autotile.codegen.problem import ProblemKey
+    from autotile.runtime.worker import Setup
+
+    monkeypatch.setattr(build.os, "sched_getaffinity", lambda pid: set(range(cores)), raising=False)
+    assert build.host_compile_threads() == threads
+    assert Setup(ProblemKey("matmul", "float32", "nn", (5, 6, 7))).compile_threads == threads

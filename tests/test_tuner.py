@@ -690,12 +690,12 @@ def test_give_up_must_be_above_one(give_up):
 
 # -- starting points fitted to the shape --------------------------------------------------------------------
 
-def test_filled_splits_k_just_enough_to_fill_the_sms():
+def test_filled_splits_k_to_fill_the_sms_in_full_waves():
     import math
 
     from autotile.codegen.limits import PROFILES
     from autotile.codegen.space import Problem
-    from autotile.tuning.propose import FILL, filled
+    from autotile.tuning.propose import FILL, _wave_cost, filled
 
     space = kernels.get("matmul").space
     problem = Problem(PROFILES["h100"], "float32", "row")
@@ -705,11 +705,91 @@ def test_filled_splits_k_just_enough_to_fill_the_sms():
     wide = filled(space, problem, "matmul", skinny, config)
     assert wide is not None and space.is_feasible(wide, problem)
     split = wide["SPLIT_K"]
-    assert blocks * split >= FILL * 132 > blocks * (split // 2)  # the fewest splits that fill the SMs
+    fewest = next(s for s in (2, 4, 8, 16, 32, 64) if blocks * s >= FILL * 132)
+    assert fewest <= split <= 2 * fewest  # fills the SMs, with at most twice the fewest pieces that do
+    fewest_config = dict(wide, SPLIT_K=fewest)
+    assert _wave_cost(space, problem, wide, blocks * split) <= _wave_cost(
+        space, problem, space.config(fewest_config), blocks * fewest)
     assert dict(wide, SPLIT_K=1, SPLIT_REDUCE=config["SPLIT_REDUCE"]) == dict(config)  # nothing else moved
     assert filled(space, problem, "matmul", (4096, 4096, 4096), config) is None  # filled by its tiles
     assert filled(space, problem, "matmul", skinny, wide) is None  # split already
     assert filled(space, problem, "matmul", (48, 4096, 48), config) is None  # under 32 of K per split
+
+
+@pytest.mark.parametrize("shape,split", [
+    # 1 x 40 tiles of 128 x 128 on 132 SMs, one block per SM: split 4 is two waves, the second a fifth full
+    # (cost 2/4); split 8 three waves, the last 40% full (3/8): 8. (An H200 sweep: 8 is the optimum, 4 at 0.88.)
+    ((96, 5120, 3072), 8),
+    # 3 x 5 tiles: split 8 is one wave of 120 blocks (1/8), split 16 two (2/16): a tie, the fewer pieces.
+    ((384, 640, 24576), 8),
+])
+def test_filled_prefers_the_split_whose_waves_are_fuller(shape, split):
+    from autotile.codegen.limits import PROFILES
+    from autotile.codegen.space import Problem
+    from autotile.tuning.propose import filled
+
+    space = kernels.get("matmul").space
+    problem = Problem(PROFILES["h200"], "float32", "nn")
+    config = space.named_configs["wgmma-128-tma-p2"]
+    assert space.derive(config, problem)["blocks_per_sm"] == 1
+    assert filled(space, problem, "matmul", shape, config)["SPLIT_K"] == split
+
+
+def test_shape_moves_fill_an_unsplit_config_and_step_a_split_both_ways():
+    from autotile.codegen.limits import PROFILES
+    from autotile.codegen.space import Problem
+    from autotile.tuning.propose import filled, shape_moves
+
+    space = kernels.get("matmul").space
+    problem = Problem(PROFILES["h200"], "float32", "nn")
+    config = space.named_configs["wgmma-128-tma-p2"]
+    skinny = (96, 5120, 3072)
+    wide = filled(space, problem, "matmul", skinny, config)
+    assert shape_moves(space, problem, "matmul", skinny, config) == [wide]
+    assert [c["SPLIT_K"] for c in shape_moves(space, problem, "matmul", skinny, wide)] == [4, 16]
+    assert all(dict(c, SPLIT_K=8) == dict(wide) for c in shape_moves(space, problem, "matmul", skinny, wide))
+    assert shape_moves(space, problem, "matmul", (4096, 4096, 4096), config) == []  # fills the GPU unsplit
+
+
+class _Ledger:
+    def __init__(self, times):
+        self.times = times
+
+    def results(self):
+        return {config.key(): (ms, None) for config, ms in self.times}
+
+
+def test_ranked_puts_each_family_leader_within_rival_of_the_fastest_first():
+    from autotile.tuning.tuner import RIVAL
+
+    space = kernels.get("matmul").space
+    named = space.named_configs
+    times = [(named["tf32x3-128"], 1.0), (named["tf32x3-64"], 1.01), (named["regtile-128"], 1.1),
+             (named["tf32x3-128x64"], 1.12), (named["wgmma-128"], 1.2), (named["seed-tiled32"], 1.3),
+             (named["wgmma-64"], 1.21)]
+    assert RIVAL < 1.3
+    ranked, leaders = Tuner(ProblemKey("matmul", "float32", "nn", (96, 5120, 3072)))._ranked(_Ledger(times))
+    assert leaders == 3  # tf32x3, simt, wgmma: the seed is simt too, and slower than RIVAL allows
+    assert ranked[:3] == [named["tf32x3-128"], named["regtile-128"], named["wgmma-128"]]
+    assert ranked[3:] == [named["tf32x3-64"], named["tf32x3-128x64"], named["wgmma-64"], named["seed-tiled32"]]
+
+
+def test_warm_starts_are_fitted_to_the_shape(monkeypatch):
+    from autotile.codegen.limits import PROFILES
+    from autotile.tuning import transfer
+    from autotile.tuning.tuner import PROPOSED, TRANSFER
+
+    space = kernels.get("matmul").space
+    config = space.named_configs["wgmma-128-tma-p2"]
+    monkeypatch.setattr(transfer, "warm_starts", lambda *args, **kwargs: [("tuned on 4096x4096x4096", config)])
+    key = ProblemKey("matmul", "float32", "nn", (96, 5120, 3072))
+    study = optuna.create_study()
+    Tuner(key, TuneOptions(cache=TuningCache(root=None, shipped_root=None)))._enqueue_warm_starts(
+        study, Problem(PROFILES["h200"], "float32", "nn"), set())
+    (queued,) = study.get_trials(deepcopy=False)
+    assert queued.user_attrs[PROPOSED] == TRANSFER
+    fixed = queued.system_attrs["fixed_params"]  # a waiting trial's config
+    assert fixed["SPLIT_K"] == 8 and fixed["MATH"] == "wgmma" and fixed["LOADER"] == "tma"
 
 
 def test_named_starts_are_the_seeds_then_each_family_in_turn_within_their_share(tmp_path):
