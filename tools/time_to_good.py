@@ -2,7 +2,7 @@
 and how soon each came within 3% of the best known config.
 
     python tools/time_to_good.py --shape 96x5120x3072 [--kernel matmul] [--layout nn] [--trials 40] [--seeds 5]
-        [--fix MATH=wgmma] [--sweep FILE] [--replay]
+        [--fix MATH=wgmma] [--sweep FILE] [--replay [--others R]] [--first-seed N]
 
 Per seed: the wall seconds of the call, its phases (`TuneResult.phases`: start, compiles, timing, the search
 itself...), the winner's time and its ratio to cuBLAS, and the seconds from the call's start until the best
@@ -10,7 +10,10 @@ time measured so far came within 3% of the reference: the sweep's optimum where 
 given (`--sweep`, recorded by `autotile sweep`), else the best time any seed measured. The compile cache is
 shared by the seeds and kept (the first seed compiles cold unless an earlier run compiled its kernels); the
 tuning cache is a fresh folder per seed, so no seed starts from a record of the shape. `--replay` answers
-from the sweep's recorded times instead of a GPU, over the sweep's sub-space: the CPU check of this tool.
+from the sweep's recorded times instead of a GPU, over the sweep's sub-space: the CPU check of this tool;
+with `--others R` as well, over the whole space, every config outside the sweep taking at least the sweep
+optimum's time / R (`autotile.tuning.testing.SubspaceReplay`: does a whole-space search find the sweep's
+family and its optimum past a basin of other configs at R of it?).
 """
 
 from __future__ import annotations
@@ -38,23 +41,29 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fix", action="append", default=[], help="PARAM=V1,V2 (as autotile tune)")
     parser.add_argument("--sweep", help="a recorded sweep of the shape: its optimum is the reference")
     parser.add_argument("--replay", action="store_true", help="answer from the sweep's times, no GPU")
+    parser.add_argument("--others", type=float, default=None, metavar="R",
+                        help="with --replay: search the whole space, every config outside the sweep taking at "
+                             "least the sweep optimum's time / R (`testing.SubspaceReplay`)")
     args = parser.parse_args(argv)
 
-    from autotile.codegen import compile_cache, resources
+    from autotile.codegen import compile_cache, kernels, resources
     from autotile.tuning import api
     from autotile.tuning.sweep import load
-    from autotile.tuning.testing import ReplayEvaluator
+    from autotile.tuning.testing import ReplayEvaluator, SubspaceReplay
     from autotile.tuning.validate import fix_items
 
     sweep = load(args.sweep) if args.sweep else None
     if args.replay and sweep is None:
         parser.error("--replay answers from a sweep: give --sweep")
+    if args.others is not None and not (args.replay and 0 < args.others <= 1):
+        parser.error("--others R goes with --replay, 0 < R <= 1")
     if args.shape is None and sweep is None:
         parser.error("give --shape or --sweep")
     shape = args.shape or "x".join(map(str, sweep.key.shape))  # type: ignore[union-attr]
     kernel = args.kernel or (sweep.key.kernel if sweep is not None else "matmul")
     layout = args.layout or (sweep.key.layout if sweep is not None else ("row" if kernel == "matvec" else "nn"))
-    fix: Any = sweep.sub.choices if args.replay and sweep is not None else (fix_items(args.fix) or None)
+    whole = args.others is not None
+    fix: Any = sweep.sub.choices if args.replay and not whole and sweep is not None else (fix_items(args.fix) or None)
     # The compile cache outlives the seeds' tuning caches (each a temporary folder under which it would
     # otherwise live): it is the user's, or the one this environment names.
     os.environ.setdefault(compile_cache.ENV_VAR, str(compile_cache.root() or compile_cache.OFF))
@@ -64,7 +73,11 @@ def main(argv: list[str] | None = None) -> int:
         for seed in range(args.first_seed, args.first_seed + args.seeds):
             with tempfile.TemporaryDirectory(prefix="autotile-time-to-good-") as tmp:
                 os.environ[resources.CACHE_DIR_ENV] = tmp
-                evaluator = ReplayEvaluator(sweep.table(), sweep.space()) if args.replay and sweep else None
+                evaluator: Any = None
+                if args.replay and sweep is not None:
+                    evaluator = (SubspaceReplay(sweep.table(), sweep.space(), kernels.get(kernel).space,
+                                                sweep.best_ms() / args.others) if whole
+                                 else ReplayEvaluator(sweep.table(), sweep.space()))
                 timeline: list[tuple[float, float]] = []  # (seconds since the start, best ms so far)
                 start = time.monotonic()
 

@@ -7,6 +7,7 @@ from a table that `record_table` builds from real measurements (tests/data/recor
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -94,6 +95,33 @@ class ReplayEvaluator:
             cycle = [t["p25_ms"], t["median_ms"], t["p75_ms"]]
             out[i] = [cycle[r % 3] for r in range(rounds)]
         return out, self.baseline
+
+
+class SubspaceReplay(ReplayEvaluator):
+    """A whole-space search replayed against one recorded sub-space: the sweep's configs answer with their
+    recorded times, every other config of the space (other kernel families, other values of the sweep's
+    fixed parameters) with a made-up time of at least `floor_ms`: floor_ms x (1 + 2 h^2), h in [0, 1) a hash
+    of its key, so that about a tenth of the others are within 10% of the floor.
+
+    It asks what a whole-space search makes of a shape where the sweep's family holds the optimum and the
+    best of everything else is `floor_ms` (set it from what GPU tunes at that shape found outside the
+    sub-space): the family must be found, and searched to its optimum, past a basin of other configs."""
+
+    def __init__(self, table: dict[str, Any], sweep_space: Space, space: Space, floor_ms: float):
+        super().__init__(table, sweep_space)
+        # keyed through the whole space, as the tuner keys its candidates
+        results = {space.config(dict(item.split("=", 1) for item in key.split(","))).key(): entry
+                   for key, entry in self.table["results"].items()}
+        self.table = dict(self.table, results=results)
+        self.floor_ms = floor_ms
+
+    def _entry(self, key: str) -> dict[str, Any]:
+        entry = self.table["results"].get(key)
+        if entry is not None:
+            return dict(entry)
+        h = int(hashlib.sha256(key.encode()).hexdigest()[:8], 16) / 2**32
+        ms = self.floor_ms * (1 + 2 * h * h)
+        return {"status": OK, "timing": {"median_ms": ms, "p25_ms": ms, "p75_ms": ms, "min_ms": ms, "reps": 10}}
 
 
 def record_table(result_pairs: list[tuple[Config, CandidateResult]], baseline: Timing,
