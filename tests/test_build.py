@@ -294,10 +294,15 @@ def test_compile_kernel_rejects_a_missing_entry(fake_gpu: dict[str, Any]) -> Non
 @needs_nvrtc
 def test_compile_many_compiles_for_the_callers_device(fake_gpu: dict[str, Any]) -> None:
     fake_gpu["device"] = 3
-    futures = build.compile_many([(HARNESS_SOURCE, "read_all"), (SMEM_SOURCE, "smem_kernel")], workers=2)
+    clock: dict = {}
+    futures = build.compile_many([(HARNESS_SOURCE, "read_all"), (SMEM_SOURCE, "smem_kernel")], workers=2,
+                                 clock=clock)
     kernels = [f.result(timeout=120) for f in futures]
     assert [k.name for k in kernels] == ["read_all", "smem_kernel"]
     assert {k.device_id for k in kernels} == {3}
+    # each job's (began, ended), as the worker's compile deadline reads them
+    assert set(clock) == {(HARNESS_SOURCE, "read_all"), (SMEM_SOURCE, "smem_kernel")}
+    assert all(end is not None and 0 <= end - began < 120 for began, end in clock.values())
 
 
 @needs_nvrtc

@@ -364,7 +364,7 @@ def test_the_worker_compiles_each_source_once_and_takes_up_what_prepare_started(
 
     compiled = []
 
-    def compile_many(jobs, threads):
+    def compile_many(jobs, threads, clock=None):
         futures = []
         for job in jobs:
             compiled.append(job[0])
@@ -373,8 +373,10 @@ def test_the_worker_compiles_each_source_once_and_takes_up_what_prepare_started(
             futures.append(future)
         return futures
 
-    state = types.SimpleNamespace(compiling={}, setup=types.SimpleNamespace(compile_threads=4), kernels={},
-                                  baseline=None, environment=lambda: {})
+    state = types.SimpleNamespace(compiling={}, compile_clock={}, kernels={}, baseline=None, environment=lambda: {},
+                                  setup=types.SimpleNamespace(compile_threads=4, compile_deadline=True))
+    await_compile = worker._WorkerState.await_compile  # the real one: _WorkerState itself is replaced below
+    state.await_compile = lambda job, future: await_compile(state, job, future)
     monkeypatch.setattr(build, "compile_many", compile_many)
     monkeypatch.setattr(worker, "_WorkerState", lambda setup: state)
     monkeypatch.setattr(worker, "_evaluate", lambda state, cand, kernel, compile_s:
@@ -401,3 +403,39 @@ def test_the_worker_compiles_each_source_once_and_takes_up_what_prepare_started(
     assert compiled == ["a", "b", "c"]
     assert [(r.id, r.status) for r in conn.sent[1:]] == [(4, "ok"), (5, "ok"), (6, "ok"), (7, "ok")]
     assert state.compiling == {}
+
+
+def test_the_compile_deadline_is_ten_median_compiles_and_at_least_the_floor():
+    from autotile.runtime import worker
+
+    assert worker.compile_deadline_s([]) == worker.COMPILE_DEADLINE_FLOOR_S
+    assert worker.compile_deadline_s([0.01] * 30) == worker.COMPILE_DEADLINE_FLOOR_S  # compile-cache hits
+    assert worker.compile_deadline_s([1.0, 3.0, 5.0, 60.0]) == worker.COMPILE_DEADLINE_FACTOR * 5.0
+
+
+@pytest.mark.parametrize("deadline", [True, False])
+def test_a_compile_past_its_deadline_is_not_waited_for_unless_told_to(monkeypatch, deadline):
+    import concurrent.futures
+    import time as time_mod
+    import types
+
+    from autotile.runtime import worker
+
+    job = ("source", "k")
+    state = types.SimpleNamespace(setup=types.SimpleNamespace(compile_deadline=deadline),
+                                  compile_clock={("done", "k"): (0.0, 2.0)})
+    started = time_mod.monotonic()
+    state.compile_clock[job] = (started - worker.COMPILE_DEADLINE_FLOOR_S - 1, None)  # still running, too long
+    future: concurrent.futures.Future = concurrent.futures.Future()
+    if deadline:
+        with pytest.raises(worker.CompileTooSlow, match="still running after 20 s"):
+            worker._WorkerState.await_compile(state, job, future)
+        assert time_mod.monotonic() - started < 5
+    else:  # a sweep waits for every compile: here, for a compile that ends a moment later
+        import threading
+
+        threading.Timer(0.2, lambda: future.set_result("kernel")).start()
+        assert worker._WorkerState.await_compile(state, job, future) == "kernel"
+    on_time: concurrent.futures.Future = concurrent.futures.Future()
+    on_time.set_result("fast")
+    assert worker._WorkerState.await_compile(state, ("other", "k"), on_time) == "fast"

@@ -95,7 +95,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     def progress(done: int, total: int) -> None:
         print(f"\r{done}/{total} configs, {time.monotonic() - started:.0f} s", end="", file=sys.stderr, flush=True)
 
-    with IsolatedRunner(Setup(key, compile_threads=args.compile_threads)) as runner:
+    with IsolatedRunner(Setup(key, compile_threads=args.compile_threads, compile_deadline=False)) as runner:
         limits = DeviceLimits.from_json(runner.environment["limits"])
         sweep = record(args.out, sub, key, limits, runner, tuner.candidate, command=command, progress=progress)
     print(file=sys.stderr)

@@ -25,6 +25,7 @@ import hashlib
 import os
 import re
 import threading
+import time
 from typing import Any, Callable, Iterable
 
 from autotile.codegen import compile_cache
@@ -457,15 +458,25 @@ def host_compile_threads() -> int:
     return max(1, min(MAX_COMPILE_THREADS, cores))
 
 
-def compile_many(jobs: Iterable[tuple[str, str]], workers: int = 4) -> list[concurrent.futures.Future]:
+def compile_many(jobs: Iterable[tuple[str, str]], workers: int = 4,
+                 clock: dict[tuple[str, str], tuple[float, float | None]] | None = None
+                 ) -> list[concurrent.futures.Future]:
     """Start compiling (source, name) pairs in parallel for the caller's current device; each future gives a
     `Kernel` or raises. NVRTC compiles independent programs in parallel and without the GIL, which hides
-    compile time behind the timing of the candidate before."""
+    compile time behind the timing of the candidate before. `clock`, if given, gets each job's
+    (time.monotonic() when a thread took it up, and when it finished or None)."""
     device_id = _current_device()[0]  # the pool's threads have their own current device: pass the caller's
 
     def job(source: str, name: str) -> Kernel:
-        with _use_device(device_id):
-            return compile_kernel(source, name)
+        started = time.monotonic()
+        if clock is not None:
+            clock[(source, name)] = (started, None)
+        try:
+            with _use_device(device_id):
+                return compile_kernel(source, name)
+        finally:
+            if clock is not None:
+                clock[(source, name)] = (started, time.monotonic())
 
     pool = _pool(workers)
     return [pool.submit(job, source, name) for source, name in jobs]

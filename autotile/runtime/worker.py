@@ -81,6 +81,29 @@ class Setup:
     seed: int = 0
     compile_threads: int = dataclasses.field(default_factory=build.host_compile_threads)
     device_id: int = 0
+    # Give up waiting for a compile that has run this long (`compile_deadline`); False: wait for every compile
+    # (a sweep, which must time every config).
+    compile_deadline: bool = True
+
+
+# A compile that has run COMPILE_DEADLINE_FACTOR times this worker's median compile, and at least
+# COMPILE_DEADLINE_FLOOR_S, is not waited for: the candidate fails as a compile that took too long, and the
+# compile goes on in the background into the compile cache. NVRTC takes about 1-5 s for most configs but
+# 45 s for a few (a SIMT config with 16 x 8 accumulators a thread, VEC 2 and UNROLL 4, measured 2026-11-27):
+# a tune would otherwise spend a quarter of its time on one config.
+COMPILE_DEADLINE_FACTOR = 10.0
+COMPILE_DEADLINE_FLOOR_S = 20.0
+
+
+def compile_deadline_s(durations: list[float]) -> float:
+    """Seconds a compile may run before it is given up on, from the durations of the compiles finished."""
+    ordered = sorted(durations)
+    median = ordered[len(ordered) // 2] if ordered else 0.0
+    return max(COMPILE_DEADLINE_FLOOR_S, COMPILE_DEADLINE_FACTOR * median)
+
+
+class CompileTooSlow(Exception):
+    """A compile ran past its deadline (`compile_deadline_s`)."""
 
 
 class WorkerError(AutotileError, RuntimeError):
@@ -123,6 +146,25 @@ class _WorkerState:
         self.kernels: dict[int, Any] = {}
         # (source, name) -> the future of its compile, from "prepare" until its "evaluate" takes it
         self.compiling: dict[tuple[str, str], Any] = {}
+        # (source, name) -> (when its compile began, when it ended or None), as the compile threads write it
+        self.compile_clock: dict[tuple[str, str], tuple[float, float | None]] = {}
+
+    def await_compile(self, job: tuple[str, str], future: Any) -> Any:
+        """The kernel `future` compiles; raises CompileTooSlow where the compile runs past its deadline."""
+        import concurrent.futures
+
+        while True:
+            done, _ = concurrent.futures.wait([future], timeout=0.05)
+            if done:
+                return future.result()
+            began = self.compile_clock.get(job, (None, None))[0]
+            if self.setup.compile_deadline and began is not None:
+                finished = [end - start for start, end in self.compile_clock.values() if end is not None]
+                limit = compile_deadline_s(finished)
+                if time.monotonic() - began > limit:
+                    raise CompileTooSlow(f"the compile was still running after {limit:.0f} s (over "
+                                         f"{COMPILE_DEADLINE_FACTOR:g} times this tune's median compile): not "
+                                         f"waited for; it goes on into the compile cache")
 
     def environment(self) -> dict[str, Any]:
         import cupy
@@ -250,7 +292,8 @@ def _registers(kernel: Any) -> int | None:
 def _start_compiles(state: _WorkerState, jobs: list[tuple[str, str]]) -> None:
     """Start compiling each (source, name) not under way already (once: two configs may render alike)."""
     fresh = list(dict.fromkeys(job for job in jobs if job not in state.compiling))
-    for job, future in zip(fresh, build.compile_many(fresh, state.setup.compile_threads), strict=True):
+    futures = build.compile_many(fresh, state.setup.compile_threads, state.compile_clock)
+    for job, future in zip(fresh, futures, strict=True):
         state.compiling[job] = future
 
 
@@ -284,13 +327,15 @@ def _serve(conn: Any) -> None:
             for cand, fut in zip(cands, futures, strict=True):
                 waiting = time.perf_counter()  # the GPU idles while a compile is awaited
                 try:
-                    kernel = fut.result()
+                    kernel = state.await_compile((cand.source, cand.name), fut)
                     waited = time.perf_counter() - waiting
                     result = dataclasses.replace(_evaluate(state, cand, kernel, time.perf_counter() - t0),
                                                  compile_wait_s=waited)
                 except CompileError as exc:
                     result = CandidateResult(cand.id, COMPILE, str(exc) + "\n" + exc.log[-2000:],
                                              compile_wait_s=time.perf_counter() - waiting)
+                except CompileTooSlow as exc:
+                    result = CandidateResult(cand.id, COMPILE, str(exc), compile_wait_s=time.perf_counter() - waiting)
                 conn.send(result)
                 if result.status == CRASH:
                     os._exit(3)  # the context is unusable: the parent starts a fresh worker
