@@ -164,7 +164,7 @@ class _WorkerState:
                 if time.monotonic() - began > limit:
                     raise CompileTooSlow(f"the compile was still running after {limit:.0f} s (over "
                                          f"{COMPILE_DEADLINE_FACTOR:g} times this tune's median compile): not "
-                                         f"waited for; it goes on into the compile cache")
+                                         f"waited for (it goes on into the compile cache while the tune runs)")
 
     def environment(self) -> dict[str, Any]:
         import cupy
@@ -400,6 +400,11 @@ def worker_main() -> None:
         except Exception:
             pass
         os._exit(4)
+    # Told to stop, or the parent gone: out at once, not after the compiles still under way (asked ahead and
+    # not needed, or past their deadline), which the interpreter's exit would wait for. A compile cut short
+    # leaves no file in the compile cache (its writes are atomic).
+    sys.stderr.flush()
+    os._exit(0)
 
 
 # -- the parent side -------------------------------------------------------------------------------------
