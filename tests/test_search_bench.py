@@ -12,8 +12,8 @@ from autotile.tuning import search_bench, sweep
 from autotile.tuning.tuner import TuneOptions
 
 SWEEPS = sweep.sweeps()
-# The default search's median (20 seeds) of optimum / best found at 40 trials, on every recorded sweep.
-# Measured 2026-11-22 over the nine recorded sweeps: 0.978-1.000 (see the README's search-benchmark table);
+# The default search's median of optimum / best found at 40 trials, on every recorded sweep. Measured
+# 2026-11-27 over the 13 recorded sweeps, 20 seeds: 0.981-1.000 (docs/search.md);
 # the pin sits below by a margin that optuna's version changes should not cross.
 PIN_AT_40 = 0.95
 
@@ -41,7 +41,9 @@ def test_the_optimum_is_reached_by_a_search_of_every_config():
 
 @pytest.mark.parametrize("s", SWEEPS, ids=[s.name for s in SWEEPS])
 def test_default_search_median_at_40_trials(s):
-    ratios = [search_bench.replay(s, TuneOptions.sampler, seed, 40).at(40) for seed in range(20)]
+    # 11 seeds, not the benchmark's 20: the pin sits well below every sweep's median (0.981-1.000 over 20),
+    # and 13 sweeps at 20 seeds took a minute and a half of the suite's CPU.
+    ratios = [search_bench.replay(s, TuneOptions.sampler, seed, 40).at(40) for seed in range(11)]
     assert statistics.median(ratios) >= PIN_AT_40, sorted(ratios)
 
 

@@ -81,8 +81,8 @@ class Setup:
     seed: int = 0
     compile_threads: int = dataclasses.field(default_factory=build.host_compile_threads)
     device_id: int = 0
-    # Give up waiting for a compile that has run this long (`compile_deadline`); False: wait for every compile
-    # (a sweep, which must time every config).
+    # Whether to stop waiting for a compile that runs past `compile_deadline_s` (False: wait for every
+    # compile, as a sweep must: it times every config).
     compile_deadline: bool = True
 
 

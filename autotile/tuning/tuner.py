@@ -555,8 +555,10 @@ class Tuner:
         the fastest, then the fastest of each other family within RIVAL of it (fastest first), then the
         next fastest (ten in all, besides those leaders)."""
         timed = sorted((value, key) for key, (value, _) in ledger.results().items() if value is not None)
-        configs = []
+        configs: list[tuple[float, Config]] = []
         for value, key in timed:
+            if len(configs) >= 10 and value > RIVAL * configs[0][0]:
+                break  # the ten fastest are in, and no slower config can lead a family
             with contextlib.suppress(InvalidValueError, UnknownNameError):
                 configs.append((value, self._config_from_key(key)))
         leaders: dict[Any, Config] = {}
