@@ -315,10 +315,7 @@ def _swaps(params: list[Any], config: Config) -> list[dict[str, Any]]:
 
 
 def _changes(params: list[Any], config: Config, distance: int) -> list[dict[str, Any]]:
-    """Every way of changing `distance` of `params` to another of their choices, but for those that change
-    only parameters `config` leaves inactive: settled, they are `config` itself (a change of an active
-    parameter that turns an inactive one on, with that one's new value, stays)."""
-    live = {p.name for p in params if p.active is None or p.active(config)}
+    """Every way of changing `distance` of `params` to another of their choices."""
     out: list[dict[str, Any]] = [{}]
     for _ in range(distance):
         grown = []
@@ -327,7 +324,7 @@ def _changes(params: list[Any], config: Config, distance: int) -> list[dict[str,
             for p in params[start:]:
                 grown += [dict(done, **{p.name: v}) for v in p.choices if v != config[p.name]]
         out = grown
-    return [change for change in out if not live.isdisjoint(change)]
+    return out
 
 
 def settle(space: Space, config: Config) -> Config:
