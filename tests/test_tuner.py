@@ -749,6 +749,10 @@ def test_shape_moves_fill_an_unsplit_config_and_step_a_split_both_ways():
     assert [c["SPLIT_K"] for c in shape_moves(space, problem, "matmul", skinny, wide)] == [4, 16]
     assert all(dict(c, SPLIT_K=8) == dict(wide) for c in shape_moves(space, problem, "matmul", skinny, wide))
     assert shape_moves(space, problem, "matmul", (4096, 4096, 4096), config) == []  # fills the GPU unsplit
+    # 7 x 32 tiles fill 132 SMs unsplit: a split config's first move is not to split
+    split4 = space.config(dict(config, SPLIT_K=4))
+    moves = shape_moves(space, problem, "matmul", (777, 4096, 2816), split4)
+    assert moves[0] == config and [c["SPLIT_K"] for c in moves[1:]] == [2, 8]
 
 
 class _Ledger:

@@ -275,9 +275,10 @@ def improvement(space: Space, problem: Problem, rng: random.Random, ranked: Sequ
 
 def shape_moves(space: Space, problem: Problem, kernel: str, shape: tuple[int, ...], config: Config) -> list[Config]:
     """The neighbours of `config` that the shape singles out: its K split to fill the GPU (`filled`), else,
-    where K is split already, into the next fewer and the next more pieces the space offers (feasible and
-    worth timing). The time of a K split is not monotonic in the pieces (the last wave's fill, the reduction's
-    cost), so both sides are tried."""
+    where K is split already, no split where its tiles alone fill the GPU, then the next fewer and the next
+    more pieces the space offers (feasible and worth timing). The time of a K split is not monotonic in the
+    pieces (the last wave's fill, the reduction's cost), so both sides are tried."""
+    from autotile.codegen import kernels
     from autotile.dispatch.model import worth_timing
 
     wide = filled(space, problem, kernel, shape, config)
@@ -292,6 +293,10 @@ def shape_moves(space: Space, problem: Problem, kernel: str, shape: tuple[int, .
     if i is None:
         return []
     out = []
+    whole = settle(space, Config(dict(config, SPLIT_K=1)))
+    if (math.prod(kernels.get(kernel).grid(whole, shape)) >= FILL * problem.device.sm_count
+            and space.is_feasible(whole, problem)):
+        out.append(whole)  # its tiles alone fill the GPU: a split only adds the reduction's work
     for step in (choices[i - 1] if i > 0 else None, choices[i + 1] if i + 1 < len(choices) else None):
         if step is None:
             continue
