@@ -856,6 +856,17 @@ def test_each_batch_is_prepared_while_the_one_before_is_evaluated(space, table, 
     assert not studies[-1].get_trials(states=(optuna.trial.TrialState.RUNNING,))
 
 
+def test_a_queued_grid_starts_compiling_only_its_first_configs(space, table, limits):
+    from autotile.tuning.tuner import QUEUED_AHEAD
+
+    evaluator = CallLog(table)
+    Tuner(KEY, TuneOptions(trials=60, batch=4, sampler="grid"), space=space).run(evaluator, limits)
+    (first, queued), *_ = evaluator.calls
+    assert first == "prepare" and len(queued) == QUEUED_AHEAD < 60
+    ran = [key for kind, keys in evaluator.calls if kind == "evaluate" for key in keys]
+    assert ran[:QUEUED_AHEAD] == queued
+
+
 def test_where_compiles_do_not_keep_the_gpu_waiting_each_batch_waits_for_the_one_before(space, table, limits):
     # Compiles from the cache: after the first batch (taken to compile), the tuner stops asking ahead, which
     # would cost the search the last batch's results.

@@ -50,6 +50,9 @@ NAMED_SHARE = 0.25
 # A batch whose evaluation spent at least this share of its time waiting for compiles is compile-bound: the
 # next batch is then compiled ahead (`TuneOptions.compile_ahead`).
 COMPILE_BOUND = 0.25
+# At most this many queued configs start compiling before the first is timed: two rounds of a 16-core host's
+# compiles (the seeds, named configs and warm starts of a tune; not a whole grid of thousands).
+QUEUED_AHEAD = 32
 # Where a tune's wall time goes, in the order `autotile tune` prints it: (key of TuneResult.phases, words).
 PHASES = (("start", "starting: checks, the worker (inputs, reference, cuBLAS)"), ("compile", "waiting for compiles"),
           ("check", "checking results"), ("timing", "timing candidates"), ("retime", "re-timing the finalists"),
@@ -409,7 +412,7 @@ class Tuner:
         if prepare is not None:
             # The queued configs (seeds, named configs, warm starts) are known before the first ask: their
             # compiles all start now, on the host's cores (`Setup.compile_threads`), not a batch at a time.
-            queued = self._queued(study, problem)[:opts.trials]
+            queued = self._queued(study, problem)[:min(opts.trials, QUEUED_AHEAD)]
             if queued:
                 prepare([self.candidate(c) for c in queued])
 
