@@ -213,14 +213,13 @@ def filled(space: Space, problem: Problem, kernel: str, shape: tuple[int, ...], 
     enough K per split). Of the splits from the fewest that fill FILL of the SMs to twice as many, the one
     whose waves are fullest for its work (`_wave_cost`), the fewer pieces on a tie; where none fills, the
     largest that is feasible."""
-    from autotile.codegen import kernels
     from autotile.dispatch.model import worth_timing
 
     param = space.params.get("SPLIT_K")
     if param is None or config.get("SPLIT_K") != 1:
         return None
     sm_count = problem.device.sm_count
-    blocks = math.prod(kernels.get(kernel).grid(config, shape))
+    blocks = _blocks(kernel, config, shape)
     if blocks >= FILL * sm_count:
         return None
     usable = []  # (split, config), fewer pieces first
@@ -235,6 +234,13 @@ def filled(space: Space, problem: Problem, kernel: str, shape: tuple[int, ...], 
         return usable[-1][1] if usable else None
     near = [(split, c) for split, c in usable if fewest <= split <= 2 * fewest]
     return min(near, key=lambda sc: (_wave_cost(space, problem, sc[1], blocks * sc[0]), sc[0]))[1]
+
+
+def _blocks(kernel: str, config: Config, shape: tuple[int, ...]) -> int:
+    """The blocks `config` launches on `shape`."""
+    from autotile.codegen import kernels
+
+    return math.prod(kernels.get(kernel).grid(config, shape))
 
 
 def _wave_cost(space: Space, problem: Problem, config: Config, blocks: int) -> float:
@@ -278,30 +284,22 @@ def shape_moves(space: Space, problem: Problem, kernel: str, shape: tuple[int, .
     where K is split already, no split where its tiles alone fill the GPU, then the next fewer and the next
     more pieces the space offers (feasible and worth timing). The time of a K split is not monotonic in the
     pieces (the last wave's fill, the reduction's cost), so both sides are tried."""
-    from autotile.codegen import kernels
     from autotile.dispatch.model import worth_timing
 
     wide = filled(space, problem, kernel, shape, config)
     if wide is not None:
         return [wide]
     param = space.params.get("SPLIT_K")
-    split = config.get("SPLIT_K")
-    if param is None or split is None or split == 1:
-        return []
-    choices = sorted(int(c) for c in param.choices)
-    i = choices.index(int(split)) if int(split) in choices else None
-    if i is None:
+    if param is None or config.get("SPLIT_K", 1) == 1:
         return []
     out = []
     whole = settle(space, Config(dict(config, SPLIT_K=1)))
-    if (math.prod(kernels.get(kernel).grid(whole, shape)) >= FILL * problem.device.sm_count
-            and space.is_feasible(whole, problem)):
+    if _blocks(kernel, whole, shape) >= FILL * problem.device.sm_count and space.is_feasible(whole, problem):
         out.append(whole)  # its tiles alone fill the GPU: a split only adds the reduction's work
-    for step in (choices[i - 1] if i > 0 else None, choices[i + 1] if i + 1 < len(choices) else None):
-        if step is None:
-            continue
-        reduce = {"SPLIT_REDUCE": config["SPLIT_REDUCE"]} if "SPLIT_REDUCE" in config and step > 1 else {}
-        candidate = settle(space, Config(dict(config, SPLIT_K=step, **reduce)))
+    choices = sorted(int(c) for c in param.choices)
+    i = choices.index(int(config["SPLIT_K"]))
+    for step in choices[max(0, i - 1):i] + choices[i + 1:i + 2]:
+        candidate = settle(space, Config(dict(config, SPLIT_K=step)))
         if space.is_feasible(candidate, problem) and worth_timing(kernel, candidate, shape, problem.device.sm_count):
             out.append(candidate)
     return out
@@ -341,4 +339,4 @@ def settle(space: Space, config: Config) -> Config:
     return Config(values)
 
 
-__all__ = ["filled", "improvement", "neighbour", "settle", "uniform", "uniform_in"]
+__all__ = ["filled", "improvement", "neighbour", "settle", "shape_moves", "uniform", "uniform_in"]

@@ -647,7 +647,6 @@ class Tuner:
         """Enqueue the seeds, the space's named configs and the starting points (and, for the grid sampler,
         the grid) that the study has not run, is not running and has not queued. Two workers starting at
         the same moment may both enqueue one: the second copy is judged a repeat and never timed."""
-        import optuna
 
         from autotile.tuning.study import Ledger
 
@@ -655,11 +654,7 @@ class Tuner:
         trials = study.get_trials(deepcopy=False)
         ledger = Ledger.of(trials)
         taken = set(ledger.owned)
-        for t in trials:
-            if t.state == optuna.trial.TrialState.WAITING:
-                fixed = t.system_attrs.get("fixed_params", t.params)
-                with contextlib.suppress(Exception):
-                    taken.add(self.space.from_drawn(dict(fixed)).key())
+        taken.update(c.key() for c in self._waiting(trials))
         # The caller's starting points run first (the config in use, when re-tuning): a run cut short by
         # --timeout still measures what it would replace, so its winner is never worse.
         seeds = {c.key(): n for n, c in self.space.named_configs.items() if n.startswith(SEED_PREFIX)}
@@ -688,17 +683,27 @@ class Tuner:
                     study.enqueue_trial(dict(config))
                     taken.add(config.key())
 
-    def _queued(self, study: Any, problem: Problem) -> list[Config]:
-        """The feasible configs of the study's queued (waiting) trials, in the order they will run."""
+    def _waiting(self, trials: list[Any]) -> list[Config]:
+        """The configs of the queued (waiting) trials among `trials`, in the order they will run; a queued
+        config outside today's space is left out."""
         import optuna
 
         configs = []
-        for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,)):
-            with contextlib.suppress(Exception):  # a queued config outside today's space: nothing to compile
-                config = self.space.from_drawn(dict(t.system_attrs.get("fixed_params", t.params)))
-                if self.space.is_feasible(config, problem):
-                    configs.append(config)
+        for t in trials:
+            if t.state == optuna.trial.TrialState.WAITING:
+                with contextlib.suppress(Exception):
+                    configs.append(self.space.from_drawn(dict(t.system_attrs.get("fixed_params", t.params))))
         return configs
+
+    def _queued(self, study: Any, problem: Problem) -> list[Config]:
+        """The feasible configs of the study's queued trials, in the order they will run."""
+        return [c for c in self._waiting(study.get_trials(deepcopy=False)) if self.space.is_feasible(c, problem)]
+
+    def _fitted(self, problem: Problem, config: Config) -> Config:
+        """`config` with its K split to fill the GPU where its tiles leave SMs idle (`propose.filled`)."""
+        from autotile.tuning import propose
+
+        return propose.filled(self.space, problem, self.key.kernel, self.shape, config) or config
 
     def _named_starts(self, problem: Problem) -> list[tuple[str, Config]]:
         """The space's named configs a search starts with, as (name, config): every seed (the baselines),
@@ -706,7 +711,6 @@ class Tuner:
         in the space's order), at most NAMED_SHARE of the trials, so that a small budget tries every family
         and leaves most of itself to the search. Each is fitted to the shape (`propose.filled`): where its
         tiles leave SMs idle, its K is split to fill them (a skinny M, a tall K)."""
-        from autotile.tuning import propose
 
         feasible = [(n, c) for n, c in self.space.named_configs.items() if self.space.is_feasible(c, problem)]
         seeds = [(n, c) for n, c in feasible if n.startswith(SEED_PREFIX)]
@@ -718,7 +722,7 @@ class Tuner:
         out = list(seeds)
         seen = {c.key() for _, c in seeds}
         for name, config in interleaved[:max(1, int(NAMED_SHARE * self.options.trials))]:
-            fitted = propose.filled(self.space, problem, self.key.kernel, self.shape, config) or config
+            fitted = self._fitted(problem, config)
             if fitted.key() not in seen:
                 seen.add(fitted.key())
                 out.append((name if fitted is config else f"{name}+split{fitted['SPLIT_K']}", fitted))
@@ -728,7 +732,7 @@ class Tuner:
         """Queue the cache's winners of other shapes and GPUs (`autotile.tuning.transfer`), each fitted to the
         shape (`propose.filled`), once per study: a resumed study has them already, run or queued."""
         from autotile.dispatch.cache import TuningCache
-        from autotile.tuning import propose, transfer
+        from autotile.tuning import transfer
 
         if any(t.user_attrs.get(PROPOSED) == TRANSFER for t in study.get_trials(deepcopy=False)):
             return
@@ -737,7 +741,7 @@ class Tuner:
                                                  cache, self.options.warm_starts):
             # Fitted to the shape as the named configs are: a config of another shape that leaves this
             # one's SMs idle has its K split to fill them.
-            config = propose.filled(self.space, problem, self.key.kernel, self.shape, found) or found
+            config = self._fitted(problem, found)
             if config.key() not in taken:
                 study.enqueue_trial(dict(config), user_attrs={PROPOSED: TRANSFER, "transfer": where})
                 taken.add(config.key())
