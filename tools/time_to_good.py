@@ -34,6 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--kernel", default=None, help="matmul, bmm or matvec (default: the sweep's, else matmul)")
     parser.add_argument("--shape", help="MxNxK, or MxK for matvec (default: the sweep's)")
+    parser.add_argument("--dtype", default=None, help="element type (default: the sweep's, else float32)")
     parser.add_argument("--layout", default=None, help="nn, nt, tn or tt (default: the sweep's, else nn)")
     parser.add_argument("--trials", type=int, default=40)
     parser.add_argument("--seeds", type=int, default=5)
@@ -62,6 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     shape = args.shape or "x".join(map(str, sweep.key.shape))  # type: ignore[union-attr]
     kernel = args.kernel or (sweep.key.kernel if sweep is not None else "matmul")
     layout = args.layout or (sweep.key.layout if sweep is not None else ("row" if kernel == "matvec" else "nn"))
+    dtype = args.dtype or (sweep.key.dtype if sweep is not None else "float32")
     whole = args.others is not None
     fix: Any = sweep.sub.choices if args.replay and not whole and sweep is not None else (fix_items(args.fix) or None)
     # The compile cache outlives the seeds' tuning caches (each a temporary folder under which it would
@@ -85,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
                     if p.best_ms is not None:
                         timeline.append((time.monotonic() - start, p.best_ms))
 
-                result = api.tune(kernel, shape, layout=layout, trials=args.trials, seed=seed, evaluator=evaluator,
+                result = api.tune(kernel, shape, dtype=dtype, layout=layout, trials=args.trials, seed=seed, evaluator=evaluator,
                                   fix=fix, progress=seen)
                 runs.append((seed, time.monotonic() - start, result, timeline))
     finally:
@@ -94,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             os.environ[resources.CACHE_DIR_ENV] = saved_root
     reference = sweep.best_ms() if sweep is not None else min(r.best.median_ms for _, _, r, _ in runs)
-    print(f"{kernel} {shape} {layout}, {args.trials} trials, reference {reference * 1000:.1f} us "
+    print(f"{kernel} {dtype} {shape} {layout}, {args.trials} trials, reference {reference * 1000:.1f} us "
           f"({'the sweep optimum' if sweep is not None else 'the best any seed measured'})")
     print(f"{'seed':>4} {'wall s':>7} {'start':>6} {'compile':>8} {'timing':>7} {'search':>7} {'retime':>7} "
           f"{'best us':>8} {'x cuBLAS':>8} {'ref/best':>8} {'to 97% s':>9}  winner")
