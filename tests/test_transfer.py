@@ -11,7 +11,7 @@ from autotile.codegen.space import Problem
 from autotile.tuning import propose, search_bench, sweep, transfer
 from autotile.tuning.study import Ledger
 from autotile.tuning.testing import ReplayEvaluator
-from autotile.tuning.tuner import IMPROVE, IMPROVE_EVERY, PROPOSED, STARTUP, TRANSFER, TuneOptions, Tuner
+from autotile.tuning.tuner import ENDGAME, IMPROVE, IMPROVE_EVERY, PROPOSED, STARTUP, TRANSFER, TuneOptions, Tuner
 
 TF32X3 = sweep.load(sweep.SWEEPS_DIR / "matmul-tf32x3-2048-h100.jsonl.gz")
 
@@ -124,11 +124,18 @@ def test_no_warm_starts_for_random_search_or_when_turned_off(sampler, options):
     assert not any(t.user_attrs.get(PROPOSED) == TRANSFER for t in _ran(search))
 
 
-def test_tpe_gives_one_guided_proposal_in_improve_every_to_improvement():
+def test_tpe_gives_one_guided_proposal_in_improve_every_to_improvement_and_the_endgame_to_it_alone():
     _, search = _replay("tpe", 100)
-    guided = [t for t in _ran(search) if "seed" not in t.user_attrs and "named" not in t.user_attrs
+    ran = _ran(search)
+    last = round(ENDGAME * 100)
+    guided = [t for t in ran[:-last] if "seed" not in t.user_attrs and "named" not in t.user_attrs
               and t.user_attrs.get(PROPOSED) not in (TRANSFER, "uniform")]
     share = sum(t.user_attrs.get(PROPOSED) == IMPROVE for t in guided) / len(guided)
     # STARTUP draws, and one more for each repeated or infeasible draw that had no unmeasured neighbour
-    assert STARTUP <= sum(t.user_attrs.get(PROPOSED) == "uniform" for t in _ran(search)) <= STARTUP + 3
+    assert STARTUP <= sum(t.user_attrs.get(PROPOSED) == "uniform" for t in ran) <= STARTUP + 3
     assert abs(share - 1 / IMPROVE_EVERY) < 0.1, share
+    # 100 trials exhaust the leaders' neighbourhoods on this sweep (the endgame then falls back on TPE);
+    # 40 do not, and their last tenth is all the local step
+    _, search = _replay("tpe", 40)
+    last = round(ENDGAME * 40)
+    assert [t.user_attrs.get(PROPOSED) for t in _ran(search)[-last:]] == [IMPROVE] * last

@@ -753,6 +753,9 @@ def test_shape_moves_fill_an_unsplit_config_and_step_a_split_both_ways():
     split4 = space.config(dict(config, SPLIT_K=4))
     moves = shape_moves(space, problem, "matmul", (777, 4096, 2816), split4)
     assert moves[0] == config and [c["SPLIT_K"] for c in moves[1:]] == [2, 8]
+    # a space whose SPLIT_K is fixed to splits (`--fix SPLIT_K=4,8`) is never offered the unsplit config
+    fixed = space.restricted({"SPLIT_K": [4, 8]})
+    assert [c["SPLIT_K"] for c in shape_moves(fixed, problem, "matmul", (777, 4096, 2816), split4)] == [8]
 
 
 class _Ledger:

@@ -293,10 +293,11 @@ def shape_moves(space: Space, problem: Problem, kernel: str, shape: tuple[int, .
     if param is None or config.get("SPLIT_K", 1) == 1:
         return []
     out = []
+    choices = sorted(int(c) for c in param.choices)  # a fixed SPLIT_K (`--fix`) may leave out 1
     whole = settle(space, Config(dict(config, SPLIT_K=1)))
-    if _blocks(kernel, whole, shape) >= FILL * problem.device.sm_count and space.is_feasible(whole, problem):
+    if 1 in choices and _blocks(kernel, whole, shape) >= FILL * problem.device.sm_count \
+            and space.is_feasible(whole, problem):
         out.append(whole)  # its tiles alone fill the GPU: a split only adds the reduction's work
-    choices = sorted(int(c) for c in param.choices)
     i = choices.index(int(config["SPLIT_K"]))
     for step in choices[max(0, i - 1):i] + choices[i + 1:i + 2]:
         candidate = settle(space, Config(dict(config, SPLIT_K=step)))
