@@ -89,8 +89,8 @@ def main(argv: list[str] | None = None) -> int:
                     if p.best_ms is not None:
                         timeline.append((time.monotonic() - start, p.best_ms))
 
-                result = api.tune(kernel, shape, dtype=dtype, layout=layout, trials=args.trials, seed=seed, evaluator=evaluator,
-                                  fix=fix, progress=seen)
+                result = api.tune(kernel, shape, dtype=dtype, layout=layout, trials=args.trials, seed=seed,
+                                  evaluator=evaluator, fix=fix, progress=seen)
                 runs.append((seed, time.monotonic() - start, result, timeline))
     finally:
         if saved_root is None:
