@@ -117,10 +117,9 @@ class Model:
         self.log_shapes = np.log2(np.array(db.shapes, dtype=np.float64))
         # log2 speed-up over the reference; NaN where either was not timed.
         self.gain = (np.log2(times[:, [self.reference]]) - np.log2(times)) if self.reference is not None else None
-        self.fill = np.full(times.shape, np.nan)
-        self.worth = np.zeros((len(db.shapes), len(self.usable)), dtype=bool)  # rows x usable candidates
-        for i, shape in enumerate(db.shapes):
-            self.fill[i, self.usable], self.worth[i] = self._features(tuple(shape))
+        # Each database row's `_features`, computed when first read: a query reads its nearest rows' only,
+        # and computing every row's (hundreds of rows x candidates) took seconds of a process's first call.
+        self._row_features: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         # A candidate copies `width` elements at a time where every operand's rows start aligned to that
         # and one at a time elsewhere (several times the copy instructions: measured 0.76x cuBLAS on a
         # batch where aligned neighbours predicted 1.2x): two kernels in one, so a candidate of width over
@@ -151,6 +150,13 @@ class Model:
                  for j in self.usable], dtype=np.bool_)
         return mask
 
+    def _features_of_row(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        """`_features` of the database's row `i` (computed once)."""
+        found = self._row_features.get(i)
+        if found is None:
+            found = self._row_features[i] = self._features(tuple(int(d) for d in self.db.shapes[i]))
+        return found
+
     def _features(self, shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
         """For each usable candidate on `shape`: log2 blocks per SM, and whether it is worth running."""
         configs = [c for c in (self.configs[j] for j in self.usable) if c is not None]
@@ -171,7 +177,7 @@ class Model:
         dist = self._distances(shape_t)
         if exclude is not None:
             dist[exclude] = np.inf
-            fill_q, worth = self.fill[exclude, self.usable], self.worth[exclude]
+            fill_q, worth = self._features_of_row(exclude)
         else:
             fill_q, worth = self._features(shape_t)
         order = self._nearest(dist, params)
@@ -237,8 +243,8 @@ class Model:
         if dist[order[0]] == 0:  # a surveyed shape: its own measurement is the answer
             predicted = np.where(ok[0], gain[0], -np.inf)
             return predicted, predicted, ok[0], gain, ok
-        w = 1.0 / (0.25 + dist[order][:, None] + FILL_WEIGHT * np.abs(self.fill[np.ix_(order, self.usable_columns)]
-                                                                         - fill_q[None, :]))
+        fill = np.array([self._features_of_row(int(i))[0] for i in order]).reshape(len(order), len(fill_q))
+        w = 1.0 / (0.25 + dist[order][:, None] + FILL_WEIGHT * np.abs(fill - fill_q[None, :]))
         w = np.where(ok, w, 0.0)
         with np.errstate(invalid="ignore", divide="ignore"):
             predicted = np.where(ok, w * gain, 0.0).sum(axis=0) / w.sum(axis=0)
