@@ -1,4 +1,4 @@
-"""The commands around tuning: `autotile tune` (needs a GPU) and `autotile cache list|show|clear`."""
+"""The commands around tuning: `autotile tune` (needs a GPU) and `autotile cache list|show|clear|compile`."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from autotile.codegen import kernels
 from autotile.codegen.dtypes import TENSOR_CORE_DTYPES
 from autotile.codegen.problem import LAYOUT_ALIASES
 from autotile.dispatch import precision
-from autotile.errors import InvalidValueError
+from autotile.errors import DeviceUnavailableError, InvalidValueError
 from autotile.tuning import validate
 from autotile.tuning.transfer import WARM_STARTS
 from autotile.tuning.tuner import SAMPLERS
@@ -92,6 +92,18 @@ def add_commands(sub: Any, add_problem_options: Callable[..., None]) -> None:
     q.add_argument("--compiled", action="store_true",
                    help="delete the compiled kernels instead (the compile cache; tuned configs stay)")
     q.set_defaults(func=cmd_cache_clear)
+    q = csub.add_parser("compile", help="compile ahead, on the host (no GPU needed), the kernels a first tune or "
+                                        "call starts with: each space's named configs and the shape database's "
+                                        "candidates, into the compile cache")
+    q.add_argument("--device", default=None, metavar="PROFILE",
+                   help="the GPU to compile for: an offline profile (h100, h200, a100...); default: the live GPU")
+    q.add_argument("--kernel", action="append", default=None,
+                   help=f"only this kernel ({', '.join(kernels.KERNELS)}; repeatable; default: all)")
+    q.add_argument("--dtype", action="append", default=None, help="only this element type (repeatable; default: all)")
+    q.add_argument("--layout", action="append", default=None, help="only this layout (repeatable; default: all)")
+    q.add_argument("--threads", type=int, default=None,
+                   help="parallel compiles (default: one per host core, at most 16)")
+    q.set_defaults(func=cmd_cache_compile)
 
 
 def add_scale_options(p: argparse.ArgumentParser) -> None:
@@ -355,6 +367,51 @@ def cmd_cache_clear(args: argparse.Namespace) -> int:
         return 0
     print(f"removed {n} entr{'y' if n == 1 else 'ies'} from {cache.root}")
     return 0
+
+
+def cmd_cache_compile(args: argparse.Namespace) -> int:
+    from autotile.codegen import dtypes
+    from autotile.codegen.limits import PROFILES, profile
+    from autotile.runtime.device import live_device
+    from autotile.tuning import precompile
+
+    if args.threads is not None:
+        validate.count(args.threads, name="--threads", minimum=1)
+    for name in args.kernel or ():
+        kernels.get(name)  # an unknown kernel: one line naming the known ones
+    for name in args.dtype or ():
+        dtypes.get(name)
+    if args.device is not None:
+        limits = profile(args.device)
+    else:
+        try:
+            limits = live_device()
+        except DeviceUnavailableError as exc:
+            raise DeviceUnavailableError(f"{exc}; name the GPU to compile for with --device "
+                                         f"({', '.join(PROFILES)})") from None
+    folder = precompile.cache_folder()
+    todo = precompile.jobs(limits, _cache(args), args.kernel, args.dtype, args.layout)
+    archs = ", ".join(sorted({job.arch for job in todo})) or "-"
+    print(f"{len(todo)} kernels for {limits.name} ({archs}) into {folder}")
+    bar = _progress_bar(len(todo))
+    summary = precompile.compile_all(todo, args.threads, progress=None if bar is None else lambda done, _: bar.update())
+    if bar is not None:
+        bar.close()
+    for job, message in summary.failed:
+        print(f"autotile: warning: {job.kernel} {job.dtype} {job.layout} {job.origin} did not compile: {message}",
+              file=sys.stderr)
+    print(f"compiled {summary.compiled}, already compiled {summary.cached}, failed {len(summary.failed)} "
+          f"in {summary.seconds:.1f} s")
+    return 1 if summary.failed else 0
+
+
+def _progress_bar(total: int) -> Any:
+    """A tqdm bar on a terminal, else None (a log gets the summary line only)."""
+    if not sys.stderr.isatty():
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit="kernel", dynamic_ncols=True)
 
 
 def _cublas_routine(dtype: str) -> str:

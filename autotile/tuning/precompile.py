@@ -1,0 +1,136 @@
+"""Compile ahead, on the host, the kernels a first tune or a first call starts with: into the compile cache.
+
+A tune of a new shape first runs the space's named configs and its warm starts (the shape database's
+candidates), and the library's first call of a shape runs one of those candidates. On a machine whose
+compile cache does not hold them yet, each waits for NVRTC (about a second a kernel, several for the
+largest): on an H100 (2026-11-27) a 40-trial tune from an empty compile cache spent 8-30 s of its
+11-42 s waiting for compiles. NVRTC needs no GPU, so `autotile cache compile` builds them ahead, for a
+live GPU or an offline profile's architecture, on every host core: once after installing, or in an image's
+build step. The kernels take their sizes at run time, so one binary serves every shape; a named config
+that a tune fits to a shape with a K split (`propose.filled`) is another kernel, compiled when first run.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any, Callable
+
+from autotile.codegen import build, compile_cache, dtypes, kernels
+from autotile.codegen.limits import DeviceLimits
+from autotile.codegen.space import Problem
+from autotile.errors import CompileError, InvalidValueError
+
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+    """One kernel to compile: where it comes from (a named config, or a shape database's candidate)."""
+
+    kernel: str
+    dtype: str
+    layout: str
+    origin: str  # "named NAME" or "database NAME"
+    source: str
+    arch: str
+
+
+@dataclasses.dataclass
+class Summary:
+    """What `compile_all` did: kernels compiled, found compiled already, failed (job, first error line)."""
+
+    compiled: int = 0
+    cached: int = 0
+    failed: list[tuple[Job, str]] = dataclasses.field(default_factory=list)
+    seconds: float = 0.0
+
+
+def jobs(limits: DeviceLimits, cache: Any, kernel_names: Iterable[str] | None = None,
+         dtype_names: Iterable[str] | None = None, layouts: Iterable[str] | None = None) -> list[Job]:
+    """The kernels to build for a GPU of `limits`: for each kernel, dtype and layout asked for (None: all),
+    the space's named configs that are feasible there, then the candidates of the shape database that
+    serves the problem family on that GPU (`database.find`: its own, else a sibling's), each source once."""
+    from autotile.dispatch import database
+
+    cc = limits.compute_capability
+    seen: set[str] = set()
+    out: list[Job] = []
+    for name in kernel_names or kernels.KERNELS:
+        spec = kernels.get(name)
+        space = spec.space
+        for dtype in dtype_names or dtypes.DTYPES:
+            for layout in layouts or space.layouts:
+                layout = spec.layout(layout)
+                problem = Problem(limits, dtype, layout)
+                configs = [(f"named {n}", c) for n, c in space.named_configs.items()]
+                db = database.find(cache, limits.fingerprint, name, dtype, layout)
+                configs += [(f"database {cand.name}", space.config(cand.config))
+                            for cand in (db.candidates if db else ())
+                            if cand.config is not None and _current(space, cand.config)]
+                for origin, config in configs:
+                    if not space.is_feasible(config, problem):
+                        continue
+                    source = spec.render(config, dtype, layout)
+                    if source in seen:
+                        continue
+                    seen.add(source)
+                    arch = build.target_arch(cc, build.needs_arch_specific(source))
+                    out.append(Job(name, dtype, layout, origin, source, arch))
+    return out
+
+
+def _current(space: Any, values: dict[str, Any]) -> bool:
+    """Whether a database's config reads in this version of the space (a parameter since removed: not)."""
+    try:
+        space.config(values)
+    except Exception:  # the same test the selection model makes (`model._usable_config`)
+        return False
+    return True
+
+
+def cache_folder() -> Path:
+    """The compile cache's folder, where compiling ahead keeps its kernels; InvalidValueError where it is off."""
+    folder = compile_cache.root()
+    if folder is None:
+        raise InvalidValueError(f"the compile cache is off ({compile_cache.ENV_VAR}={compile_cache.OFF}): "
+                                "compiling ahead would keep nothing")
+    return folder
+
+
+def compile_all(todo: list[Job], threads: int | None = None,
+                progress: Callable[[int, int], None] | None = None) -> Summary:
+    """Compile every job into the compile cache on `threads` NVRTC threads (default: the host's cores, at
+    most `build.MAX_COMPILE_THREADS`); one that fails is reported, never stops the others. `progress(done,
+    total)` after each."""
+    cache_folder()
+    summary = Summary()
+    started = time.monotonic()
+    compiler = build.compiler_version()
+
+    def one(job: Job) -> bool:
+        """Compile `job`; True where the cache held it already."""
+        key = build.source_hash(job.source, build.nvrtc_options(job.arch))
+        if compile_cache.load(key, compiler) is not None:
+            return True
+        build.compile(job.source, job.arch)
+        return False
+
+    with concurrent.futures.ThreadPoolExecutor(threads or build.host_compile_threads()) as pool:
+        futures = {pool.submit(one, job): job for job in todo}
+        for done, future in enumerate(concurrent.futures.as_completed(futures), 1):
+            try:
+                if future.result():
+                    summary.cached += 1
+                else:
+                    summary.compiled += 1
+            except CompileError as exc:
+                summary.failed.append((futures[future], str(exc).splitlines()[0]))
+            if progress is not None:
+                progress(done, len(todo))
+    summary.seconds = time.monotonic() - started
+    return summary
+
+
+__all__ = ["Job", "Summary", "cache_folder", "compile_all", "jobs"]
