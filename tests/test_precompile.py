@@ -44,6 +44,19 @@ def test_jobs_are_the_feasible_named_configs_and_the_databases_candidates_each_o
     assert a100 and all(job.origin.startswith("named ") and job.arch == "sm_80" for job in a100)
 
 
+def test_with_a_shape_the_jobs_hold_the_named_configs_as_its_tune_fits_them():
+    shape = (96, 5120, 3072)  # 40 tiles of 128x128 on 132 SMs: the tune splits their K
+    plain = precompile.jobs(H100, shipped_cache(), ["matmul"], ["float32"], ["nn"])
+    todo = precompile.jobs(H100, shipped_cache(), ["matmul"], ["float32"], ["nn"], shapes=[shape, (7, 9)])
+    tuner = Tuner(ProblemKey("matmul", "float32", "nn", shape), TuneOptions(trials=40))
+    starts = [tuner.candidate(c).source for _, c in tuner._named_starts(Problem(H100, "float32", "nn"))]
+    assert any("SPLIT_K=8" in source for source in starts)  # fitted: a kernel of its own
+    assert set(starts) <= {job.source for job in todo}
+    assert not set(starts) <= {job.source for job in plain}
+    assert any(job.origin.endswith(" fitted to 96x5120x3072") for job in todo)
+    assert not any("7x9" in job.origin for job in todo)  # a matvec shape: not matmul's
+
+
 @needs_nvrtc
 def test_a_tunes_first_candidates_find_their_kernels_compiled(own_compile_cache):
     todo = precompile.jobs(H100, shipped_cache(), ["matvec"], ["float64"], ["col"])
@@ -102,6 +115,8 @@ def test_cli_compiles_for_a_profile_and_says_what_it_did(capsys, own_compile_cac
     (["--device", "h100", "--dtype", "float33"], "float33"),
     (["--device", "h100", "--kernel", "matvec", "--layout", "nn"], "layout 'nn'"),
     (["--device", "h100", "--threads", "0"], "--threads"),
+    (["--device", "h100", "--kernel", "matvec", "--shape", "96x5120x3072"], "--shape '96x5120x3072'"),
+    (["--device", "h100", "--kernel", "matmul", "--shape", "96x0x3072"], "96x0x3072"),
 ])
 def test_cli_refuses_bad_values_in_one_line(capsys, argv, needle):
     assert cli.main(["cache", "compile", *argv]) == 2

@@ -101,6 +101,9 @@ def add_commands(sub: Any, add_problem_options: Callable[..., None]) -> None:
                    help=f"only this kernel ({', '.join(kernels.KERNELS)}; repeatable; default: all)")
     q.add_argument("--dtype", action="append", default=None, help="only this element type (repeatable; default: all)")
     q.add_argument("--layout", action="append", default=None, help="only this layout (repeatable; default: all)")
+    q.add_argument("--shape", action="append", default=None,
+                   help="also the configs as a tune of this shape runs them, fitted with a K split where their "
+                        "tiles leave SMs idle (MxNxK for matmul, BATCHxMxNxK for bmm, MxK for matvec; repeatable)")
     q.add_argument("--threads", type=int, default=None,
                    help="parallel compiles (default: one per host core, at most 16)")
     q.set_defaults(func=cmd_cache_compile)
@@ -389,8 +392,17 @@ def cmd_cache_compile(args: argparse.Namespace) -> int:
         except DeviceUnavailableError as exc:
             raise DeviceUnavailableError(f"{exc}; name the GPU to compile for with --device "
                                          f"({', '.join(PROFILES)})") from None
+    asked = args.kernel or list(kernels.KERNELS)
+    shapes = []
+    for text in args.shape or ():
+        # a shape is the kernels' whose dimensions it has (matmul MxNxK, bmm BATCHxMxNxK, matvec MxK)
+        fits = [name for name in asked if len(text.split("x")) == len(kernels.get(name).dims)]
+        if not fits:
+            raise InvalidValueError(f"--shape {text!r} is a shape of none of the kernels asked for "
+                                    f"({', '.join(asked)}): MxNxK for matmul, BATCHxMxNxK for bmm, MxK for matvec")
+        shapes.append(kernels.get(fits[0]).parse_shape(text))
     folder = precompile.cache_folder()
-    todo = precompile.jobs(limits, _cache(args), args.kernel, args.dtype, args.layout)
+    todo = precompile.jobs(limits, _cache(args), args.kernel, args.dtype, args.layout, shapes)
     archs = ", ".join(sorted({job.arch for job in todo})) or "-"
     print(f"{len(todo)} kernels for {limits.name} ({archs}) into {folder}")
     bar = _progress_bar(len(todo))

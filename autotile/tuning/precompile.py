@@ -48,13 +48,18 @@ class Summary:
 
 
 def jobs(limits: DeviceLimits, cache: Any, kernel_names: Iterable[str] | None = None,
-         dtype_names: Iterable[str] | None = None, layouts: Iterable[str] | None = None) -> list[Job]:
+         dtype_names: Iterable[str] | None = None, layouts: Iterable[str] | None = None,
+         shapes: Iterable[tuple[int, ...]] = ()) -> list[Job]:
     """The kernels to build for a GPU of `limits`: for each kernel, dtype and layout asked for (None: all),
     the space's named configs that are feasible there, then the candidates of the shape database that
-    serves the problem family on that GPU (`database.find`: its own, else a sibling's), each source once."""
+    serves the problem family on that GPU (`database.find`: its own, else a sibling's), each source once.
+    With `shapes` (each one a kernel's: as many sizes as its dimensions), also each of those configs as a
+    tune of that shape runs it, fitted with a K split where its tiles leave SMs idle (`propose.filled`)."""
     from autotile.dispatch import database
+    from autotile.tuning.propose import filled
 
     cc = limits.compute_capability
+    shapes = list(shapes)
     seen: set[str] = set()
     out: list[Job] = []
     for name in kernel_names or kernels.KERNELS:
@@ -69,15 +74,22 @@ def jobs(limits: DeviceLimits, cache: Any, kernel_names: Iterable[str] | None = 
                 configs += [(f"database {cand.name}", space.config(cand.config))
                             for cand in (db.candidates if db else ())
                             if cand.config is not None and _current(space, cand.config)]
+                ours = [shape for shape in shapes if len(shape) == len(spec.dims)]
                 for origin, config in configs:
                     if not space.is_feasible(config, problem):
                         continue
-                    source = spec.render(config, dtype, layout)
-                    if source in seen:
-                        continue
-                    seen.add(source)
-                    arch = build.target_arch(cc, build.needs_arch_specific(source))
-                    out.append(Job(name, dtype, layout, origin, source, arch))
+                    variants = [(origin, config)]
+                    for shape in ours:
+                        fitted = filled(space, problem, name, shape, config)
+                        if fitted is not None:
+                            variants.append((f"{origin} fitted to {'x'.join(map(str, shape))}", fitted))
+                    for where, variant in variants:
+                        source = spec.render(variant, dtype, layout)
+                        if source in seen:
+                            continue
+                        seen.add(source)
+                        arch = build.target_arch(cc, build.needs_arch_specific(source))
+                        out.append(Job(name, dtype, layout, where, source, arch))
     return out
 
 
