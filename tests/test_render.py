@@ -189,12 +189,18 @@ def _sample_as(kernel: str, layout: str, dtype: str, n: int, seed: int) -> tuple
     return tuple(kernels.get(kernel).space.sample(Problem(PROFILES["h100"], dtype, layout), n, seed=seed))
 
 
+def _drawn(kernel: str, layout: str, dtype: str) -> tuple:
+    """One sample of 400 configs per case, shared by the tests below (each takes its own slice): a draw costs
+    seconds whatever its size (100,000 rejection draws, then walks of the space), a slice nothing."""
+    return _sample(kernel, layout, dtype, 400, 99)
+
+
 @pytest.mark.parametrize("kernel,layout,dtype", CASES)
 def test_sampled_configs_render(kernel, layout, dtype):
     spec = kernels.get(kernel)
     space = spec.space
     prob = Problem(PROFILES["h100"], dtype, layout)
-    configs = _sample(kernel, layout, dtype, 60, 2024)
+    configs = _drawn(kernel, layout, dtype)[:60]
     assert len(configs) == 60
     kinds = set()
     for cfg in configs:
@@ -256,7 +262,7 @@ def test_dynamic_shared_memory_matches_model_and_launch(kernel, layout, dtype):
     space = spec.space
     prob = Problem(PROFILES["h100"], dtype, layout)
     shape = (1000, 900, 800)[:len(spec.dims)]
-    dynamic = [c for c in _sample(kernel, layout, dtype, 400, 99) if c["smem"] == "dynamic"][:40]
+    dynamic = [c for c in _drawn(kernel, layout, dtype) if c["smem"] == "dynamic"][:40]
     if kernel == "matmul":  # and the named configs with dynamic shared memory, of every MATH kind
         dynamic += [c for c in space.named_configs.values() if c["smem"] == "dynamic" and space.is_feasible(c, prob)]
     assert len(dynamic) >= 10
@@ -265,9 +271,10 @@ def test_dynamic_shared_memory_matches_model_and_launch(kernel, layout, dtype):
         model = space.derive(cfg, prob)["smem_bytes"]
         assert _dynamic_bytes(kernel, src, cfg, prob.names()["dtype_size"]) == model, cfg.key()
         assert spec.launch(cfg, shape, dtype, layout).dynamic_smem_bytes == model
-    for cfg in _sample(kernel, layout, dtype, 20, 98):
-        if cfg["smem"] != "dynamic":
-            assert spec.launch(cfg, shape, dtype, layout).dynamic_smem_bytes == 0
+    others = [c for c in _drawn(kernel, layout, dtype) if c["smem"] != "dynamic"][:20]
+    assert others
+    for cfg in others:
+        assert spec.launch(cfg, shape, dtype, layout).dynamic_smem_bytes == 0
 
 
 def test_top_level_render_checks_and_matches():
@@ -469,7 +476,9 @@ def test_template_and_launcher_read_one_geometry(kernel, layout, dtype):
     number of threads in its launch bounds; both come from `KernelSpec.geometry`."""
     spec = kernels.get(kernel)
     prob = Problem(PROFILES["h100"], dtype, layout)
-    for cfg in _sample(kernel, layout, dtype, 30, 5):
+    configs = _drawn(kernel, layout, dtype)[60:90]
+    assert len(configs) == 30
+    for cfg in configs:
         g = spec.geometry(cfg, dtype, layout)
         launch = spec.launch(cfg, (1000, 900, 800)[:len(spec.dims)], dtype, layout)
         assert launch.block == (g["block_x"], g["block_y"], 1)
@@ -514,7 +523,7 @@ def _batched_cases() -> list[tuple[str, str, object]]:
         out.append((dtype, MATMUL_LAYOUTS[i % 4], cfg))
     for layout in MATMUL_LAYOUTS:
         for dtype in ("float32", "float64"):
-            out += [(dtype, layout, c) for c in _sample("matmul", layout, dtype, 30, 5)[::5]]
+            out += [(dtype, layout, c) for c in _drawn("matmul", layout, dtype)[90:120:5]]
     return out
 
 

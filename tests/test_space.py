@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import itertools
 import random
 from pathlib import Path
@@ -389,12 +390,21 @@ def test_occupancy_of_seed_tiled16_on_h100(matmul):
     assert d["blocks_per_sm"] == 5
 
 
+@functools.lru_cache(maxsize=None)
+def _sampled(kernel: str, profile: str, dtype: str, layout: str) -> tuple:
+    """40 feasible configs, drawn once per problem for the tests that share it (a draw of the matmul space
+    costs seconds whatever its size: `Space.sample`)."""
+    return tuple(spaces()[kernel].sample(problem(profile, dtype, layout), 40, seed=3))
+
+
 def test_occupancy_figures_are_consistent(matmul, matvec):
     naive = matmul.derive(matmul.named("seed-naive"), problem("p100"))
     assert naive["smem_bytes"] == 0 and naive["blocks_by_smem"] == PROFILES["p100"].max_blocks_per_sm
-    for space, prob in ((matmul, problem("a100")), (matvec, problem("l4", "float64", "col"))):
+    for space, kernel, where in ((matmul, "matmul", ("a100", "float32", "row")),
+                                 (matvec, "matvec", ("l4", "float64", "col"))):
+        prob = problem(*where)
         dev = prob.device
-        for cfg in space.sample(prob, 40, seed=3):
+        for cfg in _sampled(kernel, *where):
             d = space.derive(cfg, prob)
             assert 1 <= d["blocks_per_sm"] <= dev.max_blocks_per_sm
             assert d["blocks_per_sm"] * d["threads"] <= dev.max_threads_per_sm
@@ -509,7 +519,7 @@ def test_with_overrides_coerces_command_line_text(matmul):
 @pytest.mark.parametrize("kernel,layout", [("matmul", "row"), ("matvec", "row"), ("matvec", "col")])
 def test_config_key_round_trips_through_text(kernel, layout):
     space = spaces()[kernel]
-    for cfg in space.sample(problem("a100", "float32", layout), 30, seed=5):
+    for cfg in _sampled(kernel, "a100", "float32", layout)[:30]:
         text = dict(item.split("=", 1) for item in cfg.key().split(","))
         again = space.with_overrides(space.default_config("row"), text)
         assert again == cfg and hash(again) == hash(cfg) and again.key() == cfg.key()
