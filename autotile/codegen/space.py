@@ -358,6 +358,7 @@ class Space:
         self._unsized = frozenset(name for name in self.derived if bounds[name] is None)
         self._plan = self._make_plan(bounds)
         self._guarded_plan: list[tuple[list[tuple[str, Expr]], list[Constraint]]] | None = None
+        self._counts: dict[Problem, SpaceCount] = {}  # `count`'s answers: a walk of the space each (seconds)
 
     def _param(self, name: str, spec: Any, where: str) -> Param:
         """One parameter from its entry in 'params': a list of choices, or a mapping with 'choices'."""
@@ -699,8 +700,12 @@ class Space:
         return SpaceCount(total, count, excluded)
 
     def count(self, problem: Problem) -> SpaceCount:
-        """Total, feasible and excluded-per-constraint counts (about a second for a million points)."""
-        return self._walk(problem, None)
+        """Total, feasible and excluded-per-constraint counts (about a second for a million points; computed
+        once per problem: a space does not change once loaded)."""
+        found = self._counts.get(problem)
+        if found is None:
+            found = self._counts[problem] = self._walk(problem, None)
+        return found
 
     def feasible(self, problem: Problem, limit: int | None = None) -> list[Config]:
         """The feasible configs in the order of the declared choices (the first `limit` of them)."""
@@ -751,7 +756,7 @@ class Space:
         """Adds to `seen` feasible configs it lacks, uniformly without replacement, until it holds `n` (or
         every feasible config): counts the feasible set, picks positions in it, and walks it again to
         collect them (experimental choices are refused by their constraint, as in the rejection draws)."""
-        feasible_count = self._walk(problem, None).feasible
+        feasible_count = self.count(problem).feasible
         if len(seen) >= min(n, feasible_count):
             return
         # As many positions as could be needed: some may land on configs the rejection draws already hold.
