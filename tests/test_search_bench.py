@@ -52,11 +52,19 @@ def test_quantile_interpolates():
     assert search_bench.quantile([0, 10], 0.1) == pytest.approx(1.0)
 
 
-def test_cli_prints_one_line_per_sweep_and_sampler(capsys):
-    assert cli.main(["search-bench", "--samplers", "random", "--seeds", "2", "--budgets", "5,10", "--jobs", "1"]) == 0
+def test_cli_prints_one_line_per_sweep_and_sampler(capsys, tmp_path):
+    import shutil
+
+    chosen = [s for s in SWEEPS if s.key.kernel == "matvec"][:2]  # the fastest to replay; every sweep: the pin
+    for s in chosen:
+        shutil.copy(s.path, tmp_path / s.path.name)
+    argv = ["search-bench", "--sweeps", str(tmp_path), "--samplers", "random,tpe", "--seeds", "2", "--budgets", "5,10",
+            "--jobs", "1"]
+    assert cli.main(argv) == 0
     out = capsys.readouterr().out.splitlines()
     assert "med@5" in out[0] and "p10@10" in out[0]
-    assert [line.split()[:2] for line in out[1:-1]] == [[s.name, "random"] for s in SWEEPS]
+    assert [line.split()[:2] for line in out[1:-1]] == [[s.name, sampler] for s in chosen
+                                                        for sampler in ("random", "tpe")]
     assert cli.main(["search-bench", "--samplers", "cmaes", "--seeds", "1"]) == 2
     assert "categorical" in capsys.readouterr().err
 
