@@ -4,6 +4,7 @@ script. The tuning loop itself is replayed from recorded timings (tests/data).""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -351,6 +352,14 @@ def test_the_phases_add_up_to_the_tunes_wall_time_and_are_printed(table):
     assert lines[1].startswith("time: ") and len(lines) == 2 + len(PHASES)
     assert "waiting for compiles" in format_result(result) and "%" in lines[-1]
     assert format_phases({}) == []
+    # a tune that mostly waited for compiles says how to compile ahead; one that did not, nothing more
+    ahead = "autotile cache compile --kernel matmul --shape 9x9x9"
+    waited = format_phases({"compile": 3.0, "timing": 1.0, "other": 1.0}, ahead)
+    assert waited[-1].endswith(": " + ahead) and len(waited) == 2 + 3 + 1
+    assert not any(ahead in line for line in format_phases({"compile": 1.0, "timing": 3.0}, ahead))
+    waiting = dataclasses.replace(result, phases=dict(phases, compile=10 * sum(phases.values())))
+    assert format_result(waiting).endswith(f"autotile cache compile --kernel matmul --dtype {result.dtype} "
+                                           f"--layout {result.layout} --shape {'x'.join(map(str, result.shape))}")
 
 
 def test_the_worker_compiles_each_source_once_and_takes_up_what_prepare_started(monkeypatch):

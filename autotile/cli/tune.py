@@ -253,11 +253,18 @@ def format_result(r: Any) -> str:
     lines.append(f"best: {r.best.median_ms:.4f} ms, {r.metric:,.0f} {unit}"
                  + (f", {r.vs_baseline:.2f}x cuBLAS" if r.vs_baseline else "")
                  + (f", {r.vs_best_seed:.2f}x the best seed ({r.best_seed.seed_name})" if r.best_seed else ""))
-    return "\n".join(lines + format_phases(getattr(r, "phases", None) or {}))
+    ahead = f"autotile cache compile --kernel {r.kernel} --dtype {r.dtype} --layout {r.layout} --shape {shape}"
+    return "\n".join(lines + format_phases(getattr(r, "phases", None) or {}, ahead))
 
 
-def format_phases(phases: dict[str, float]) -> list[str]:
-    """Where the tune's wall time went: one line per phase (`tuner.PHASES`) with its share; none if unknown."""
+# From this share of a tune's wall time spent waiting for compiles, its report says how to compile ahead.
+COMPILE_HINT_SHARE = 0.3
+
+
+def format_phases(phases: dict[str, float], compile_ahead: str | None = None) -> list[str]:
+    """Where the tune's wall time went: one line per phase (`tuner.PHASES`) with its share; none if unknown.
+    Where waiting for compiles took COMPILE_HINT_SHARE of it or more, a last line names `compile_ahead`
+    (the `autotile cache compile` command that builds such a tune's first kernels without a GPU)."""
     from autotile.tuning.tuner import PHASES
 
     total = sum(phases.values())
@@ -267,6 +274,8 @@ def format_phases(phases: dict[str, float]) -> list[str]:
     for key, words in PHASES:
         if key in phases:
             lines.append(f"  {words:<52} {phases[key]:>7.1f} s {phases[key] / total:>5.0%}")
+    if compile_ahead and phases.get("compile", 0.0) >= COMPILE_HINT_SHARE * total:
+        lines.append(f"compiles stay on disk for the next tunes; to build a tune's first ones ahead: {compile_ahead}")
     return lines
 
 
