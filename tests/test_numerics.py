@@ -15,7 +15,7 @@ from autotile.codegen import build, kernels
 from autotile.errors import CompileError
 
 try:
-    build._require_nvrtc()
+    build.require_nvrtc()
     _NVRTC = None
 except CompileError as exc:
     _NVRTC = str(exc)

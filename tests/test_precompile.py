@@ -91,6 +91,13 @@ def test_one_kernel_that_fails_is_reported_and_the_others_compile(own_compile_ca
         (bad, "error: the template broke")]
 
 
+def test_without_nvrtc_compiling_ahead_fails_once_not_once_a_kernel(monkeypatch, own_compile_cache):
+    todo = precompile.jobs(H100, shipped_cache(), ["matvec"], ["float32"], ["row"])[:3]
+    monkeypatch.setattr(build, "_nvrtc", lambda: (None, "OSError: libnvrtc.so not found"))
+    with pytest.raises(CompileError, match="NVRTC is not available .OSError: libnvrtc.so not found."):
+        precompile.compile_all(todo)
+
+
 def test_compiling_ahead_into_a_cache_that_is_off_is_refused(monkeypatch):
     monkeypatch.setenv(compile_cache.ENV_VAR, compile_cache.OFF)
     with pytest.raises(InvalidValueError, match="compile cache is off"):

@@ -138,7 +138,8 @@ def nvrtc_unavailable_reason() -> str | None:
     return _nvrtc()[1] or None
 
 
-def _require_nvrtc() -> Any:
+def require_nvrtc() -> Any:
+    """CuPy's NVRTC binding; CompileError naming why where it cannot be loaded."""
     nvrtc, reason = _nvrtc()
     if nvrtc is None:
         raise CompileError(f"NVRTC is not available ({reason}): install autotile[dev] or a CUDA toolkit")
@@ -170,7 +171,7 @@ def options_key() -> str:
 @functools.lru_cache(maxsize=None)
 def supported_archs() -> tuple[int, ...]:
     """The architectures NVRTC can build SASS for, as 10 * major + minor (90 for sm_90)."""
-    return tuple(int(a) for a in _require_nvrtc().getSupportedArchs())
+    return tuple(int(a) for a in require_nvrtc().getSupportedArchs())
 
 
 # A source that uses arch-specific instructions (wgmma, setmaxnreg: sm_90a) says so in a line of its own;
@@ -232,7 +233,7 @@ def compile(source: str, arch: str, options: tuple[str, ...] = COMPILE_OPTIONS) 
         if key in _results:
             _results.move_to_end(key)
             return _results[key]
-    nvrtc = _require_nvrtc()
+    nvrtc = require_nvrtc()
     kind = "cubin" if arch.startswith("sm_") else "ptx"
     compiler = compiler_version()
     stored = compile_cache.load(key, compiler)

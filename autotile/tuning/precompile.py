@@ -117,6 +117,7 @@ def compile_all(todo: list[Job], threads: int | None = None,
     most `build.MAX_COMPILE_THREADS`); one that fails is reported, never stops the others. `progress(done,
     total)` after each."""
     cache_folder()
+    build.require_nvrtc()  # one error where NVRTC cannot load, not one per kernel
     summary = Summary()
     started = time.monotonic()
     compiler = build.compiler_version()
