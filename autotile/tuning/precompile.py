@@ -17,12 +17,15 @@ import dataclasses
 import time
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from autotile.codegen import build, compile_cache, dtypes, kernels
 from autotile.codegen.limits import DeviceLimits
 from autotile.codegen.space import Problem
 from autotile.errors import CompileError, InvalidValueError
+
+if TYPE_CHECKING:
+    from autotile.dispatch.cache import TuningCache
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,7 +35,7 @@ class Job:
     kernel: str
     dtype: str
     layout: str
-    origin: str  # "named NAME" or "database NAME"
+    origin: str  # "named NAME" or "database NAME", then " fitted to SHAPE" for a tune's K split
     source: str
     arch: str
 
@@ -47,7 +50,7 @@ class Summary:
     seconds: float = 0.0
 
 
-def jobs(limits: DeviceLimits, cache: Any, kernel_names: Iterable[str] | None = None,
+def jobs(limits: DeviceLimits, cache: TuningCache, kernel_names: Iterable[str] | None = None,
          dtype_names: Iterable[str] | None = None, layouts: Iterable[str] | None = None,
          shapes: Iterable[tuple[int, ...]] = ()) -> list[Job]:
     """The kernels to build for a GPU of `limits`: for each kernel, dtype and layout asked for (None: all),
@@ -138,8 +141,10 @@ def compile_all(todo: list[Job], threads: int | None = None,
                     summary.cached += 1
                 else:
                     summary.compiled += 1
-            except CompileError as exc:
-                summary.failed.append((futures[future], str(exc).splitlines()[0]))
+            except Exception as exc:  # NVRTC's refusal, or anything else: named, and the others go on
+                first = (str(exc).strip().splitlines() or [""])[0]
+                summary.failed.append((futures[future], first if isinstance(exc, CompileError)
+                                       else f"{type(exc).__name__}: {first}"))
             if progress is not None:
                 progress(done, len(todo))
     summary.seconds = time.monotonic() - started
