@@ -74,7 +74,7 @@ def add_commands(sub: Any, add_problem_options: Callable[..., None]) -> None:
     add_scale_options(b)
     b.set_defaults(func=cmd_batch)
 
-    c = sub.add_parser("cache", help="list, show or clear tuned configs")
+    c = sub.add_parser("cache", help="list, show or clear tuned configs; compile kernels ahead")
     csub = c.add_subparsers(dest="cache_command", required=True)
     device_help = "only this device key (as `autotile cache list` shows it)"
     q = csub.add_parser("list", help="one line per cached entry")
