@@ -101,7 +101,7 @@ class Model:
         self.configs: list[Config | None] = []
         usable: list[int] = []
         for j, cand in enumerate(db.candidates):
-            config = _usable_config(db, cand, problem)
+            config = usable_config(db, cand, problem)
             self.configs.append(config)
             if cand.implementation == "cublas" or config is not None:
                 usable.append(j)
@@ -328,8 +328,9 @@ def summary(ratios: Sequence[float]) -> dict[str, float]:
             "at_least_097": float((r >= 0.97).mean())}
 
 
-def _usable_config(db: ShapeDatabase, cand: Candidate, problem: Problem) -> Config | None:
-    """The candidate's config where it is current (renders the kernel that was timed) and feasible."""
+def usable_config(db: ShapeDatabase, cand: Candidate, problem: Problem) -> Config | None:
+    """The candidate's config where it is current (renders the kernel that was timed) and feasible: what the
+    model may run (and `autotile cache compile` builds ahead)."""
     if cand.implementation != "generated" or cand.config is None:
         return None
     spec = kernels.get(db.kernel)

@@ -17,7 +17,7 @@ import dataclasses
 import time
 from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Callable
 
 from autotile.codegen import build, compile_cache, dtypes, kernels
 from autotile.codegen.limits import DeviceLimits
@@ -55,10 +55,12 @@ def jobs(limits: DeviceLimits, cache: TuningCache, kernel_names: Iterable[str] |
          shapes: Iterable[tuple[int, ...]] = ()) -> list[Job]:
     """The kernels to build for a GPU of `limits`: for each kernel, dtype and layout asked for (None: all),
     the space's named configs that are feasible there, then the candidates of the shape database that
-    serves the problem family on that GPU (`database.find`: its own, else a sibling's), each source once.
+    serves the problem family on that GPU (`database.find`: its own, else a sibling's) that the selection
+    model would run there (`model.usable_config`: current and feasible), each source once.
     With `shapes` (each one a kernel's: as many sizes as its dimensions), also each of those configs as a
     tune of that shape runs it, fitted with a K split where its tiles leave SMs idle (`propose.filled`)."""
     from autotile.dispatch import database
+    from autotile.dispatch.model import usable_config
     from autotile.tuning.propose import filled
 
     cc = limits.compute_capability
@@ -74,9 +76,11 @@ def jobs(limits: DeviceLimits, cache: TuningCache, kernel_names: Iterable[str] |
                 problem = Problem(limits, dtype, layout)
                 configs = [(f"named {n}", c) for n, c in space.named_configs.items()]
                 db = database.find(cache, limits.fingerprint, name, dtype, layout)
-                configs += [(f"database {cand.name}", space.config(cand.config))
-                            for cand in (db.candidates if db else ())
-                            if cand.config is not None and _current(space, cand.config)]
+                if db is not None:
+                    for cand in db.candidates:
+                        usable = usable_config(db, cand, problem)  # what the selection model would run
+                        if usable is not None:
+                            configs.append((f"database {cand.name}", usable))
                 ours = [shape for shape in shapes if len(shape) == len(spec.dims)]
                 for origin, config in configs:
                     if not space.is_feasible(config, problem):
@@ -94,15 +98,6 @@ def jobs(limits: DeviceLimits, cache: TuningCache, kernel_names: Iterable[str] |
                         arch = build.target_arch(cc, build.needs_arch_specific(source))
                         out.append(Job(name, dtype, layout, where, source, arch))
     return out
-
-
-def _current(space: Any, values: dict[str, Any]) -> bool:
-    """Whether a database's config reads in this version of the space (a parameter since removed: not)."""
-    try:
-        space.config(values)
-    except Exception:  # the same test the selection model makes (`model._usable_config`)
-        return False
-    return True
 
 
 def cache_folder() -> Path:
