@@ -435,6 +435,24 @@ def test_library_calls_load_no_tuner():
     assert out.stdout.strip() == "", out.stdout
 
 
+def test_batched_timing_measures_the_launch_alone():
+    """Repetitions enqueued behind one hold time what one hold each timed: a kernel of known length (the
+    harness's own hold, which spins on the GPU's clock) and a cuBLAS call, batched and one by one."""
+    import cupy
+
+    from autotile.runtime.timing import L2Flusher, hold_gpu, time_launch
+
+    flush = L2Flusher(cupy.cuda.Device().attributes["L2CacheSize"])
+    spin = time_launch(lambda: hold_gpu(40.0), flush)
+    assert spin.reps >= 10
+    assert 0.040 <= spin.median_ms < 0.048, spin  # 40 us of spinning, and a launch's few us
+    a = cupy.random.rand(1024, 1024, dtype=cupy.float32)
+    for launch in (lambda: hold_gpu(40.0), lambda: a @ a):
+        alone = time_launch(launch, flush, max_batch=1)
+        batched = time_launch(launch, flush)
+        assert abs(batched.median_ms / alone.median_ms - 1) < 0.1, (batched, alone)
+
+
 def test_timing_stops_early_only_for_a_clearly_slower_launch():
     import cupy
 

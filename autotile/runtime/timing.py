@@ -6,6 +6,9 @@ The function to time is a parameter, so the loop works for generated kernels and
 from __future__ import annotations
 
 import dataclasses
+import math
+import statistics
+import time
 from typing import Any, Callable
 
 import numpy as np
@@ -111,17 +114,31 @@ def clearly_slower(samples: list[float], give_up_ms: float | None, probe_reps: i
     return give_up_ms is not None and len(samples) >= probe_reps and min(samples) > give_up_ms
 
 
+# Repetitions are enqueued in batches behind one hold kernel, not one hold each: a batch of n costs the GPU
+# one hold as long as the host takes to enqueue the n (about 20-60 us each) instead of n holds of HOLD_US,
+# which on an 80 us kernel was four fifths of the timing's GPU time.
+MAX_BATCH = 32  # repetitions enqueued behind one hold
+MAX_HOLD_US = 20_000.0  # a longer hold than this is not tried: the launch then gets a hold of its own
+HOLD_MARGIN = 2.0  # the hold lasts this many times the host's measured enqueue time of the batch, plus HOLD_US
+MAX_MISSES = 2  # batches thrown away before each repetition gets a hold of its own
+
+
 def time_launch(launch: Callable[[], Any], flush: Callable[[], None] | None, *, warmup: int = 3,
                 min_reps: int = 10, max_reps: int = 200, target_ms: float = 200.0,
-                give_up_ms: float | None = None) -> Timing:
-    """Time `launch` with CUDA events around it alone: the flush and then a hold kernel run before the
-    start event, so the interval holds the launched work and neither the flush nor the host's launch
-    path.
+                give_up_ms: float | None = None, max_batch: int = MAX_BATCH) -> Timing:
+    """Time `launch` with CUDA events around it alone: each repetition runs the flush, the start event, the
+    launch and the stop event, all enqueued behind a hold kernel, so the interval holds the launched work
+    and neither the flush nor the host's launch path.
 
     Repeats until `target_ms` of kernel time or `max_reps`, at least `min_reps`: short kernels get more
     repetitions, so their median is as stable as a long kernel's. With `give_up_ms` (the tuner's threshold,
     above the best time so far), a launch `clearly_slower` than it stops after PROBE_REPS repetitions: its
     median then comes from those few (`Timing.reps` says how many).
+
+    Repetitions go in batches behind one hold (MAX_BATCH). A batch whose hold ended before the host had
+    enqueued all of it (the GPU may then have waited on the host inside a timed interval: a launch that
+    synchronises, or a slow host) is thrown away and tried again with a longer hold; where even that fails,
+    each repetition gets a hold of its own, as `max_batch=1` asks from the start.
     """
     import cupy
 
@@ -129,23 +146,66 @@ def time_launch(launch: Callable[[], Any], flush: Callable[[], None] | None, *, 
         launch()
     hold_gpu(1.0)  # compiles the hold kernel outside the timed loop
     cupy.cuda.Device().synchronize()
-    start, stop = cupy.cuda.Event(), cupy.cuda.Event()
     samples: list[float] = []
     total = 0.0
+    first = PROBE_REPS if give_up_ms is not None else min_reps
+    per_launch_us = 50.0  # the host's enqueue time of one repetition, measured from the first batch on
+    alone = max_batch <= 1  # each repetition behind a hold of its own
+    misses = 0  # batches thrown away
     while len(samples) < min_reps or (total < target_ms and len(samples) < max_reps):
-        if flush is not None:
-            flush()
-        hold_gpu()
-        start.record()
-        launch()
-        stop.record()
-        stop.synchronize()
-        ms = cupy.cuda.get_elapsed_time(start, stop)
-        samples.append(ms)
-        total += ms
+        wanted = first if not samples else _reps_wanted(samples, total, min_reps, max_reps, target_ms)
+        n = 1 if alone else max(1, min(wanted, max_batch, max_reps - len(samples) or 1))
+        hold_us = HOLD_US if alone else HOLD_US + HOLD_MARGIN * per_launch_us * n
+        if hold_us > MAX_HOLD_US:
+            n = max(1, int((MAX_HOLD_US - HOLD_US) / (HOLD_MARGIN * per_launch_us)))
+            hold_us = HOLD_US + HOLD_MARGIN * per_launch_us * n
+        events = _events(n)
+        hold_gpu(hold_us)
+        held = events[0][2]
+        held.record()  # done once the hold is: the GPU has started the batch
+        began = time.perf_counter()
+        for i in range(n):
+            start, stop, _ = events[i]
+            if flush is not None:
+                flush()
+            start.record()
+            launch()
+            stop.record()
+        caught_up = held.done  # the hold ended before the host had enqueued the whole batch
+        per_launch_us = (time.perf_counter() - began) * 1e6 / n
+        events[n - 1][1].synchronize()
+        if caught_up and n > 1:
+            misses += 1
+            alone = misses >= MAX_MISSES
+            continue
+        for i in range(n):
+            ms = cupy.cuda.get_elapsed_time(events[i][0], events[i][1])
+            samples.append(ms)
+            total += ms
         if clearly_slower(samples, give_up_ms):
             break
     return Timing.from_samples(samples)
+
+
+def _reps_wanted(samples: list[float], total: float, min_reps: int, max_reps: int, target_ms: float) -> int:
+    """How many more repetitions reach `target_ms` of kernel time (within `min_reps`..`max_reps`)."""
+    typical = max(statistics.median(samples), 1e-6)
+    more = math.ceil(max(0.0, target_ms - total) / typical)
+    return max(min_reps - len(samples), min(more, max_reps - len(samples)), 1)
+
+
+_EVENT_POOLS: dict[int, list[tuple[Any, Any, Any]]] = {}  # per device
+
+
+def _events(n: int) -> list[tuple[Any, Any, Any]]:
+    """`n` (start, stop, spare) CUDA event triples of the current device, reused from call to call (creating
+    one costs host time)."""
+    import cupy
+
+    pool = _EVENT_POOLS.setdefault(cupy.cuda.Device().id, [])
+    while len(pool) < n:
+        pool.append((cupy.cuda.Event(), cupy.cuda.Event(), cupy.cuda.Event()))
+    return pool[:n]
 
 
 def relative_error(out: Any, ref: Any) -> float:
