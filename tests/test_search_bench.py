@@ -107,6 +107,19 @@ def test_cli_takes_no_seeds_and_warm_starts(capsys):
     assert "--warm-starts" in capsys.readouterr().err
 
 
+def test_a_compile_bound_replay_asks_ahead_as_a_tune_from_a_cold_compile_cache(capsys):
+    s = next(s for s in SWEEPS if s.space().named_configs)
+    replayed = search_bench.replay(s, "tpe", seed=0, trials=16, compile_bound=True, ahead=2)
+    assert len(replayed.curve) == 16 and replayed.compile_bound and replayed.ahead == 2
+    assert not search_bench.replay(s, "tpe", seed=0, trials=4).compile_bound
+    argv = ["search-bench", "--samplers", "random", "--seeds", "1", "--budgets", "3", "--jobs", "1"]
+    assert cli.main([*argv, "--compile-bound", "--ahead", "2"]) == 0
+    assert "compile-bound, 2 batches asked ahead" in capsys.readouterr().out
+    assert cli.main([*argv, "--ahead", "2"]) == 2  # asking ahead is what a compile-bound replay does
+    err = capsys.readouterr().err
+    assert "--ahead 2 goes with --compile-bound" in err and len(err.strip().splitlines()) == 1
+
+
 def test_agreement_counts_seed_pairs_whose_winners_are_within_two_percent():
     def replays(*ratios):
         return [search_bench.Replay("s", "tpe", i, (r,), 0.0, 0) for i, r in enumerate(ratios)]

@@ -821,24 +821,21 @@ class CallLog(ReplayEvaluator):
     order of prepare and evaluate calls (config keys)."""
 
     def __init__(self, table, compile_wait_s=1.0):
-        super().__init__(table)
+        super().__init__(table, compile_wait_s=compile_wait_s)
         self.calls = []
-        self.compile_wait_s = compile_wait_s
 
     def prepare(self, candidates):
         super().prepare(candidates)
         self.calls.append(("prepare", [c.config_key for c in candidates]))
 
     def evaluate(self, candidates):
-        import dataclasses
-
         self.calls.append(("evaluate", [c.config_key for c in candidates]))
-        return [dataclasses.replace(r, compile_wait_s=self.compile_wait_s) for r in super().evaluate(candidates)]
+        return super().evaluate(candidates)
 
 
 def test_each_batch_is_prepared_while_the_one_before_is_evaluated(space, table, limits, studies):
     evaluator = CallLog(table)
-    result = Tuner(KEY, TuneOptions(trials=18, batch=4), space=space).run(evaluator, limits)
+    result = Tuner(KEY, TuneOptions(trials=18, batch=4, ahead=1), space=space).run(evaluator, limits)
     # First every queued config (the seeds and named configs, known before any ask) at once; then
     # prepare 1, prepare 2, evaluate 1, prepare 3, evaluate 2, ... evaluate the last
     (first, queued), *calls = evaluator.calls
@@ -859,6 +856,44 @@ def test_each_batch_is_prepared_while_the_one_before_is_evaluated(space, table, 
     assert not studies[-1].get_trials(states=(optuna.trial.TrialState.RUNNING,))
 
 
+@pytest.mark.parametrize("ahead", [2, 3])
+def test_while_compile_bound_the_tuner_asks_as_many_batches_ahead_as_it_is_told(space, table, limits, studies,
+                                                                                 ahead):
+    import optuna
+
+    evaluator = CallLog(table)
+    result = Tuner(KEY, TuneOptions(trials=30, batch=4, ahead=ahead), space=space).run(evaluator, limits)
+    (first, queued), *calls = evaluator.calls
+    prepared = [keys for kind, keys in calls if kind == "prepare"]
+    evaluated = [keys for kind, keys in calls if kind == "evaluate"]
+    assert prepared == evaluated  # every batch compiled ahead, run in the order asked
+    in_flight = []  # batches prepared and not yet evaluated, at each evaluate
+    waiting = 0
+    for kind, _keys in calls:
+        waiting += 1 if kind == "prepare" else -1
+        if kind == "evaluate":
+            in_flight.append(waiting + 1)
+    # the batch being run and `ahead` more compiling, until the budget is asked for and the rest run
+    assert max(in_flight) == ahead + 1 and in_flight[1:-ahead] == [ahead + 1] * (len(in_flight) - 1 - ahead)
+    assert result.trials == 30 == len(evaluator.evaluated) == len(set(evaluator.evaluated))
+    assert not studies[-1].get_trials(states=(optuna.trial.TrialState.RUNNING,))
+
+
+def test_batches_asked_ahead_are_given_back_when_the_time_is_up(space, table, limits, studies):
+    import optuna
+
+    class Slow(CallLog):
+        def evaluate(self, candidates):
+            time.sleep(0.05)
+            return super().evaluate(candidates)
+
+    evaluator = Slow(table)
+    result = Tuner(KEY, TuneOptions(trials=200, batch=4, ahead=3, timeout_s=0.5), space=space).run(evaluator, limits)
+    asked = sum(len(keys) for kind, keys in evaluator.calls[1:] if kind == "prepare")
+    assert result.trials == len(evaluator.evaluated) < asked  # the batches still compiling were not run
+    assert not studies[-1].get_trials(states=(optuna.trial.TrialState.RUNNING,))
+
+
 def test_a_queued_grid_starts_compiling_only_its_first_configs(space, table, limits):
     from autotile.tuning.tuner import QUEUED_AHEAD
 
@@ -874,7 +909,7 @@ def test_where_compiles_do_not_keep_the_gpu_waiting_each_batch_waits_for_the_one
     # Compiles from the cache: after the first batch (taken to compile), the tuner stops asking ahead, which
     # would cost the search the last batch's results.
     evaluator = CallLog(table, compile_wait_s=0.0)
-    Tuner(KEY, TuneOptions(trials=20, batch=4), space=space).run(evaluator, limits)
+    Tuner(KEY, TuneOptions(trials=20, batch=4, ahead=1), space=space).run(evaluator, limits)
     # the queued configs, the first batch, the second; then each batch after the one before
     assert [kind for kind, _ in evaluator.calls] == ["prepare"] * 3 + ["evaluate"] * 5
 

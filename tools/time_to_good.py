@@ -2,7 +2,7 @@
 and how soon each came within 3% of the best known config.
 
     python tools/time_to_good.py --shape 96x5120x3072 [--kernel matmul] [--layout nn] [--trials 40] [--seeds 5]
-        [--fix MATH=wgmma] [--sweep FILE] [--replay [--others R]] [--first-seed N]
+        [--fix MATH=wgmma] [--sweep FILE] [--replay [--others R]] [--first-seed N] [--timeout S]
 
 Per seed: the wall seconds of the call, its phases (`TuneResult.phases`: start, compiles, timing, the search
 itself...), the winner's time and its ratio to cuBLAS, and the seconds from the call's start until the best
@@ -42,6 +42,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", default=None, help="element type (default: the sweep's, else float32)")
     parser.add_argument("--layout", default=None, help="nn, nt, tn or tt (default: the sweep's, else nn)")
     parser.add_argument("--trials", type=int, default=40)
+    parser.add_argument("--timeout", type=float, default=None,
+                        help="seconds after which each tune draws no new candidates (as autotile tune --timeout)")
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--first-seed", type=int, default=0, help="the first seed's number (the others follow)")
     parser.add_argument("--fix", action="append", default=[], help="PARAM=V1,V2 (as autotile tune)")
@@ -93,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
                         timeline.append((time.monotonic() - start, p.best_ms))
 
                 result = api.tune(kernel, shape, dtype=dtype, layout=layout, trials=args.trials, seed=seed,
-                                  evaluator=evaluator, fix=fix, progress=seen)
+                                  timeout=args.timeout, evaluator=evaluator, fix=fix, progress=seen)
                 runs.append((seed, time.monotonic() - start, result, timeline))
     finally:
         if saved_root is None:

@@ -49,6 +49,11 @@ def add_commands(sub: Any, add_problem_options: Callable[..., None]) -> None:
     b.add_argument("--warm-starts", default=None, metavar="N",
                    help="warm starts from the shipped records a tpe replay takes (default: the tuner's, "
                         f"{WARM_STARTS}; 0: none)")
+    b.add_argument("--compile-bound", action="store_true",
+                   help="replay tunes that wait for their compiles throughout (a cold compile cache): the "
+                        "tuner asks for batches ahead, before the results of the ones before are in")
+    b.add_argument("--ahead", default=None, metavar="N",
+                   help="with --compile-bound: batches asked for ahead (default: the tuner's, 1)")
     b.set_defaults(func=cmd_search_bench)
 
 
@@ -118,8 +123,13 @@ def cmd_search_bench(args: argparse.Namespace) -> int:
     samplers = tuple(s.strip() for s in args.samplers.split(",")) if args.samplers else None
     warm_starts = WARM_STARTS if args.warm_starts is None else validate.count(args.warm_starts, name="--warm-starts",
                                                                                minimum=0)
+    if args.ahead is not None and not args.compile_bound:
+        raise InvalidValueError(f"--ahead {args.ahead} goes with --compile-bound (a replay that is not compile-bound "
+                                "never asks ahead)")
+    ahead = None if args.ahead is None else validate.count(args.ahead, name="--ahead", minimum=1)
     results = search_bench.run(args.sweeps, samplers=samplers, seeds=args.seeds, budgets=budgets,
-                               jobs=args.jobs or None, named_first=not args.no_seeds, warm_starts=warm_starts)
+                               jobs=args.jobs or None, named_first=not args.no_seeds, warm_starts=warm_starts,
+                               compile_bound=args.compile_bound, ahead=ahead)
     print(search_bench.format_table(results, budgets))
     return 0
 

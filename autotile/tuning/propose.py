@@ -199,7 +199,13 @@ def _at_distance(space: Space, problem: Problem, rng: random.Random, config: Con
     # The first that passes, in a random order, is a uniform pick among those that pass: only as many
     # feasibility checks as it takes (they dominate the search's own time on the full spaces).
     rng.shuffle(changes)
+    # A change of parameters that are all off in a settled `config` settles back to `config` itself: skipped
+    # unsettled, after the shuffle, so the draw is the one it was (on the whole matmul space a wgmma config
+    # leaves the SIMT and mma.sync parameters off: most of its changes at distance 2).
+    off = _inactive(space, config) if settle(space, config) == config else frozenset()
     for changed in changes:
+        if off and off.issuperset(changed):
+            continue
         candidate = settle(space, Config(dict(config, **changed)))
         if candidate.key() not in taken and candidate != config and space.is_feasible(candidate, problem):
             return candidate
@@ -329,6 +335,11 @@ def _changes(params: list[Any], config: Config, distance: int) -> list[dict[str,
                 grown += [dict(done, **{p.name: v}) for v in p.choices if v != config[p.name]]
         out = grown
     return out
+
+
+def _inactive(space: Space, config: Config) -> frozenset[str]:
+    """The parameters that are off in `config` (conditional, and their condition false)."""
+    return frozenset(p.name for p in space.params.values() if p.active is not None and not p.active(config))
 
 
 def settle(space: Space, config: Config) -> Config:

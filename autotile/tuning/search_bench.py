@@ -7,7 +7,10 @@ The default search's warm starts (`autotile.tuning.transfer`) come from the reco
 own problem on its own GPU left out, as for a user who tunes a new shape. The harder replay takes the space's
 named configs away (`named_first=False`, the command's `--no-seeds`): where a sweep's optimum is a named
 config, a search that starts with the named configs finds it at once, which says nothing of the sampler.
-`warm_starts` (`--warm-starts N`) sets how many warm starts the replay takes (0: none).
+`warm_starts` (`--warm-starts N`) sets how many warm starts the replay takes (0: none). `compile_bound`
+(`--compile-bound`) replays a tune that waits for its compiles throughout, as one from a cold compile cache:
+the tuner then asks for `ahead` batches (`TuneOptions.ahead`, the tuner's 1 by default) before the results of
+the batches before them are in.
 
 Also measured: the search's own CPU time per trial (sampler, proposals, study bookkeeping), the part of a
 tune's wall time that is not the GPU's.
@@ -27,7 +30,7 @@ from typing import Any, Sequence
 
 from autotile.tuning.sweep import Sweep, sweeps
 from autotile.tuning.transfer import WARM_STARTS
-from autotile.tuning.tuner import SAMPLERS
+from autotile.tuning.tuner import SAMPLERS, TuneOptions
 
 BUDGETS = (20, 40, 100)
 AGREE_WITHIN = 0.02  # two tunes of one problem agree where their winners' times are within this of each other
@@ -45,25 +48,30 @@ class Replay:
     asks: int
     named_first: bool = True  # the space's named configs ran first
     warm_starts: int = WARM_STARTS
+    compile_bound: bool = False  # replayed as a tune waiting for its compiles (asking ahead)
+    ahead: int = 0  # batches asked for ahead while compile-bound (0: not compile-bound)
 
     def at(self, budget: int) -> float:
         return self.curve[min(budget, len(self.curve)) - 1] if self.curve else 0.0
 
 
 def replay(sweep: Sweep, sampler: str, seed: int, trials: int, named_first: bool = True,
-           warm_starts: int = WARM_STARTS) -> Replay:
+           warm_starts: int = WARM_STARTS, compile_bound: bool = False, ahead: int | None = None) -> Replay:
     """Run the tuner's search over `sweep` (in memory, no GPU) and read its best-so-far curve; with the
-    space's named configs first or not (`named_first`), and at most `warm_starts` warm starts."""
+    space's named configs first or not (`named_first`), at most `warm_starts` warm starts, and as a tune
+    waiting for its compiles throughout or not (`compile_bound`, asking `ahead` batches ahead)."""
     import optuna
 
     from autotile.tuning.study import Ledger
     from autotile.tuning.testing import ReplayEvaluator
-    from autotile.tuning.tuner import TuneOptions, Tuner
+    from autotile.tuning.tuner import Tuner
 
     space = sweep.space()
-    evaluator: Any = ReplayEvaluator(sweep.table(), space)  # an Evaluator (its baseline is never None)
+    # An Evaluator (its baseline is never None); a compile-bound one reports a second's wait per candidate.
+    evaluator: Any = ReplayEvaluator(sweep.table(), space, compile_wait_s=1.0 if compile_bound else 0.0)
+    ahead = ahead or TuneOptions.ahead
     options = TuneOptions(trials=trials, sampler=sampler, seed=seed, cache=shipped_cache(), named_first=named_first,
-                          warm_starts=warm_starts)
+                          warm_starts=warm_starts, ahead=ahead)
     tuner = Tuner(sweep.key, options, space=space)
     started = time.process_time()
     search = tuner.search(evaluator, sweep.limits)
@@ -80,7 +88,7 @@ def replay(sweep: Sweep, sampler: str, seed: int, trials: int, named_first: bool
             found = min(found, value)
         curve.append(best / found if found < float("inf") else 0.0)
     return Replay(sweep.name, sampler, seed, tuple(curve), cpu_s, getattr(search, "asks", 0), named_first,
-                  warm_starts)
+                  warm_starts, compile_bound, ahead if compile_bound else 0)
 
 
 def shipped_cache() -> Any:
@@ -91,26 +99,27 @@ def shipped_cache() -> Any:
     return TuningCache(root=Path(tempfile.gettempdir()) / "autotile-search-bench-no-user-records")
 
 
-def _job(args: tuple[str, str, int, int, bool, int]) -> Replay:
+def _job(args: tuple[str, str, int, int, bool, int, bool, int | None]) -> Replay:
     from autotile.tuning.sweep import load
 
     logging.getLogger("autotile").setLevel(logging.ERROR)
-    path, sampler, seed, trials, named_first, warm_starts = args
-    return replay(load(path), sampler, seed, trials, named_first, warm_starts)
+    path, sampler, seed, trials, named_first, warm_starts, compile_bound, ahead = args
+    return replay(load(path), sampler, seed, trials, named_first, warm_starts, compile_bound, ahead)
 
 
 def run(folder: str | Path | None = None, samplers: Sequence[str] | None = None, seeds: int = 20,
         budgets: Sequence[int] = BUDGETS, jobs: int | None = None, named_first: bool = True,
-        warm_starts: int = WARM_STARTS) -> list[Replay]:
+        warm_starts: int = WARM_STARTS, compile_bound: bool = False, ahead: int | None = None) -> list[Replay]:
     """Every sampler over every sweep in `folder`, `seeds` seeds each, up to the largest budget; the
-    space's named configs first or not, at most `warm_starts` warm starts (tpe's)."""
+    space's named configs first or not, at most `warm_starts` warm starts (tpe's), compile-bound or not
+    (`replay`)."""
     found = sweeps(folder)
     samplers = tuple(samplers or SAMPLERS)
     from autotile.tuning.tuner import check_sampler
 
     for s in samplers:
         check_sampler(s)
-    work = [(str(s.path), sampler, seed, max(budgets), named_first, warm_starts) for s in found
+    work = [(str(s.path), sampler, seed, max(budgets), named_first, warm_starts, compile_bound, ahead) for s in found
             for sampler in samplers for seed in range(seeds)]
     jobs = jobs or os.cpu_count() or 1
     if jobs == 1:
@@ -161,6 +170,7 @@ def format_table(results: Sequence[Replay], budgets: Sequence[int] = BUDGETS) ->
         lines.append(f"{sweep:<40} {sampler:<8}{cells}  {agreement(rs, middle):>7.2f}  {ms:>8.1f}  "
                      f"{sum(r.asks for r in rs) / max(runs, 1):>8.2f}")
     starts = {("named configs first" if r.named_first else "no named configs") + f", {r.warm_starts} warm starts"
+              + (f", compile-bound, {r.ahead} batch{'es' * (r.ahead > 1)} asked ahead" if r.compile_bound else "")
               for r in results}
     lines.append(f"({len({r.seed for r in results})} seeds; {'; '.join(sorted(starts))}; optimum time / best found, "
                  "1.0 = the optimum)")

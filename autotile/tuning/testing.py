@@ -33,10 +33,12 @@ class ReplayEvaluator:
     """
 
     def __init__(self, table: dict[str, Any], space: Space | None = None, *, delay_s: float = 0.0,
-                 log: str | Path | None = None, tag: str = "-"):
+                 log: str | Path | None = None, tag: str = "-", compile_wait_s: float = 0.0):
         """`space`, if given, re-keys the table through it: a parameter added since the recording (with
         a default) then appears in the keys with its default value, as in the tuner's candidates.
-        `delay_s`: seconds each candidate takes (a GPU's compile and timing). `log`: a file that gets one
+        `delay_s`: seconds each candidate takes (a GPU's compile and timing). `compile_wait_s`: seconds each
+        candidate reports having waited for its compile (none pass): over 0, the tuner stays compile-bound
+        and asks ahead, as a tune from a cold compile cache does. `log`: a file that gets one
         line per candidate evaluated, "PID TAG CONFIG_KEY" (appended whole: several processes may share it;
         `tag` names the problem, without spaces)."""
         if space is not None:
@@ -51,6 +53,7 @@ class ReplayEvaluator:
         self.environment = dict(table.get("environment", {}))
         self.evaluated: list[str] = []
         self.delay_s = delay_s
+        self.compile_wait_s = compile_wait_s
         self.log = Path(log) if log is not None else None
         self.tag = tag
 
@@ -82,9 +85,11 @@ class ReplayEvaluator:
             if entry["status"] == OK:
                 t = entry["timing"]
                 timing = Timing(t["median_ms"], t["p25_ms"], t["p75_ms"], t["min_ms"], t["reps"])
-                out.append(CandidateResult(cand.id, OK, "", timing, entry.get("error")))
+                out.append(CandidateResult(cand.id, OK, "", timing, entry.get("error"),
+                                           compile_wait_s=self.compile_wait_s))
             else:
-                out.append(CandidateResult(cand.id, entry["status"], entry.get("message", "")))
+                out.append(CandidateResult(cand.id, entry["status"], entry.get("message", ""),
+                                           compile_wait_s=self.compile_wait_s))
         return out
 
     def retime(self, candidates: dict[int, Candidate], rounds: int) -> tuple[dict[int, list[float]], Timing]:
