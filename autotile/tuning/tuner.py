@@ -56,6 +56,7 @@ NAMED_SHARE = 0.25
 # A batch whose evaluation spent at least this share of its time waiting for compiles is compile-bound: the
 # next batch is then compiled ahead (`TuneOptions.compile_ahead`).
 COMPILE_BOUND = 0.25
+RENDERED = 256  # sources a tuner keeps (`Tuner._render`)
 # At most this many queued configs start compiling before the first is timed: two rounds of a 16-core host's
 # compiles (the seeds, named configs and warm starts of a tune; not a whole grid of thousands).
 QUEUED_AHEAD = 32
@@ -323,7 +324,10 @@ class Tuner:
                 and key.shape[-3] > SKINNY_MAX_ROWS and len(math_param.choices) > 1:
             self.space = self.space.restricted({"MATH": [m for m in math_param.choices if m != "skinny"]})
         self.options = options
-        self._render = render_source or (lambda c: self.spec.render(c, key.dtype, key.layout))
+        self._render_source = render_source or (lambda c: self.spec.render(c, key.dtype, key.layout))
+        # config key -> source, the last RENDERED few: a batch asked ahead is rendered for its compile and
+        # again for its run (a few milliseconds each)
+        self._sources: dict[str, str] = {}
         self._next_id = 0
 
     @property
@@ -343,6 +347,15 @@ class Tuner:
     def render(self, config: Config) -> str:
         """The CUDA source this tuner runs for `config`."""
         return self._render(config)
+
+    def _render(self, config: Config) -> str:
+        key = config.key()
+        source = self._sources.get(key)
+        if source is None:
+            source = self._sources[key] = self._render_source(config)
+            if len(self._sources) > RENDERED:
+                del self._sources[next(iter(self._sources))]  # the oldest
+        return source
 
     def candidate(self, config: Config, give_up_ms: float | None = None) -> Candidate:
         """What the evaluator runs for `config`; its timing stops early where it is clearly slower than
