@@ -127,7 +127,7 @@ class _WorkerState:
         self.limits = device.live_device(setup.device_id)
         self.flush = L2Flusher(self.limits.l2_bytes)
         self.shapes = [setup.key.shape] + [s for s in self.spec.check_shapes if s != setup.key.shape]
-        rng = _UniformDraws(setup.seed)
+        rng = cupy.random.default_rng(setup.seed)
         self.inputs: dict[tuple[int, ...], tuple[Any, ...]] = {}
         self.refs: dict[tuple[int, ...], Any] = {}
         self.outputs: dict[tuple[int, ...], Any] = {}
@@ -191,20 +191,6 @@ class _WorkerState:
         runner = KernelRunner(kernel, launch, self.spec.size_args(shape), self.spec.batched)
         args, out = self.inputs[shape], self.outputs[shape]
         return lambda: runner.run(args, out)
-
-
-class _UniformDraws:
-    """`random(shape, dtype)` as a Generator has it, from cuRAND's host API (`cupy.random.RandomState`):
-    a fresh worker made its inputs in 0.6-0.8 s through `cupy.random.default_rng`, whose generator sets up
-    its states in a kernel of its own first, against about 0.3 s this way (H200, 2026-11-27)."""
-
-    def __init__(self, seed: int):
-        import cupy
-
-        self._state = cupy.random.RandomState(seed)
-
-    def random(self, shape: Any, dtype: str = "float64") -> Any:
-        return self._state.random_sample(shape, dtype=dtype)
 
 
 def _context_alive() -> bool:
