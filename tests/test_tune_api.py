@@ -58,6 +58,23 @@ def test_tune_without_a_gpu_raises_a_typed_error(monkeypatch):
         api.tune("matmul", SHAPE, trials=2)
 
 
+def test_the_gpu_check_runs_while_the_worker_starts_and_its_error_stops_the_worker():
+    from autotile.codegen.problem import ProblemKey
+    from autotile.runtime.worker import IsolatedRunner, Setup
+
+    runner = IsolatedRunner(Setup(ProblemKey.of("matmul", "8x8x8")))
+    started = []
+
+    def check():
+        started.append(runner._proc)
+        assert runner._proc is not None and runner._proc.poll() is None  # the worker is starting meanwhile
+        raise DeviceUnavailableError("no usable CUDA GPU: cudaErrorNoDevice")
+
+    with pytest.raises(DeviceUnavailableError, match="no usable CUDA GPU"):
+        runner.start(meanwhile=check)
+    assert started[0].poll() is not None  # stopped, not left behind
+
+
 @pytest.mark.parametrize("kwargs,named", [
     ({"seed": -3}, "-3"), ({"timeout": -5}, "-5"), ({"candidate_timeout": float("nan")}, "nan"),
     ({"trials": 0}, "0"), ({"storage": "garbage://x"}, "garbage"), ({"shape": "4096x4096²x4"}, "²"),

@@ -436,10 +436,19 @@ class IsolatedRunner:
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
-    def start(self) -> None:
-        """Start the worker process and have it prepare the problem (inputs, reference, cuBLAS's time)."""
+    def start(self, meanwhile: Callable[[], Any] | None = None) -> None:
+        """Start the worker process and have it prepare the problem (inputs, reference, cuBLAS's time).
+        `meanwhile` runs in this process while the worker prepares (a check of the caller's own, which
+        would otherwise add its time to the start's); where it raises, the worker is stopped and its error
+        raised."""
         self._spawn()
         self._send({"op": "setup", "setup": self.setup})
+        if meanwhile is not None:
+            try:
+                meanwhile()
+            except BaseException:
+                self._kill()
+                raise
         try:
             reply = self._receive(self.setup_timeout_s)
         except WorkerCrashed:
