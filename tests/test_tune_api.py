@@ -402,7 +402,7 @@ def test_the_worker_compiles_each_source_once_and_takes_up_what_prepare_started(
     state = types.SimpleNamespace(compiling={}, compile_clock={}, kernels={}, baseline=None, environment=lambda: {},
                                   setup=types.SimpleNamespace(compile_threads=4, compile_deadline=True))
     await_compile = worker._WorkerState.await_compile  # the real one: _WorkerState itself is replaced below
-    state.await_compile = lambda job, future: await_compile(state, job, future)
+    state.await_compile = lambda job, future, wait_until=None: await_compile(state, job, future, wait_until)
     monkeypatch.setattr(build, "compile_many", compile_many)
     monkeypatch.setattr(worker, "_WorkerState", lambda setup: state)
     monkeypatch.setattr(worker, "_evaluate", lambda state, cand, kernel, compile_s:

@@ -894,6 +894,52 @@ def test_batches_asked_ahead_are_given_back_when_the_time_is_up(space, table, li
     assert not studies[-1].get_trials(states=(optuna.trial.TrialState.RUNNING,))
 
 
+def test_after_the_timeout_compiles_are_not_waited_for_and_their_trials_are_given_back(space, table, limits,
+                                                                                       studies):
+    """A compile still running when the time is up comes back LATE (the worker's `Candidate.wait_until`):
+    not a result and not a failure, so a compile-bound tune ends near its timeout."""
+    import optuna
+
+    from autotile.runtime.worker import LATE, CandidateResult
+
+    class NeverCompiled(CallLog):  # every compile after the first batch takes forever
+        def evaluate(self, candidates):
+            time.sleep(0.05)
+            if all(c.wait_until is None for c in candidates):
+                return super().evaluate(candidates)
+            self.calls.append(("evaluate", [c.config_key for c in candidates]))
+            assert all(c.wait_until is not None for c in candidates)
+            while time.time() <= candidates[0].wait_until:
+                time.sleep(0.01)
+            return [CandidateResult(c.id, LATE, "the tune's time was up", compile_wait_s=0.1) for c in candidates]
+
+    evaluator = NeverCompiled(table)
+    began = time.monotonic()
+    result = Tuner(KEY, TuneOptions(trials=200, batch=4, timeout_s=0.4), space=space).run(evaluator, limits)
+    assert time.monotonic() - began < 5
+    assert result.trials == 4 == len(evaluator.evaluated)  # the first batch only (a result to name)
+    assert LATE not in result.failures and not result.failures
+    trials = studies[-1].get_trials(deepcopy=False)
+    assert not [t for t in trials if t.state == optuna.trial.TrialState.RUNNING]
+    given_back = [t for t in trials if t.state == optuna.trial.TrialState.FAIL and "failure" not in t.user_attrs]
+    assert given_back  # the late ones: failed without a failure status, as the `Ledger` reads them
+
+
+def test_a_worker_stops_waiting_for_a_compile_at_the_candidates_time(monkeypatch):
+    import concurrent.futures
+    import types
+
+    from autotile.runtime import worker
+
+    state = types.SimpleNamespace(setup=types.SimpleNamespace(compile_deadline=False), compile_clock={})
+    running: concurrent.futures.Future = concurrent.futures.Future()  # a compile that never ends
+    with pytest.raises(worker.TimeUp):
+        worker._WorkerState.await_compile(state, ("src", "name"), running, wait_until=time.time() + 0.1)
+    done: concurrent.futures.Future = concurrent.futures.Future()
+    done.set_result("kernel")
+    assert worker._WorkerState.await_compile(state, ("src", "name"), done, wait_until=time.time() - 1) == "kernel"
+
+
 def test_a_queued_grid_starts_compiling_only_its_first_configs(space, table, limits):
     from autotile.tuning.tuner import QUEUED_AHEAD
 

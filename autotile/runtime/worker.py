@@ -37,6 +37,9 @@ from autotile.runtime.timing import Timing
 
 OK, COMPILE, LAUNCH, CRASH, TIMEOUT, WRONG = "ok", "compile", "launch", "crash", "timeout", "wrong result"
 FAILURES = (COMPILE, LAUNCH, CRASH, TIMEOUT, WRONG)
+# Not run, and no failure of the config: its compile was still running when the tune's time was up
+# (`Candidate.wait_until`).
+LATE = "late"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,6 +54,9 @@ class Candidate:
     # Timing stops after a few runs where even the fastest took longer than this (ms; None: never): the
     # tuner's threshold above its best time so far (`timing.clearly_slower`).
     give_up_ms: float | None = None
+    # A compile still running at this time (seconds since the epoch, `time.time()`) is not waited for: the
+    # candidate comes back LATE (the tune's --timeout; None: waited for).
+    wait_until: float | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,6 +112,10 @@ class CompileTooSlow(Exception):
     """A compile ran past its deadline (`compile_deadline_s`)."""
 
 
+class TimeUp(Exception):
+    """A compile was still running when the tune's time was up (`Candidate.wait_until`)."""
+
+
 class WorkerError(AutotileError, RuntimeError):
     """The GPU worker process could not start, prepare the problem, or answer."""
 
@@ -149,14 +159,17 @@ class _WorkerState:
         # (source, name) -> (when its compile began, when it ended or None), as the compile threads write it
         self.compile_clock: dict[tuple[str, str], tuple[float, float | None]] = {}
 
-    def await_compile(self, job: tuple[str, str], future: Any) -> Any:
-        """The kernel `future` compiles; raises CompileTooSlow where the compile runs past its deadline."""
+    def await_compile(self, job: tuple[str, str], future: Any, wait_until: float | None = None) -> Any:
+        """The kernel `future` compiles; raises CompileTooSlow where the compile runs past its deadline, and
+        TimeUp where it is still running at `wait_until` (`time.time()`)."""
         import concurrent.futures
 
         while True:
             done, _ = concurrent.futures.wait([future], timeout=0.05)
             if done:
                 return future.result()
+            if wait_until is not None and time.time() > wait_until:
+                raise TimeUp("the tune's time was up before its compile ended (it goes on into the compile cache)")
             began = self.compile_clock.get(job, (None, None))[0]
             if self.setup.compile_deadline and began is not None:
                 finished = [end - start for start, end in self.compile_clock.values() if end is not None]
@@ -327,7 +340,7 @@ def _serve(conn: Any) -> None:
             for cand, fut in zip(cands, futures, strict=True):
                 waiting = time.perf_counter()  # the GPU idles while a compile is awaited
                 try:
-                    kernel = state.await_compile((cand.source, cand.name), fut)
+                    kernel = state.await_compile((cand.source, cand.name), fut, cand.wait_until)
                     waited = time.perf_counter() - waiting
                     result = dataclasses.replace(_evaluate(state, cand, kernel, time.perf_counter() - t0),
                                                  compile_wait_s=waited)
@@ -336,6 +349,8 @@ def _serve(conn: Any) -> None:
                                              compile_wait_s=time.perf_counter() - waiting)
                 except CompileTooSlow as exc:
                     result = CandidateResult(cand.id, COMPILE, str(exc), compile_wait_s=time.perf_counter() - waiting)
+                except TimeUp as exc:
+                    result = CandidateResult(cand.id, LATE, str(exc), compile_wait_s=time.perf_counter() - waiting)
                 conn.send(result)
                 if result.status == CRASH:
                     os._exit(3)  # the context is unusable: the parent starts a fresh worker
