@@ -24,7 +24,7 @@ def add_commands(sub: Any, add_problem_options: Callable[..., None]) -> None:
     add_problem_options(p, with_device=False, layout_default="nn (matmul, bmm), row (matvec)")
     p.add_argument("--trials", type=int, default=100, help="candidates to compile and run (default 100)")
     p.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
-                   help="stop drawing candidates after this long (default: no limit)")
+                   help="stop drawing candidates, and waiting for compiles, after this long (default: no limit)")
     p.add_argument("--sampler", choices=SAMPLERS, default="tpe",
                    help="optuna sampler that draws the candidates (default tpe; grid walks the space in order)")
     p.add_argument("--seed", type=int, default=0,
@@ -57,7 +57,8 @@ def add_commands(sub: Any, add_problem_options: Callable[..., None]) -> None:
     b.add_argument("file", help="problems: YAML list of {kernel, shape, dtype, layout, trials} or CSV with that header")
     b.add_argument("--trials", type=int, default=100, help="trials per problem without its own (default 100)")
     b.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
-                   help="per problem: stop drawing candidates after this long (default: no limit)")
+                   help="per problem: stop drawing candidates, and waiting for compiles, after this long "
+                        "(default: no limit)")
     b.add_argument("--sampler", choices=SAMPLERS, default="tpe", help="optuna sampler (default tpe)")
     b.add_argument("--seed", type=int, default=0, help=f"sampler and input seed, 0..{validate.SEED_MAX} (default 0)")
     b.add_argument("--storage", default=None,
