@@ -451,10 +451,11 @@ def test_a_compile_past_its_deadline_is_not_waited_for_unless_told_to(monkeypatc
     state = types.SimpleNamespace(setup=types.SimpleNamespace(compile_deadline=deadline),
                                   compile_clock={("done", "k"): (0.0, 2.0)})
     started = time_mod.monotonic()
-    state.compile_clock[job] = (started - worker.COMPILE_DEADLINE_FLOOR_S - 1, None)  # still running, too long
+    limit = worker.compile_deadline_s([2.0])  # the finished compile's
+    state.compile_clock[job] = (started - limit - 1, None)  # still running, too long
     future: concurrent.futures.Future = concurrent.futures.Future()
     if deadline:
-        with pytest.raises(worker.CompileTooSlow, match="still running after 20 s"):
+        with pytest.raises(worker.CompileTooSlow, match=f"still running after {limit:.0f} s"):
             worker._WorkerState.await_compile(state, job, future)
         assert time_mod.monotonic() - started < 5
     else:  # a sweep waits for every compile: here, for a compile that ends a moment later

@@ -138,6 +138,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{seed:>4} {wall:>7.1f}{phases} {result.best.median_ms * 1000:>8.1f} {ratio:>8} "
               f"{reference / result.best.median_ms:>8.3f} {by_sweep:>8} {side_by:>8} "
               f"{'never' if good is None else f'{good:.1f}':>9}  {winner_label(result.best.config)}")
+        if result.failures:  # compiles not waited for among them
+            print(f"{'':>6}failed: {', '.join(f'{n} {status}' for status, n in sorted(result.failures.items()))}")
     got = [g for g in reached if g is not None]
     print(f"within {WITHIN:.0%} of the reference: {len(got)} of {len(runs)} seeds"
           + (f", median {statistics.median(got):.1f} s after the start" if got else ""))

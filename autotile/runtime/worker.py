@@ -94,11 +94,12 @@ class Setup:
 
 # A compile that has run COMPILE_DEADLINE_FACTOR times this worker's median compile, and at least
 # COMPILE_DEADLINE_FLOOR_S, is not waited for: the candidate fails as a compile that took too long, and the
-# compile goes on in the background into the compile cache. NVRTC takes about 1-5 s for most configs but
-# 45 s for a few (a SIMT config with 16 x 8 accumulators a thread, VEC 2 and UNROLL 4, measured 2026-11-27):
-# a tune would otherwise spend a quarter of its time on one config.
-COMPILE_DEADLINE_FACTOR = 10.0
-COMPILE_DEADLINE_FLOOR_S = 20.0
+# compile goes on in the background into the compile cache. NVRTC takes 0.1-1.3 s for most configs on one
+# core, 1-5 s with a 16-core host's threads all compiling, but 44 s for a few (a SIMT config with 16 x 8
+# accumulators a thread, VEC 2 and UNROLL 4; 1 of 24 uniform draws of the float32 matmul space, 2026-11-27):
+# with a floor of 20 s, the tunes that drew it waited 20 s for it, most of their wall time.
+COMPILE_DEADLINE_FACTOR = 5.0
+COMPILE_DEADLINE_FLOOR_S = 8.0
 
 
 def compile_deadline_s(durations: list[float]) -> float:
