@@ -74,17 +74,15 @@ def jobs(limits: DeviceLimits, cache: TuningCache, kernel_names: Iterable[str] |
             for layout in layouts or space.layouts:
                 layout = spec.layout(layout)
                 problem = Problem(limits, dtype, layout)
-                configs = [(f"named {n}", c) for n, c in space.named_configs.items()]
+                configs = [(f"named {n}", c) for n, c in space.named_configs.items() if space.is_feasible(c, problem)]
                 db = database.find(cache, limits.fingerprint, name, dtype, layout)
                 if db is not None:
                     for cand in db.candidates:
-                        usable = usable_config(db, cand, problem)  # what the selection model would run
+                        usable = usable_config(db, cand, problem)  # what the selection model would run: feasible
                         if usable is not None:
                             configs.append((f"database {cand.name}", usable))
                 ours = [shape for shape in shapes if len(shape) == len(spec.dims)]
                 for origin, config in configs:
-                    if not space.is_feasible(config, problem):
-                        continue
                     variants = [(origin, config)]
                     for shape in ours:
                         fitted = filled(space, problem, name, shape, config)

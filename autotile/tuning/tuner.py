@@ -13,6 +13,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import itertools
 import logging
@@ -324,10 +325,10 @@ class Tuner:
                 and key.shape[-3] > SKINNY_MAX_ROWS and len(math_param.choices) > 1:
             self.space = self.space.restricted({"MATH": [m for m in math_param.choices if m != "skinny"]})
         self.options = options
-        self._render_source = render_source or (lambda c: self.spec.render(c, key.dtype, key.layout))
-        # config key -> source, the last RENDERED few: a batch asked ahead is rendered for its compile and
-        # again for its run (a few milliseconds each)
-        self._sources: dict[str, str] = {}
+        # The last RENDERED sources kept: a batch asked ahead is rendered for its compile and again for its run
+        # (a few milliseconds each).
+        self._render: Callable[[Config], str] = functools.lru_cache(maxsize=RENDERED)(
+            render_source or (lambda c: self.spec.render(c, key.dtype, key.layout)))
         self._next_id = 0
 
     @property
@@ -347,15 +348,6 @@ class Tuner:
     def render(self, config: Config) -> str:
         """The CUDA source this tuner runs for `config`."""
         return self._render(config)
-
-    def _render(self, config: Config) -> str:
-        key = config.key()
-        source = self._sources.get(key)
-        if source is None:
-            source = self._sources[key] = self._render_source(config)
-            if len(self._sources) > RENDERED:
-                del self._sources[next(iter(self._sources))]  # the oldest
-        return source
 
     def candidate(self, config: Config, give_up_ms: float | None = None,
                   wait_until: float | None = None) -> Candidate:
@@ -449,6 +441,12 @@ class Tuner:
             if queued:
                 prepare([self.candidate(c) for c in queued])
 
+        def give_back(trial: Any) -> None:
+            """A trial asked for and not run: failed without a failure status, not a result (`Ledger`)."""
+            _tell(study, trial, None)
+            if heart is not None:
+                heart.remove(trial._trial_id)
+
         def run(batch: list[tuple[Any, Config]]) -> None:
             """Evaluate one batch of asked trials and tell the study their results."""
             nonlocal ran, in_evaluator, compile_bound
@@ -466,9 +464,7 @@ class Tuner:
             for (trial, _config), result in zip(batch, results, strict=True):
                 spent["compile"] += result.compile_wait_s
                 if result.status == LATE:  # not run: given back, as the batches still compiling are
-                    _tell(study, trial, None)
-                    if heart is not None:
-                        heart.remove(trial._trial_id)
+                    give_back(trial)
                     continue
                 ran += 1
                 spent["check"] += result.check_s
@@ -570,9 +566,7 @@ class Tuner:
             while pending:
                 if out_of_time():  # asked and compiling, but the time is up: given back, not run
                     for trial, _config in pending.popleft():
-                        _tell(study, trial, None)  # failed without a failure status: not a result (`Ledger`)
-                        if heart is not None:
-                            heart.remove(trial._trial_id)
+                        give_back(trial)
                 else:  # asked and compiling: run, or its trials would stay running
                     run(pending.popleft())
         seconds = time.monotonic() - started
