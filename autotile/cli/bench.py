@@ -12,7 +12,8 @@ then "highest", both against the cuBLAS of the same run): what the library picks
 tf32x3 config under "highest"). Matvec and float64, where the setting changes nothing, are timed once.
 
 `--random N [--seed S]` times instead N random shapes per kernel (`random_shapes`; seed 0 by default), each
-as the library runs it (`autotile.library.calls`' prepared runner, whatever the selection chain picked for the shape)
+as the library runs it (`autotile.library.calls`' prepared runner, whatever the selection chain picked for the shape;
+the call itself where it takes the padded plan, `autotile.library.padding`)
 against cuBLAS, and writes the distribution of the ratios (`random.md`, `random.json`); the fixed shape
 list is then skipped.
 """
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import math
 import sys
@@ -248,6 +250,13 @@ def _bench_problem(kernel: str, shape: tuple[int, ...], layout: str, dtype: str,
         if p.spec.space.is_feasible(config, problem):
             rows.append(p.measure(name, p.launcher(config), config.key()))
     for setting in settings:
+        padded = _padded_call(p, kernel, shape, layout, dtype, setting)
+        if padded is not None:  # the library's call takes the padded plan: timed as it
+            selection, run, padded_to = padded
+            row = p.measure(f"autotile (padded to {padded_to}: {selection.source})", run, selection.config.key())
+            row.precision = setting
+            rows.append(row)
+            continue
         selection = select(ProblemKey(kernel, dtype, layout, shape), limits, precision=setting or None)
         row = p.measure(f"autotile ({selection.source})", p._run(selection.implementation_object()),
                         selection.config.key() if selection.config is not None else "cuBLAS")
@@ -273,23 +282,49 @@ def _fallback_problem(kernel: str, shape: tuple[int, ...], layout: str, dtype: s
     ])
 
 
+def _padded_call(p: Any, kernel: str, shape: tuple[int, ...], layout: str, dtype: str,
+                 precision: str) -> tuple[Any, Any, str] | None:
+    """Where `autotile.matmul` takes the padded plan on this problem (row-major operands; `autotile.library.
+    padding`) under the precision setting (""/None: the process-wide one): (the selection for the padded
+    shape, the call on the problem's inputs, the padded shape's text); None elsewhere."""
+    from autotile.dispatch import precision as precision_mod
+    from autotile.library import padding
+
+    setting = precision_mod.resolve(precision or None)
+    if layout not in ("nn", "row") or not padding.pays(dtype, setting, kernel, "nn", shape):
+        return None
+    padded_shape = padding.padded_shape("nn", shape, dtype)
+    prepared = ops._prepare(kernel, dtype, "nn", padded_shape, setting)
+    if not padding.worth(prepared.selection):
+        return None
+    run = functools.partial(ops.matmul_no_autograd, p.inputs[0], p.inputs[1], p.out, setting)
+    return prepared.selection, run, _shape_text(padded_shape)
+
+
 def _random_problem(kernel: str, shape: tuple[int, ...], layout: str, dtype: str, flush: Any,
                     rng: Any, precision: str = "") -> RandomRow:
     """cuBLAS and what `autotile.matmul`/`matvec` runs for this problem under the precision setting
     (""/None: the process-wide one): the runner `autotile.library.calls` prepared and memoized for it, whichever
-    implementation the selection chain chose. One reference, one set of inputs, the same timing for both."""
+    implementation the selection chain chose, or, where the call takes the padded plan
+    (`autotile.library.padding`: a large float32 matmul with odd sizes), the call itself (its copies
+    included). One reference, one set of inputs, the same timing for both."""
     p = _Problem(kernel, shape, layout, dtype, None, flush, rng, RANDOM_TIMING)
-    prepared = ops._prepare(kernel, dtype, layout, shape, precision or None)
-    selection = prepared.selection
+    padded = _padded_call(p, kernel, shape, layout, dtype, precision)
+    if padded is not None:  # the library's call takes the padded plan: timed as it
+        selection, run, padded_to = padded
+    else:
+        prepared = ops._prepare(kernel, dtype, layout, shape, precision or None)
+        selection, run, padded_to = prepared.selection, functools.partial(prepared.runner.run, p.inputs, p.out), ""
     config = getattr(selection, "config", None)
     key = config.key() if config is not None else ""
-    runner, inputs, out = prepared.runner, p.inputs, p.out
     cublas = p.measure("cuBLAS", p.cublas())
-    mine = p.measure("autotile", lambda: runner.run(inputs, out), key)
+    mine = p.measure("autotile", run, key)
     wrong = any(r.error is None or r.error != r.error for r in (cublas, mine))
+    source, explained = selection.source, selection.explain()
+    if padded_to:
+        source, explained = f"padded to {padded_to}: {source}", f"padded to {padded_to}: {explained}"
     return RandomRow(kernel, layout, shape, cublas.time_ms, mine.time_ms, cublas.time_ms / mine.time_ms,
-                     cublas.rel_error, mine.rel_error, p.tol, wrong, selection.source, selection.explain(), key,
-                     precision)
+                     cublas.rel_error, mine.rel_error, p.tol, wrong, source, explained, key, precision)
 
 
 def _fmt(x: float | None, spec: str) -> str:

@@ -285,6 +285,23 @@ def _repeat(framework: Framework, call: _Call) -> Repeat:
     return lambda a, b, out, stream: slow(framework, (a, b), out, stream)
 
 
+def _repeat_padded(framework: Framework, run: Callable[[int, int, int, int], None], out_shape: tuple[int, ...],
+                   dtype: str, device: int) -> Repeat:
+    """A signature's repeated call through the padded plan (`autotile.library.padding.PaddedCall`): the output
+    allocated (where no `out` is given), three pointers read, the plan's launches."""
+    empty = framework.allocator(out_shape, dtype, device)
+    current_stream = framework.stream_getter(device)
+    pointer = framework.pointer_function()
+
+    def run_padded(a: Any, b: Any, out: Any, stream: Any) -> Any:
+        with contextlib.nullcontext() if _current_device() == device else _device_of(device):
+            c = empty() if out is None else out
+            run(pointer(a), pointer(b), pointer(c), current_stream() if stream is None else stream_pointer(stream))
+        return c
+
+    return run_padded
+
+
 def _planned(framework: Framework, a: Operand, b: Operand) -> tuple[Operand, Operand, Any, bool]:
     """(A, B, the plan, whether an operand was copied): A and B as the kernels read them, an operand whose
     strides no layout describes copied row-major first (`plan_matmul`)."""
@@ -329,6 +346,21 @@ def matmul_no_autograd(A: Any, B: Any, out: Any = None, precision: str | None = 
                 emulation.run_batch(framework, a, b, c, plan.layout, plan.shape, plan.batch_strides, stream_ptr,
                                     _int8_gemm(framework, a.device))
             return c.obj
+    if plan.kernel in ("matmul", "bmm"):
+        from autotile.library import padding
+
+        if padding.pays(dtype, setting, plan.kernel, plan.layout, plan.shape):
+            with _device_of(a.device):
+                padded = _prepare(plan.kernel, dtype, plan.layout, padding.padded_shape(plan.layout, plan.shape, dtype),
+                                  setting, a.device)
+                if padding.worth(padded.selection):
+                    run = padding.PaddedCall(plan.layout, plan.shape, plan.batch_strides, dtype, a.device, padded,
+                                             framework.allocate)
+                    run(a.ptr, b.ptr, c.ptr, stream_ptr)
+                    if not copied and None not in signature[:2] and (out is None or signature[2] is not None):
+                        with _lock:
+                            _calls[signature] = _repeat_padded(framework, run, plan.out_shape, out_dtype, a.device)
+                    return c.obj
     with _device_of(a.device):
         prepared = _prepare(plan.kernel, dtype, plan.layout, plan.shape, setting, a.device)
     call = _Call(prepared, plan.out_shape, _nbytes(c), out_dtype, a.device, plan.batch_strides)

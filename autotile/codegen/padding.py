@@ -1,0 +1,84 @@
+"""The padded plan's shapes and copy kernels: a matmul whose operands' rows do not start 16-byte aligned
+computed on zero-padded copies whose rows do (`autotile.library.padding` runs it).
+
+Each operand is padded along its contiguous dimension (K for A row-major and for B stored N x K, M for A
+stored K x M, N for B row-major) to a multiple of 16 bytes, and along K to the same K for both (the rows or
+columns added are zeros, which add nothing to any sum: the product of the padded operands is C with, where N
+or M grew, columns or rows more, which are not copied back).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+from autotile.codegen.dtypes import DTYPES
+from autotile.errors import InvalidValueError
+
+ALIGN_BYTES = 16  # a row of the padded operands starts at a multiple of this many bytes
+KERNEL_NAMES = ("autotile_pad", "autotile_unpad")
+
+
+def aligned_size(size: int, element_bytes: int) -> int:
+    """`size` elements rounded up to a multiple of ALIGN_BYTES bytes."""
+    per = ALIGN_BYTES // element_bytes
+    return -(-size // per) * per
+
+
+@dataclasses.dataclass(frozen=True)
+class Copy:
+    """One operand's copy: its matrices of `rows` x `cols` (rows of `cols` elements, as stored) into
+    `padded_rows` x `padded_cols`."""
+
+    rows: int
+    cols: int
+    padded_rows: int
+    padded_cols: int
+
+    @property
+    def elements(self) -> int:
+        """Elements of one padded matrix."""
+        return self.padded_rows * self.padded_cols
+
+    @property
+    def needed(self) -> bool:
+        return (self.rows, self.cols) != (self.padded_rows, self.padded_cols)
+
+
+@dataclasses.dataclass(frozen=True)
+class PaddedShape:
+    """The padded problem: its (M, N, K) (batch kept), and each operand's copy."""
+
+    shape: tuple[int, ...]
+    a: Copy
+    b: Copy
+
+
+def padded(layout: str, shape: tuple[int, ...], element_bytes: int) -> PaddedShape:
+    """The padded problem of a matmul of `shape` ((batch,) M, N, K) in `layout` ("nn", "nt", "tn", "tt": A's
+    letter first, "n" row-major as it is, "t" stored transposed)."""
+    if layout not in ("nn", "nt", "tn", "tt"):
+        raise InvalidValueError(f"layout {layout!r} is not one of nn, nt, tn, tt")
+    *batch, m, n, k = shape
+    a_trans, b_trans = layout[0] == "t", layout[1] == "t"
+    kp = aligned_size(k, element_bytes) if (not a_trans or b_trans) else k
+    mp = aligned_size(m, element_bytes) if a_trans else m
+    np_ = aligned_size(n, element_bytes) if not b_trans else n
+    a = Copy(k, m, kp, mp) if a_trans else Copy(m, k, mp, kp)
+    b = Copy(n, k, np_, kp) if b_trans else Copy(k, n, kp, np_)
+    return PaddedShape((*batch, mp, np_, kp), a, b)
+
+
+@functools.lru_cache(maxsize=8)
+def render(dtype: str) -> str:
+    """The CUDA source of the copy kernels for `dtype` (an element of 4 or 8 bytes)."""
+    from autotile.codegen.render import environment
+
+    element = DTYPES[dtype]
+    if ALIGN_BYTES % element.size or element.size not in (4, 8):
+        raise InvalidValueError(f"the padded plan copies 4- or 8-byte elements, not {dtype}")
+    return environment().get_template("pad.cu.j2").render(dtype=dtype, ctype=element.ctype,
+                                                           vec=ALIGN_BYTES // element.size)
+
+
+__all__ = ["ALIGN_BYTES", "KERNEL_NAMES", "Copy", "PaddedShape", "aligned_size", "padded", "render"]

@@ -1,0 +1,191 @@
+"""The padded plan: a large float32 matmul whose operands' rows do not start 16-byte aligned (an odd K or N:
+most sizes that are not multiples of 4) computed on zero-padded copies whose rows do, so that it runs the
+kernels of aligned rows (TMA wgmma, 16-byte copies) instead of copies of one element at a time or cuBLAS.
+
+A call copies A and B into buffers of the padded shape (`autotile.codegen.padding`: each operand's contiguous
+dimension rounded up to 16 bytes, K the same for both, zeros in what was added), runs the library's choice
+for the padded shape on them, and copies C's columns back where N grew. All on the caller's stream, the
+buffers from the inputs' framework, no synchronisation. A repeated call of one signature runs a `PaddedCall`
+prepared by its first: the buffers allocated, four launches, their parameters packed once.
+
+Where it pays (`pays`), measured on an H100 (2026-11-27, `tools/pad_probe.py`): the copies read and write A,
+B and C once more, so the product must be large against them on every side; on 24 random shapes with N or K
+odd (seed 1) it won 1.19-1.53x cuBLAS where M and N were at least 1147 and K at least 715, and lost (to
+0.47x) on every smaller one. Only where the setting allows the tf32x3 kernels (what the aligned shapes run),
+and only where the library's choice for the padded shape is a generated kernel its record or model picked
+(`worth`, checked by the caller).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import numpy as np
+
+from autotile.codegen import padding as shapes_mod
+from autotile.dispatch import precision as precision_mod
+from autotile.dispatch.model import rows_allow
+
+MIN_SIDE = 1024  # M and N
+MIN_K = 512
+MIN_VOLUME = 2**33  # batch x M x N x K
+DTYPES = ("float32",)
+THREADS = 256  # per block of the copy kernels
+
+_lock = threading.Lock()
+_kernels: dict[tuple[str, int], dict[str, Any]] = {}
+_enabled = True
+
+
+def enabled(on: bool | None = None) -> bool:
+    """Whether the library takes the padded plan where it pays (True unless turned off); `on` sets it for
+    the process first (the benchmark's tools compare with and without), and a change forgets the repeated
+    calls the library memoized (a signature memoized one way would otherwise stay so)."""
+    global _enabled
+    if on is not None and bool(on) != _enabled:
+        from autotile.library import calls
+
+        _enabled = bool(on)
+        calls.forget()
+    return _enabled
+
+
+def pays(dtype: str, setting: str, kernel: str, layout: str, shape: tuple[int, ...]) -> bool:
+    """Whether a matmul ("matmul" or "bmm") of `shape` ((batch,) M, N, K) in `layout`, `dtype`, under the
+    precision `setting`, takes the padded plan: some operand's rows not 16-byte aligned, M, N, K and the
+    volume past MIN_SIDE, MIN_K and MIN_VOLUME, tf32x3 allowed."""
+    if not _enabled or dtype not in DTYPES or kernel not in ("matmul", "bmm"):
+        return False
+    if not precision_mod.allows(setting, precision_mod.MATH_CLASS["tf32x3"]):
+        return False
+    *batch, m, n, k = shape
+    if min(m, n) < MIN_SIDE or k < MIN_K or int(np.prod(batch, dtype=np.int64)) * m * n * k < MIN_VOLUME:
+        return False
+    return not rows_allow(kernel, shape, layout, shapes_mod.ALIGN_BYTES // 4)
+
+
+def worth(selection: Any) -> bool:
+    """Whether the library's choice for the padded shape is what the padding is for: a generated kernel the
+    tuned record of that shape or the shape database's model picked (predicted faster than cuBLAS there),
+    not cuBLAS, nor a fallback that knows nothing of the shape."""
+    source = str(selection.source)
+    return selection.config is not None and source.startswith(("exact", "model"))
+
+
+def padded_shape(layout: str, shape: tuple[int, ...], dtype: str) -> tuple[int, ...]:
+    """The shape the padded plan runs (`autotile.codegen.padding.padded`)."""
+    return shapes_mod.padded(layout, shape, np.dtype(dtype).itemsize).shape
+
+
+def _copy_kernels(dtype: str, device: int) -> dict[str, Any]:
+    """The copy kernels on `device` (current), compiled once."""
+    found = _kernels.get((dtype, device))
+    if found is not None:
+        return found
+    from autotile.codegen.build import compile_kernel
+
+    source = shapes_mod.render(dtype)
+    made = {name: compile_kernel(source, name) for name in shapes_mod.KERNEL_NAMES}
+    with _lock:
+        return _kernels.setdefault((dtype, device), made)
+
+
+class PaddedCall:
+    """The padded plan of one problem, prepared once: the copies' launches (parameters packed once, as the
+    library's repeated calls do) and the padded product's launch; a call allocates the padded buffers and
+    enqueues it all on its stream. `layout`, `shape` ((batch,) M, N, K) and `batch_strides` (each
+    operand's, in elements; 0 for one matrix shared by the batch) as the call's plan has them, C's
+    matrices packed; `prepared` runs the padded shape (the library's `_Prepared` for it); `allocate` as
+    `Framework.allocate`, the inputs' framework's."""
+
+    def __init__(self, layout: str, shape: tuple[int, ...], batch_strides: tuple[int, ...], dtype: str,
+                 device: int, prepared: Any, allocate: Any):
+        from autotile.runtime.impl import ParameterBlock
+
+        self.size = np.dtype(dtype).itemsize
+        self.dtype, self.allocate = dtype, allocate
+        plan = shapes_mod.padded(layout, shape, self.size)
+        self.batch = shape[0] if len(shape) == 4 else 1
+        strides = batch_strides if len(shape) == 4 else (0, 0)
+        kernels = _copy_kernels(dtype, device)
+        *_, self.m, self.n, _k = shape
+        *_, self.mp, self.np_, _kp = plan.shape
+        # Per operand: None (read as it is) or (launch of its copy, elements to allocate, its batch stride then)
+        self.copies: list[tuple[Any, int] | None] = []
+        padded_strides = []
+        for copy, stride in ((plan.a, strides[0]), (plan.b, strides[1])):
+            if not copy.needed:
+                self.copies.append(None)
+                padded_strides.append(stride)
+                continue
+            count = self.batch if stride else 1
+            vectors = copy.elements * self.size // shapes_mod.ALIGN_BYTES
+            parameters = ParameterBlock(("ptr", "ptr", "int32", "int32", "int32", "int32", "int64"))
+            for slot, value in enumerate((copy.rows, copy.cols, copy.padded_rows, copy.padded_cols, stride), 2):
+                parameters.set(slot, value)
+            launch = (kernels["autotile_pad"], (-(-vectors // THREADS), 1, count), parameters)
+            self.copies.append((launch, count * copy.elements))
+            padded_strides.append(copy.elements if stride else 0)
+        self.padded_strides = tuple(padded_strides) if len(shape) == 4 else ()
+        self.c_padded = (self.mp, self.np_) != (self.m, self.n)
+        self.out_nbytes = self.batch * self.mp * self.np_ * self.size
+        self.unpad: tuple[Any, tuple[int, int, int], Any] | None = None
+        if self.np_ != self.n:  # C's rows grew: each matrix's first m rows, the first n of each row's np_
+            parameters = ParameterBlock(("ptr", "ptr", "int32", "int32", "int32", "int64"))
+            for slot, value in enumerate((self.m, self.n, self.np_, self.mp * self.np_), 2):
+                parameters.set(slot, value)
+            vectors = self.m * self.np_ * self.size // shapes_mod.ALIGN_BYTES
+            self.unpad = (kernels["autotile_unpad"], (-(-vectors // THREADS), 1, self.batch), parameters)
+        runner = prepared.runner
+        if prepared.direct is None and hasattr(runner, "bound_launch"):
+            self.product = runner.bound_launch(self.padded_strides, self.out_nbytes, dtype, allocate)
+        else:  # cuBLAS, or a test's stand-in
+            def product(a_ptr: int, b_ptr: int, out_ptr: int, stream_ptr: int) -> None:
+                prepared.call_pointers((a_ptr, b_ptr), out_ptr, self.out_nbytes, dtype, stream_ptr, allocate,
+                                       self.padded_strides)
+            self.product = product
+
+    def __call__(self, a_ptr: int, b_ptr: int, c_ptr: int, stream_ptr: int) -> None:
+        """C = A B on the stream `stream_ptr` of the operands' device (current): the copies, the padded
+        product, C's columns back; the buffers from `allocate`, returned to it once all is enqueued."""
+        keep = []  # the buffers' owners, alive until every launch is enqueued
+        pointers = [a_ptr, b_ptr]
+        for i, step in enumerate(self.copies):
+            if step is None:
+                continue
+            (kernel, grid, parameters), elements = step
+            owner, dst = self.allocate(elements, self.dtype, stream_ptr)
+            keep.append(owner)
+            with parameters.lock:
+                parameters.set(0, pointers[i])
+                parameters.set(1, dst)
+                kernel.launch_packed(grid, (THREADS, 1, 1), 0, stream_ptr, parameters)
+            pointers[i] = int(dst)
+        out = c_ptr
+        if self.c_padded:
+            owner, out = self.allocate(self.batch * self.mp * self.np_, self.dtype, stream_ptr)
+            keep.append(owner)
+        self.product(pointers[0], pointers[1], int(out), stream_ptr)
+        if self.unpad is not None:
+            kernel, grid, parameters = self.unpad
+            with parameters.lock:
+                parameters.set(0, out)
+                parameters.set(1, c_ptr)
+                kernel.launch_packed(grid, (THREADS, 1, 1), 0, stream_ptr, parameters)
+        elif self.c_padded:  # only M grew (A stored K x M): each matrix's first m rows are its first m n elements
+            import cupy
+
+            row = self.m * self.n * self.size
+            cupy.cuda.runtime.memcpy2DAsync(c_ptr, row, int(out), self.mp * self.n * self.size, row, self.batch,
+                                            cupy.cuda.runtime.memcpyDeviceToDevice, stream_ptr)
+        keep.clear()  # back to the framework's pool on this stream: later work on it is ordered after ours
+
+
+def forget() -> None:
+    """Drop the compiled copy kernels (tests)."""
+    with _lock:
+        _kernels.clear()
+
+
+__all__ = ["MIN_K", "MIN_SIDE", "MIN_VOLUME", "PaddedCall", "enabled", "forget", "padded_shape", "pays", "worth"]

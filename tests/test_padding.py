@@ -1,0 +1,261 @@
+"""The padded plan (autotile/codegen/padding.py, autotile/library/padding.py): a float32 matmul whose operands'
+rows do not start 16-byte aligned computed on zero-padded copies.
+
+Without a GPU: the padded shapes in every layout give the same product on the original rows and columns
+(NumPy, exact integer arithmetic), where the rule takes the plan, the copy kernels compile. On a GPU: the
+library's results through the plan against a float64 reference (every layout, batches with a shared B,
+views that start mid-vector, torch tensors), the non-finite pattern kept, and the rule's own path on a
+shape it takes.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from autotile.codegen import build
+from autotile.codegen import padding as shapes_mod
+from autotile.dispatch.select import Selection
+from autotile.library import padding
+
+LAYOUTS = ("nn", "nt", "tn", "tt")
+
+
+def _stored(x: np.ndarray, trans: bool) -> np.ndarray:
+    """The matrix as the layout stores it: transposed (contiguous) where its letter is "t"."""
+    return np.ascontiguousarray(x.T) if trans else x
+
+
+def _pad(stored: np.ndarray, copy: shapes_mod.Copy) -> np.ndarray:
+    assert stored.shape == (copy.rows, copy.cols)
+    out = np.zeros((copy.padded_rows, copy.padded_cols), stored.dtype)
+    out[:copy.rows, :copy.cols] = stored
+    return out
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("shape", [(5, 7, 9), (1, 3, 1), (8, 13, 6), (33, 2, 17), (4, 4, 4)])
+def test_the_padded_product_holds_the_product(layout, shape):
+    m, n, k = shape
+    rng = np.random.default_rng(sum(shape))
+    a, b = rng.integers(-9, 10, (m, k)).astype(np.float64), rng.integers(-9, 10, (k, n)).astype(np.float64)
+    plan = shapes_mod.padded(layout, shape, 4)
+    mp, np_, kp = plan.shape
+    a_pad = _pad(_stored(a, layout[0] == "t"), plan.a)
+    b_pad = _pad(_stored(b, layout[1] == "t"), plan.b)
+    # the padded operands read in the same layout, at the padded shape
+    a_read = a_pad.T if layout[0] == "t" else a_pad
+    b_read = b_pad.T if layout[1] == "t" else b_pad
+    assert a_read.shape == (mp, kp) and b_read.shape == (kp, np_)
+    assert np.array_equal((a_read @ b_read)[:m, :n], a @ b)
+    # every padded operand's rows are 16-byte multiples; nothing padded that need not be
+    for copy in (plan.a, plan.b):
+        assert copy.padded_cols * 4 % shapes_mod.ALIGN_BYTES == 0
+        assert copy.padded_cols - copy.cols < 4 and copy.padded_rows - copy.rows < 4
+    assert (mp == m) == (layout[0] == "n") or m % 4 == 0
+    assert (np_ == n) == (layout[1] == "t") or n % 4 == 0
+
+
+def test_a_batch_keeps_its_count_and_aligned_shapes_stay():
+    plan = shapes_mod.padded("nn", (6, 101, 203, 305), 4)
+    assert plan.shape == (6, 101, 204, 308)
+    assert not shapes_mod.padded("nt", (100, 200, 300), 4).a.needed
+    assert shapes_mod.padded("nn", (3, 5, 7), 8).shape == (3, 6, 8)  # float64: 2 elements to 16 bytes
+
+
+@pytest.mark.parametrize("dtype,setting,kernel,layout,shape,expected", [
+    ("float32", "high", "matmul", "nn", (4096, 4096, 4095), True),  # K odd
+    ("float32", "high", "matmul", "nt", (2049, 3001, 2048), False),  # rows of K (A) and K (B): aligned
+    ("float32", "high", "matmul", "tn", (2049, 3001, 2048), True),  # A stored K x M: rows of M = 2049
+    ("float32", "high", "matmul", "nn", (4096, 4096, 4096), False),  # aligned
+    ("float32", "high", "matmul", "nn", (1000, 4096, 4095), False),  # M under MIN_SIDE
+    ("float32", "high", "matmul", "nn", (4096, 4096, 401), False),  # K under MIN_K
+    ("float32", "high", "matmul", "nn", (1025, 1025, 1025), False),  # under MIN_VOLUME
+    ("float32", "high", "bmm", "nn", (8, 1025, 1025, 1025), True),  # a batch's volume
+    ("float32", "highest", "matmul", "nn", (4096, 4096, 4095), False),  # no tf32x3: nothing to pad for
+    ("float64", "high", "matmul", "nn", (4096, 4096, 4095), False),
+])
+def test_where_the_rule_takes_the_plan(dtype, setting, kernel, layout, shape, expected):
+    assert padding.pays(dtype, setting, kernel, layout, shape) is expected
+
+
+def test_the_plan_can_be_turned_off():
+    assert padding.enabled()
+    try:
+        assert not padding.enabled(False)
+        assert not padding.pays("float32", "high", "matmul", "nn", (4096, 4096, 4095))
+    finally:
+        padding.enabled(True)
+    assert padding.pays("float32", "high", "matmul", "nn", (4096, 4096, 4095))
+
+
+def test_only_a_record_or_the_model_is_worth_the_copies():
+    from autotile.codegen import kernels
+
+    config = kernels.get("matmul").space.named("tf32x3-64")
+    assert padding.worth(Selection(config, "exact", (4096, 4096, 4096)))
+    assert padding.worth(Selection(config, "model (419 surveyed shapes) of matmul nt 4096x4096x4096", None))
+    assert not padding.worth(Selection(None, "model (419 surveyed shapes)", None, implementation="cublas"))
+    assert not padding.worth(Selection(config, "nearest, tuned with nvrtc", (512, 512, 512)))
+    assert not padding.worth(Selection(config, "built-in default", None))
+
+
+@pytest.mark.parametrize("dtype,arch", [("float32", "sm_90"), ("float32", "sm_80"), ("float64", "sm_80")])
+def test_the_copy_kernels_compile(dtype, arch):
+    result = build.compile(shapes_mod.render(dtype), arch)
+    assert {u.function for u in result.usages} == set(shapes_mod.KERNEL_NAMES)
+    assert all(u.spill_stores == 0 and u.stack_frame == 0 for u in result.usages), result.log
+
+
+# -- on the GPU -------------------------------------------------------------------------------------------
+
+# Sizes that put rows anywhere in a vector; batches, one with a B shared by the batch.
+GPU_SHAPES = [(131, 257, 517), (300, 514, 258), (5, 1025, 333), (64, 61, 1)]
+GPU_BATCHED = [(3, 131, 257, 129), (4, 67, 130, 258)]
+
+
+@pytest.fixture
+def every_shape_padded(monkeypatch):
+    """The plan on every shape (the rule's sizes to 1, whatever the padded shape's choice), counting its
+    calls."""
+    taken: list[tuple[int, ...]] = []
+    call = padding.PaddedCall.__call__
+
+    def counted(self, *args):
+        taken.append((self.m, self.n))
+        return call(self, *args)
+
+    monkeypatch.setattr(padding, "MIN_SIDE", 1)
+    monkeypatch.setattr(padding, "MIN_K", 1)
+    monkeypatch.setattr(padding, "MIN_VOLUME", 1)
+    monkeypatch.setattr(padding, "worth", lambda selection: True)
+    monkeypatch.setattr(padding.PaddedCall, "__call__", counted)
+    from autotile.library import calls
+
+    calls.forget()
+    yield taken
+    calls.forget()
+
+
+def _operands(cupy, layout: str, shape: tuple[int, ...], offset: int = 0, shared_b: bool = False):
+    """A and B stored as `layout` says, random normal, views `offset` elements into their buffers."""
+    *batch, m, n, k = shape
+    rng = cupy.random.default_rng(sum(shape) + offset)
+
+    def make(rows: int, cols: int, trans: bool, count: list[int]):
+        dims = (*count, cols, rows) if trans else (*count, rows, cols)
+        size = int(np.prod(dims))
+        x = rng.standard_normal(size + offset, dtype=cupy.float32)[offset:].reshape(dims)
+        return x.swapaxes(-1, -2) if trans else x
+
+    a = make(m, k, layout[0] == "t", batch)
+    b = make(k, n, layout[1] == "t", [] if shared_b else batch)
+    return a, b
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_padded_results_match_the_reference(layout, every_shape_padded):
+    import cupy
+
+    import autotile
+    from autotile.codegen import kernels
+    from autotile.runtime.timing import relative_error
+
+    failures = []
+    cases = [(s, 0, False) for s in GPU_SHAPES] + [(s, 1, False) for s in GPU_SHAPES[:2]] + \
+        [(s, 0, False) for s in GPU_BATCHED] + [(GPU_BATCHED[0], 0, True)]
+    for shape, offset, shared_b in cases:
+        a, b = _operands(cupy, layout, shape, offset, shared_b)
+        ref = kernels.to_float64(a) @ kernels.to_float64(b)
+        out = cupy.full(ref.shape, cupy.nan, dtype=cupy.float32)
+        autotile.matmul(a, b, out=out)
+        err = relative_error(out, ref)
+        if not err <= kernels.tolerance("float32", shape[-1]):
+            failures.append(f"{layout} {shape} +{offset}{' shared B' if shared_b else ''}: {err:.2e}")
+    assert failures == []
+    aligned = [c for c in cases if not padding.pays("float32", "high", "bmm" if len(c[0]) == 4 else "matmul",
+                                                    layout, c[0])]
+    assert len(every_shape_padded) == len(cases) - len(aligned) > 0
+
+
+@pytest.mark.gpu
+def test_a_repeated_call_runs_the_padded_plan_again_on_new_values(every_shape_padded):
+    """The second call of a signature takes the memoized `PaddedCall` (no re-planning): new values, new
+    output buffers, the caller's stream."""
+    import cupy
+
+    import autotile
+    from autotile.codegen import kernels
+    from autotile.library import calls
+    from autotile.runtime.timing import relative_error
+
+    a, b = _operands(cupy, "nn", (300, 514, 258))
+    autotile.matmul(a, b)
+    assert len(every_shape_padded) == 1 and len(calls._calls) == 1
+    stream = cupy.cuda.Stream(non_blocking=True)
+    for scale in (2.0, -3.0):
+        a2, b2 = a * scale, b + 1
+        with stream:
+            out = autotile.matmul(a2, b2)
+        stream.synchronize()
+        ref = kernels.to_float64(a2) @ kernels.to_float64(b2)
+        assert relative_error(out, ref) <= kernels.tolerance("float32", 258)
+    assert len(every_shape_padded) == 3
+
+
+@pytest.mark.gpu
+def test_padded_results_keep_the_non_finite_pattern(every_shape_padded):
+    import cupy
+
+    import autotile
+    from autotile.codegen import kernels
+
+    a, b = _operands(cupy, "nn", (263, 389, 517))
+    a[7, 11], a[100, 3] = cupy.inf, cupy.nan
+    b[5, 200] = -cupy.inf
+    ref = kernels.to_float64(a) @ kernels.to_float64(b)
+    out = autotile.matmul(a, b)
+    assert every_shape_padded
+    assert bool(cupy.all(cupy.isnan(out) == cupy.isnan(ref))) and bool(cupy.all(cupy.isinf(out) == cupy.isinf(ref)))
+    finite = cupy.isfinite(ref)
+    err = float(cupy.linalg.norm((out - ref)[finite]) / cupy.linalg.norm(ref[finite]))
+    assert err <= kernels.tolerance("float32", 517)
+
+
+@pytest.mark.gpu
+def test_torch_tensors_through_the_padded_plan(every_shape_padded):
+    torch = pytest.importorskip("torch")
+    import autotile
+
+    a = torch.randn(300, 517, device="cuda")
+    b = torch.randn(517, 257, device="cuda")
+    out = autotile.matmul(a, b)
+    ref = a.double() @ b.double()
+    assert out.dtype == torch.float32 and every_shape_padded
+    assert float((out.double() - ref).norm() / ref.norm()) < 1e-5
+
+
+@pytest.mark.gpu
+def test_the_rule_takes_the_plan_on_a_large_odd_shape(monkeypatch):
+    """Without forcing: a shape the rule takes runs the plan, when the padded shape's choice is worth it."""
+    import cupy
+
+    import autotile
+    from autotile.codegen import kernels
+    from autotile.library import calls
+    from autotile.runtime.timing import relative_error
+
+    shape = (2053, 2051, 2049)
+    assert padding.pays("float32", "high", "matmul", "nn", shape)
+    taken = []
+    call = padding.PaddedCall.__call__
+    monkeypatch.setattr(padding.PaddedCall, "__call__", lambda self, *args: taken.append(self.m) or call(self, *args))
+    calls.forget()
+    a, b = _operands(cupy, "nn", shape)
+    out = autotile.matmul(a, b)
+    expected = padding.worth(calls.selection_for("matmul", "float32", "nn",
+                                                 padding.padded_shape("nn", shape, "float32")))
+    assert bool(taken) == expected
+    ref = kernels.to_float64(a) @ kernels.to_float64(b)
+    assert relative_error(out, ref) <= kernels.tolerance("float32", shape[-1])
