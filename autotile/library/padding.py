@@ -11,13 +11,16 @@ prepared by its first: the buffers allocated, four launches, their parameters pa
 Where it pays (`pays`), measured on an H100 (2026-11-27, `tools/pad_probe.py`): the copies read and write A,
 B and C once more, so the product must be large against them on every side; on 24 random shapes with N or K
 odd (seed 1) it won 1.19-1.53x cuBLAS where M and N were at least 1147 and K at least 715, and lost (to
-0.47x) on every smaller one. Only where the setting allows the tf32x3 kernels (what the aligned shapes run),
+0.47x) on every smaller one (copies made by CuPy's slicing then); with this rule and these copy kernels, on
+24 held-out shapes (seed 2), the 4 it took ran 1.57-1.75x cuBLAS on an H100 and an H200, 0.96-1.35x without
+it (docs/performance.md, "Odd sizes"). Only where the setting allows the tf32x3 kernels (what the aligned shapes run),
 and only where the library's choice for the padded shape is a generated kernel its record or model picked
 (`worth`, checked by the caller).
 """
 
 from __future__ import annotations
 
+import math
 import threading
 from typing import Any
 
@@ -60,7 +63,7 @@ def pays(dtype: str, setting: str, kernel: str, layout: str, shape: tuple[int, .
     if not precision_mod.allows(setting, precision_mod.MATH_CLASS["tf32x3"]):
         return False
     *batch, m, n, k = shape
-    if min(m, n) < MIN_SIDE or k < MIN_K or int(np.prod(batch, dtype=np.int64)) * m * n * k < MIN_VOLUME:
+    if min(m, n) < MIN_SIDE or k < MIN_K or math.prod(batch) * m * n * k < MIN_VOLUME:
         return False
     return not rows_allow(kernel, shape, layout, shapes_mod.ALIGN_BYTES // 4)
 
