@@ -44,6 +44,7 @@ from autotile.codegen.problem import MAX_DIM, ProblemKey, canonical_layout
 from autotile.dispatch import events, first_call
 from autotile.dispatch import precision as precision_mod
 from autotile.errors import ArgumentError, DeviceUnavailableError
+from autotile.library import padding
 from autotile.library.plan import matrix_order, plan_matmul
 from autotile.runtime.cublas import CublasCall
 from autotile.runtime.impl import CublasRunner, Runner
@@ -347,8 +348,6 @@ def matmul_no_autograd(A: Any, B: Any, out: Any = None, precision: str | None = 
                                     _int8_gemm(framework, a.device))
             return c.obj
     if plan.kernel in ("matmul", "bmm"):
-        from autotile.library import padding
-
         if padding.pays(dtype, setting, plan.kernel, plan.layout, plan.shape):
             with _device_of(a.device):
                 padded = _prepare(plan.kernel, dtype, plan.layout, padding.padded_shape(plan.layout, plan.shape, dtype),
@@ -535,3 +534,4 @@ def forget() -> None:
 
 
 events.on_records_changed(forget)  # a record tuned in this process is served from the next call on
+padding.on_toggle(forget)  # the padded plan turned on or off: every signature plans again

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -39,18 +40,27 @@ THREADS = 256  # per block of the copy kernels
 _lock = threading.Lock()
 _kernels: dict[tuple[str, int], dict[str, Any]] = {}
 _enabled = True
+_on_toggle: list[Callable[[], None]] = []  # told when `enabled` changes (the library's memoized calls)
+
+
+def on_toggle(listener: Callable[[], None]) -> None:
+    """Call `listener` (no arguments) whenever `enabled` turns the plan on or off: `autotile.library.calls`
+    forgets its memoized calls then, as a signature memoized one way would otherwise stay so."""
+    with _lock:
+        if listener not in _on_toggle:
+            _on_toggle.append(listener)
 
 
 def enabled(on: bool | None = None) -> bool:
     """Whether the library takes the padded plan where it pays (True unless turned off); `on` sets it for
-    the process first (the benchmark's tools compare with and without), and a change forgets the repeated
-    calls the library memoized (a signature memoized one way would otherwise stay so)."""
+    the process first (the benchmark's tools compare with and without)."""
     global _enabled
     if on is not None and bool(on) != _enabled:
-        from autotile.library import calls
-
         _enabled = bool(on)
-        calls.forget()
+        with _lock:
+            listeners = list(_on_toggle)
+        for listener in listeners:
+            listener()
     return _enabled
 
 
@@ -191,4 +201,5 @@ def forget() -> None:
         _kernels.clear()
 
 
-__all__ = ["MIN_K", "MIN_SIDE", "MIN_VOLUME", "PaddedCall", "enabled", "forget", "padded_shape", "pays", "worth"]
+__all__ = ["MIN_K", "MIN_SIDE", "MIN_VOLUME", "PaddedCall", "enabled", "forget", "on_toggle", "padded_shape", "pays",
+           "worth"]
