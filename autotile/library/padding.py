@@ -29,7 +29,6 @@ import numpy as np
 
 from autotile.codegen import padding as shapes_mod
 from autotile.dispatch import precision as precision_mod
-from autotile.dispatch.model import rows_allow
 
 MIN_SIDE = 1024  # M and N
 MIN_K = 512
@@ -75,6 +74,10 @@ def pays(dtype: str, setting: str, kernel: str, layout: str, shape: tuple[int, .
     *batch, m, n, k = shape
     if min(m, n) < MIN_SIDE or k < MIN_K or math.prod(batch) * m * n * k < MIN_VOLUME:
         return False
+    # imported here: `import autotile` loads this module, and the model's (the tuning cache's filelock) only
+    # where a call is this large
+    from autotile.dispatch.model import rows_allow
+
     return not rows_allow(kernel, shape, layout, shapes_mod.ALIGN_BYTES // 4)
 
 
