@@ -34,7 +34,36 @@ def gpu_skip_reason() -> str | None:
     return _REASON[0]
 
 
+# The files that take most of the suite's time, with their seconds in a run of the whole suite on two cores
+# (2026-11-27, no GPU). pytest-xdist's `--dist loadfile` hands whole files to its workers in the order they
+# are queued, by default the files with the most tests first: test_distributed.py (12 tests, over a minute
+# of worker processes) then came last and ran alone while the other core idled. Queued longest first, the
+# two workers finish together. The table only orders the queue (a file missing from it runs after these, in
+# collection order); it selects and skips nothing.
+SECONDS_ON_TWO_CORES = {
+    "test_compile.py": 132, "test_distributed.py": 100, "test_dmma.py": 60, "test_space.py": 44,
+    "test_search_bench.py": 43, "test_split_reduce.py": 37, "test_wgmma.py": 25, "test_render.py": 16,
+    "test_emulation.py": 14, "test_cli.py": 14, "test_wgmma_direct.py": 12, "test_tuner.py": 11,
+    "test_int8.py": 9, "test_study_report.py": 7, "test_dispatch.py": 5, "test_tune_api.py": 4,
+}
+
+
+def pytest_configure(config):
+    if hasattr(config.option, "loadscopereorder"):  # pytest-xdist: queue the files in collection order
+        config.option.loadscopereorder = False
+
+
+def _longest_first(items):
+    """`items` with whole files ordered by SECONDS_ON_TWO_CORES (longest first), each file's tests in order."""
+    first_seen: dict[Path, int] = {}
+    for i, item in enumerate(items):
+        first_seen.setdefault(item.path, i)
+    items.sort(key=lambda item: (-SECONDS_ON_TWO_CORES.get(item.path.name, 0), first_seen[item.path]))
+
+
 def pytest_collection_modifyitems(config, items):
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # every worker collects the same list and orders it alike
+        _longest_first(items)
     needs_gpu = [item for item in items if "gpu" in item.keywords]
     if not needs_gpu:
         return

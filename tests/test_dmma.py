@@ -8,6 +8,7 @@ those tests skip, with the reason, where either is missing."""
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import importlib
 import re
 import shutil
@@ -99,20 +100,37 @@ def render(cfg: Config, layout: str = "nn", batched: bool = False) -> str:
                              SPEC.geometry(cfg, "float64", layout), batched=True)
 
 
-def _cases() -> list[tuple[str, str, Config, str, bool]]:
-    """(profile, label, config, layout, batched): the named configs and a sample in nn on both profiles;
-    each named config also in nt, tn and tt on one profile and batched (a layout each) on the other; the
-    sample, each config once more in a transposed layout (every other one batched)."""
+@functools.lru_cache(maxsize=None)
+def _sample(profile: str) -> tuple[Config, ...]:
+    """The random configs of a profile: drawn on first use, not at collection (seconds of rejection draws,
+    which every pytest-xdist worker would pay though one runs these tests)."""
+    p = PROFILE_NAMES.index(profile)
+    problem = Problem(PROFILES[profile], "float64", "nn")
+    sample = tuple(sample_before_skinny({"MATH": "dmma"}, problem, RANDOM, seed=SAMPLE_SEED + p))
+    assert len(sample) == RANDOM, (profile, len(sample))
+    return sample
+
+
+def config(case) -> Config:
+    """The config a case names: a named config, or "random<i>", the i-th of its profile's sample."""
+    profile, label, _, _ = case
+    if label.startswith("random"):
+        return _sample(profile)[int(label.removeprefix("random"))]
+    return DMMA.named(label)
+
+
+def _cases() -> list[tuple[str, str, str, bool]]:
+    """(profile, label, layout, batched): the named configs and a sample in nn on both profiles; each named
+    config also in nt, tn and tt on one profile and batched (a layout each) on the other; the sample, each
+    config once more in a transposed layout (every other one batched)."""
     out = []
-    for p, profile in enumerate(PROFILE_NAMES):
-        problem = Problem(PROFILES[profile], "float64", "nn")
-        out += [(profile, name, cfg, "nn", False) for name, cfg in DMMA.named_configs.items()]
-        sample = sample_before_skinny({"MATH": "dmma"}, problem, RANDOM, seed=SAMPLE_SEED + p)
-        out += [(profile, f"random{i}", cfg, "nn", False) for i, cfg in enumerate(sample)]
-        out += [(profile, f"random{i}", cfg, LAYOUTS[1 + i % 3], i % 2 == 1) for i, cfg in enumerate(sample)]
-    for i, (name, cfg) in enumerate(DMMA.named_configs.items()):
-        out += [(PROFILE_NAMES[i % 2], name, cfg, layout, False) for layout in LAYOUTS[1:]]
-        out.append((PROFILE_NAMES[(i + 1) % 2], name, cfg, LAYOUTS[i % 4], True))
+    for profile in PROFILE_NAMES:
+        out += [(profile, name, "nn", False) for name in DMMA.named_configs]
+        out += [(profile, f"random{i}", "nn", False) for i in range(RANDOM)]
+        out += [(profile, f"random{i}", LAYOUTS[1 + i % 3], i % 2 == 1) for i in range(RANDOM)]
+    for i, name in enumerate(DMMA.named_configs):
+        out += [(PROFILE_NAMES[i % 2], name, layout, False) for layout in LAYOUTS[1:]]
+        out.append((PROFILE_NAMES[(i + 1) % 2], name, LAYOUTS[i % 4], True))
     return out
 
 
@@ -120,19 +138,19 @@ CASES = _cases()
 
 
 def _id(case) -> str:
-    profile, label, _, layout, batched = case
+    profile, label, layout, batched = case
     return f"{profile}-{layout}-{label}{'-batched' if batched else ''}"
 
 
 @pytest.fixture(scope="module")
 def compiled() -> dict[str, build.CompileResult | BaseException]:
-    def one(case):
-        profile, _, cfg, layout, batched = case
-        return build.compile(render(cfg, layout, batched), PROFILES[profile].arch)
+    def source(case) -> str:
+        _, _, layout, batched = case
+        return render(config(case), layout, batched)
 
     out: dict[str, build.CompileResult | BaseException] = {}
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
-        futures = {pool.submit(one, case): case for case in CASES}
+        futures = {pool.submit(build.compile, source(case), PROFILES[case[0]].arch): case for case in CASES}
         for future in concurrent.futures.as_completed(futures):
             try:
                 out[_id(futures[future])] = future.result()
@@ -154,13 +172,16 @@ DMMA_SPILL_BYTES = 640
 @needs_nvrtc
 def test_cases_are_distinct_and_feasible():
     assert len({_id(c) for c in CASES}) == len(CASES)
-    for profile, _, cfg, layout, _ in CASES:
+    for case in CASES:
+        profile, _, layout, _ = case
+        cfg = config(case)
         assert SPEC.space.is_feasible(cfg, Problem(PROFILES[profile], "float64", layout)), (profile, layout, cfg.key())
 
 
 @pytest.mark.parametrize("case", CASES, ids=_id)
 def test_compiles_within_the_register_model(compiled, case):
-    profile, label, cfg, layout, batched = case
+    profile, _, layout, batched = case
+    cfg = config(case)
     result = compiled[_id(case)]
     if isinstance(result, BaseException):
         raise result

@@ -39,10 +39,32 @@ def test_the_optimum_is_reached_by_a_search_of_every_config():
     assert whole.curve[-1] == 1.0
 
 
+class _BuiltOnce(sweep.Sweep):
+    """A sweep that builds its space, replay table and optimum once for all the seeds replayed over it; a
+    replay builds them from the same rows each time (about a third of its time at 40 trials). The replays
+    are the same: every sweep's curves at these seeds were compared, with and without, when this was added."""
+
+    def space(self):
+        if "_space" not in self.__dict__:
+            self._space = super().space()
+        return self._space
+
+    def table(self):
+        if "_table" not in self.__dict__:
+            self._table = super().table()
+        return self._table
+
+    def best_ms(self):
+        if "_best_ms" not in self.__dict__:
+            self._best_ms = super().best_ms()
+        return self._best_ms
+
+
 @pytest.mark.parametrize("s", SWEEPS, ids=[s.name for s in SWEEPS])
 def test_default_search_median_at_40_trials(s):
     # 7 seeds, not the benchmark's 20: the pin sits well below every sweep's median and 10th percentile
     # (0.966-1.000 over 20), and 20 sweeps at 20 seeds took two and a half minutes of the suite's CPU.
+    s = _BuiltOnce(s.header, s.rows, s.path)
     ratios = [search_bench.replay(s, TuneOptions.sampler, seed, 40).at(40) for seed in range(7)]
     assert statistics.median(ratios) >= PIN_AT_40, sorted(ratios)
 

@@ -34,8 +34,15 @@ def matvec() -> Space:
     return load_space("matvec")
 
 
+@functools.lru_cache(maxsize=None)
+def _shipped(kernel: str) -> Space:
+    return load_space(kernel)
+
+
 def spaces() -> dict[str, Space]:
-    return {"matmul": load_space("matmul"), "matvec": load_space("matvec")}
+    """The shipped spaces, loaded once (a load parses the YAML: a tenth of a second, and some thirty tests ask):
+    the tests only read them."""
+    return {"matmul": _shipped("matmul"), "matvec": _shipped("matvec")}
 
 
 def problem(profile: str = "h100", dtype: str = "float32", layout: str = "row") -> Problem:
@@ -46,11 +53,18 @@ def raw(kernel: str) -> dict:
     return yaml.safe_load(resources.search_space_path(kernel).read_text())
 
 
+@functools.lru_cache(maxsize=None)
+def _prefixes(space: Space) -> tuple[tuple[str, str], ...]:
+    """How `violations()` starts the line of each constraint, with its name (made once per space: the
+    brute-force tests below ask of some 37 thousand points)."""
+    return tuple((f"breaks '{c.name}' ({c.expr.text}) with ", c.name) for c in space.constraints)
+
+
 def failed(space: Space, config: Config, prob: Problem) -> list[str]:
     """The names of the constraints a config breaks, parsed from `violations()`."""
     names = []
     for line in space.violations(config, prob):
-        match = [c.name for c in space.constraints if line.startswith(f"breaks '{c.name}' ({c.expr.text}) with ")]
+        match = [name for prefix, name in _prefixes(space) if line.startswith(prefix)]
         assert len(match) == 1, line
         names.append(match[0])
     return names
