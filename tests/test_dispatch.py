@@ -150,6 +150,43 @@ def test_worth_timing_splits_only_on_under_filled_shapes():
 
 # -- the selection chain --------------------------------------------------------------------------------
 
+def test_model_predicts_the_time_of_its_choice_from_the_neighbours_throughput():
+    """cuBLAS's time on the synthetic database is 0.005 ms + work / 4e10: at a surveyed shape the model
+    reads it; elsewhere each neighbour's time scaled by the ratio of work, so within the fixed part's share.
+    The choice's time is that over its predicted speed-up."""
+    db = _synthetic_db()
+    m = model.Model(db, H100)
+    surveyed = tuple(db.shapes[-1])
+    exact = m.choose(surveyed)
+    assert exact is not None and exact.predicted_ms is not None
+    assert exact.predicted_ms == pytest.approx(db.times_ms[-1][db.cublas_index or 0] / exact.predicted)
+    big = m.choose((3000, 3100, 2900))
+    cublas_ms = 0.005 + 3000 * 3100 * 2900 / 4e10
+    assert big is not None and big.predicted_ms == pytest.approx(cublas_ms / 1.3, rel=0.1)
+    small = m.choose((100, 90, 110))  # cuBLAS runs: its own predicted time, not far off the fixed 5 us
+    assert small is not None and small.config is None and small.predicted_ms is not None
+    assert 0.5 * 0.005 < small.predicted_ms < 4 * 0.005
+
+
+def test_a_selection_carries_its_step_and_predicted_time(tmp_path):
+    """`Selection.step` names the step whatever `source` says about it, and `predicted_ms` is the record's
+    own time on its very shape, the model's prediction, and None for another shape's record."""
+    cache = TuningCache(root=tmp_path, shipped_root=None)
+    config = kernels.get("matmul").space.named("tf32x3-128")
+    cache.put(_record((500, 600, 700), config, 2.0, 3.0))
+    exact = select.select(ProblemKey("matmul", "float32", "row", (500, 600, 700)), H100, cache)
+    assert (exact.step, exact.predicted_ms) == ("exact", 2.0)
+    nearest = select.select(ProblemKey("matmul", "float32", "row", (520, 600, 700)), H100, cache)
+    assert (nearest.step, nearest.predicted_ms) == ("nearest", None)
+    database.save(cache, _synthetic_db())
+    modelled = select.select(ProblemKey("matmul", "float32", "row", (3000, 3100, 2900)), H100, cache)
+    assert modelled.step == "model" and modelled.source.startswith("model (")
+    assert modelled.predicted_ms == pytest.approx((0.005 + 3000 * 3100 * 2900 / 4e10) / 1.3, rel=0.1)
+    default = select.builtin_default(select.Context(ProblemKey("matmul", "float32", "row", (7, 7, 7)), H100, cache,
+                                                    select.counts))
+    assert (default.step, default.predicted_ms) == ("built-in default", None)
+
+
 def _record(shape, config, time_ms, baseline_ms, implementation="generated") -> Record:
     spec = kernels.get("matmul")
     from autotile.codegen import build

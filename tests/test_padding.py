@@ -68,36 +68,64 @@ def test_a_batch_keeps_its_count_and_aligned_shapes_stay():
     ("float32", "high", "matmul", "nt", (2049, 3001, 2048), False),  # rows of K (A) and K (B): aligned
     ("float32", "high", "matmul", "tn", (2049, 3001, 2048), True),  # A stored K x M: rows of M = 2049
     ("float32", "high", "matmul", "nn", (4096, 4096, 4096), False),  # aligned
-    ("float32", "high", "matmul", "nn", (1000, 4096, 4095), False),  # M under MIN_SIDE
-    ("float32", "high", "matmul", "nn", (4096, 4096, 401), False),  # K under MIN_K
-    ("float32", "high", "matmul", "nn", (1025, 1025, 1025), False),  # under MIN_VOLUME
-    ("float32", "high", "bmm", "nn", (8, 1025, 1025, 1025), True),  # a batch's volume
+    ("float32", "high", "matmul", "nn", (64, 4096, 4095), True),  # short M: weighed (the predictions decide)
+    ("float32", "high", "matmul", "nn", (511, 511, 1023), False),  # under MIN_VOLUME
+    ("float32", "high", "bmm", "nn", (8, 511, 511, 1023), True),  # a batch's volume
     ("float32", "highest", "matmul", "nn", (4096, 4096, 4095), False),  # no tf32x3: nothing to pad for
     ("float64", "high", "matmul", "nn", (4096, 4096, 4095), False),
 ])
-def test_where_the_rule_takes_the_plan(dtype, setting, kernel, layout, shape, expected):
-    assert padding.pays(dtype, setting, kernel, layout, shape) is expected
+def test_where_the_plan_is_weighed(dtype, setting, kernel, layout, shape, expected):
+    assert padding.applies(dtype, setting, kernel, layout, shape) is expected
 
 
 def test_the_plan_can_be_turned_off():
     assert padding.enabled()
     try:
         assert not padding.enabled(False)
-        assert not padding.pays("float32", "high", "matmul", "nn", (4096, 4096, 4095))
+        assert not padding.applies("float32", "high", "matmul", "nn", (4096, 4096, 4095))
     finally:
         padding.enabled(True)
-    assert padding.pays("float32", "high", "matmul", "nn", (4096, 4096, 4095))
+    assert padding.applies("float32", "high", "matmul", "nn", (4096, 4096, 4095))
 
 
-def test_only_a_record_or_the_model_is_worth_the_copies():
+def test_the_copies_cost_their_bytes_and_launches():
+    """A copy reads an operand and writes its padded matrices; C, where N grew, is read padded and written
+    back; a B shared by the batch is copied once."""
+    per_byte, launch = 1 / padding.COPY_BYTES_PER_MS, padding.COPY_LAUNCH_MS
+    # K = 7 -> 8: A 10 x 7 -> 10 x 8 and B 7 x 12 -> 8 x 12, twice
+    assert padding.copy_ms("nn", (2, 10, 12, 7), "float32") == pytest.approx(
+        2 * (70 + 80 + 84 + 96) * 4 * per_byte + 2 * launch)
+    assert padding.copy_ms("nn", (2, 10, 12, 7), "float32", (70, 0)) == pytest.approx(
+        (2 * (70 + 80) + 84 + 96) * 4 * per_byte + 2 * launch)
+    # N = 9 -> 12: B 8 x 9 -> 8 x 12, and C's 5 x 12 back to 5 x 9
+    assert padding.copy_ms("nn", (5, 9, 8), "float32") == pytest.approx((72 + 96 + 60 + 45) * 4 * per_byte + 2 * launch)
+
+
+def _selection(config, step: str, predicted_ms, implementation: str = "generated") -> Selection:
+    return Selection(config, step, None, implementation=implementation, step=step, predicted_ms=predicted_ms)
+
+
+def test_the_plan_pays_where_its_predicted_time_beats_the_call_as_it_is():
     from autotile.codegen import kernels
 
     config = kernels.get("matmul").space.named("tf32x3-64")
-    assert padding.worth(Selection(config, "exact", (4096, 4096, 4096)))
-    assert padding.worth(Selection(config, "model (419 surveyed shapes) of matmul nt 4096x4096x4096", None))
-    assert not padding.worth(Selection(None, "model (419 surveyed shapes)", None, implementation="cublas"))
-    assert not padding.worth(Selection(config, "nearest, tuned with nvrtc", (512, 512, 512)))
-    assert not padding.worth(Selection(config, "built-in default", None))
+    shape = (4096, 4096, 4095)
+    copies = padding.copy_ms("nn", shape, "float32")
+    padded = _selection(config, "model", 1.0)
+    just_faster = (1.0 + copies) * (1 + padding.MARGIN) * 1.01
+    assert padding.pays(_selection(None, "model", just_faster, "cublas"), padded, "nn", shape, "float32")
+    assert not padding.pays(_selection(None, "model", just_faster / 1.03, "cublas"), padded, "nn", shape, "float32")
+    direct = _selection(None, "model", 10.0, "cublas")
+    # the padded shape's choice must be a generated kernel a record or the model picked, with a time
+    assert padding.pays(direct, _selection(config, "exact", 1.0), "nn", shape, "float32")
+    assert not padding.pays(direct, _selection(None, "model", 1.0, "cublas"), "nn", shape, "float32")
+    assert not padding.pays(direct, _selection(config, "nearest", 1.0), "nn", shape, "float32")
+    assert not padding.pays(direct, _selection(config, "model", None), "nn", shape, "float32")
+    # the call as it is without a prediction: the sizes measured to pay
+    unknown = _selection(config, "nearest", None)
+    assert padding.pays(unknown, padded, "nn", shape, "float32")
+    assert not padding.pays(unknown, padded, "nn", (1000, 4096, 4095), "float32")
+    assert not padding.pays(unknown, padded, "nn", (4096, 4096, 401), "float32")
 
 
 @pytest.mark.parametrize("dtype,arch", [("float32", "sm_90"), ("float32", "sm_80"), ("float64", "sm_80")])
@@ -116,8 +144,8 @@ GPU_BATCHED = [(3, 131, 257, 129), (4, 67, 130, 258)]
 
 @pytest.fixture
 def every_shape_padded(monkeypatch):
-    """The plan on every shape (the rule's sizes to 1, whatever the padded shape's choice), counting its
-    calls."""
+    """The plan on every shape it applies to (MIN_VOLUME 1, `pays` always), whatever the padded shape's
+    choice, counting its calls."""
     taken: list[tuple[int, ...]] = []
     call = padding.PaddedCall.__call__
 
@@ -125,10 +153,8 @@ def every_shape_padded(monkeypatch):
         taken.append((self.m, self.n))
         return call(self, *args)
 
-    monkeypatch.setattr(padding, "MIN_SIDE", 1)
-    monkeypatch.setattr(padding, "MIN_K", 1)
     monkeypatch.setattr(padding, "MIN_VOLUME", 1)
-    monkeypatch.setattr(padding, "worth", lambda selection: True)
+    monkeypatch.setattr(padding, "pays", lambda *args, **kwargs: True)
     monkeypatch.setattr(padding.PaddedCall, "__call__", counted)
     from autotile.library import calls
 
@@ -174,8 +200,8 @@ def test_padded_results_match_the_reference(layout, every_shape_padded):
         if not err <= kernels.tolerance("float32", shape[-1]):
             failures.append(f"{layout} {shape} +{offset}{' shared B' if shared_b else ''}: {err:.2e}")
     assert failures == []
-    aligned = [c for c in cases if not padding.pays("float32", "high", "bmm" if len(c[0]) == 4 else "matmul",
-                                                    layout, c[0])]
+    aligned = [c for c in cases if not padding.applies("float32", "high", "bmm" if len(c[0]) == 4 else "matmul",
+                                                       layout, c[0])]
     assert len(every_shape_padded) == len(cases) - len(aligned) > 0
 
 
@@ -247,15 +273,14 @@ def test_the_rule_takes_the_plan_on_a_large_odd_shape(monkeypatch):
     from autotile.runtime.timing import relative_error
 
     shape = (2053, 2051, 2049)
-    assert padding.pays("float32", "high", "matmul", "nn", shape)
+    assert padding.applies("float32", "high", "matmul", "nn", shape)
     taken = []
     call = padding.PaddedCall.__call__
     monkeypatch.setattr(padding.PaddedCall, "__call__", lambda self, *args: taken.append(self.m) or call(self, *args))
     calls.forget()
     a, b = _operands(cupy, "nn", shape)
     out = autotile.matmul(a, b)
-    expected = padding.worth(calls.selection_for("matmul", "float32", "nn",
-                                                 padding.padded_shape("nn", shape, "float32")))
+    expected = calls.padded_plan("matmul", "float32", "nn", shape, "high") is not None
     assert bool(taken) == expected
     ref = kernels.to_float64(a) @ kernels.to_float64(b)
     assert relative_error(out, ref) <= kernels.tolerance("float32", shape[-1])

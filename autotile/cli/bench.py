@@ -40,6 +40,7 @@ from autotile.codegen.space import Problem
 from autotile.dispatch import precision as precision_mod
 from autotile.dispatch.select import select
 from autotile.library import calls as ops
+from autotile.library import padding
 from autotile.library.api import matmul
 from autotile.runtime.impl import Cublas, Generated
 from autotile.tuning.bench_results import random_groups, ratio_summary, summary_markdown
@@ -287,16 +288,13 @@ def _padded_call(p: Any, kernel: str, shape: tuple[int, ...], layout: str, dtype
     """Where `autotile.matmul` takes the padded plan on this problem (row-major operands; `autotile.library.
     padding`) under the precision setting (""/None: the process-wide one): (the selection for the padded
     shape, the call on the problem's inputs, the padded shape's text); None elsewhere."""
-    from autotile.dispatch import precision as precision_mod
-    from autotile.library import padding
-
     setting = precision_mod.resolve(precision or None)
-    if layout not in ("nn", "row") or not padding.pays(dtype, setting, kernel, "nn", shape):
+    if layout not in ("nn", "row"):
+        return None
+    prepared = ops.padded_plan(kernel, dtype, "nn", shape, setting)
+    if prepared is None:
         return None
     padded_shape = padding.padded_shape("nn", shape, dtype)
-    prepared = ops._prepare(kernel, dtype, "nn", padded_shape, setting)
-    if not padding.worth(prepared.selection):
-        return None
     run = functools.partial(ops.matmul_no_autograd, p.inputs[0], p.inputs[1], p.out, setting)
     return prepared.selection, run, _shape_text(padded_shape)
 

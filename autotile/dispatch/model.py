@@ -59,6 +59,7 @@ class Choice:
     neighbours: tuple[tuple[tuple[int, ...], float, float | None], ...]
     runner_up: str | None = None
     reference: str = "cuBLAS"  # what the speed-ups are over (`Model.reference`)
+    predicted_ms: float | None = None  # the predicted time on the shape (`Model.reference_ms` / `predicted`)
 
     def explain(self) -> str:
         near = ", ".join(f"{'x'.join(map(str, s))} {'-' if r is None else format(r, '.2f') + 'x'}"
@@ -212,15 +213,35 @@ class Model:
             near: tuple[tuple[tuple[int, ...], float, float | None], ...] = tuple(
                 (tuple(int(d) for d in self.db.shapes[i]), float(dist[i]), None) for i in order)
             return Choice(self.db.candidates[self.reference], self.configs[self.reference], 1.0, near, runner_up,
-                          self.reference_name)
+                          self.reference_name, self.reference_ms(shape_t, order, dist))
         k = int(np.argmax(np.where(safe, predicted, -np.inf)))
         j = self.usable[k]
         if by_kind[k] and int(self.widths[k]) in learned_from:  # the neighbours it learned from
             order, gain, ok = learned_from[int(self.widths[k])]
         near = tuple((tuple(int(d) for d in self.db.shapes[i]), float(dist[i]),
                       None if not ok[n, k] else float(2 ** gain[n, k])) for n, i in enumerate(order))
+        reference_ms = self.reference_ms(shape_t, order, dist)
         return Choice(self.db.candidates[j], self.configs[j], float(2 ** predicted[k]), near,
-                      reference=self.reference_name)
+                      reference=self.reference_name,
+                      predicted_ms=None if reference_ms is None else reference_ms / float(2 ** predicted[k]))
+
+    def reference_ms(self, shape: tuple[int, ...], order: np.ndarray, dist: np.ndarray) -> float | None:
+        """The reference's (cuBLAS's) predicted time on `shape` in milliseconds, from the neighbour rows
+        `order` (distances `dist`) that timed it: each neighbour's time scaled by the ratio of multiply-adds
+        (its throughput carried over), averaged in log space with the weights the speed-ups get; None where
+        no neighbour timed it."""
+        if self.reference is None:
+            return None
+        times = self.times[order, self.reference]
+        ok = np.isfinite(times) & (times > 0)
+        if not ok.any():
+            return None
+        if dist[order[0]] == 0 and ok[0]:  # a surveyed shape: its own measurement
+            return float(times[0])
+        work = math.prod(shape)
+        scaled = np.log2(times[ok]) + np.log2(work) - self.log_shapes[order[ok]].sum(axis=1)
+        w = 1.0 / (0.25 + dist[order[ok]])
+        return float(2 ** ((w * scaled).sum() / w.sum()))
 
     def _distances(self, shape: tuple[int, ...]) -> np.ndarray:
         """Each database shape's distance to `shape`: the sum over dimensions of |log2| ratios."""

@@ -54,8 +54,12 @@ LEGACY_COMPILE_OPTIONS = ("-std=c++17", "-ftz=true", "--device-as-default-execut
 @dataclasses.dataclass(frozen=True)
 class Selection:
     """What a call runs: a generated `config`, or cuBLAS (`implementation` "cublas", `config` None); the step
-    that chose it (`source`); for a record, the shape it was tuned on; `why`, the model's reasoning;
-    `precision`, the float32 matmul precision setting it was chosen under."""
+    that chose it (`source`, in words; `step`, the step's name: "exact", "model", "nearest", "device
+    default", "built-in default", "first call"); for a record, the shape it was tuned on; `why`, the model's
+    reasoning; `precision`, the float32 matmul precision setting it was chosen under; `predicted_ms`, what it
+    is expected to take on this problem in milliseconds (a record's own time on its very shape, the model's
+    prediction from the shape database's times), None where nothing predicts it (another shape's record, a
+    choice borrowed from another problem, a default)."""
 
     config: Config | None
     source: str
@@ -64,6 +68,8 @@ class Selection:
     implementation: str = "generated"
     why: str = ""
     precision: str = precision_mod.DEFAULT
+    step: str = ""
+    predicted_ms: float | None = None
 
     def explain(self) -> str:
         """One line: what runs, and why (and the precision setting, where it is not the default)."""
@@ -194,7 +200,7 @@ def model(ctx: Context) -> Selection | None:
         return None
     whose = "" if db.device == ctx.device.fingerprint else f" on {db.environment.get('gpu', db.device)}"
     return Selection(choice.config, f"model ({len(db.shapes)} surveyed shapes{whose})", None, None,
-                     choice.candidate.implementation, choice.explain(), ctx.precision)
+                     choice.candidate.implementation, choice.explain(), ctx.precision, "model", choice.predicted_ms)
 
 
 def nearest(ctx: Context) -> Selection | None:
@@ -238,11 +244,11 @@ def builtin_default(ctx: Context) -> Selection:
                 raise ArgumentError(f"{ctx.key.dtype} {ctx.key.kernel} {'x'.join(map(str, ctx.key.shape))} "
                                     f"({ctx.key.layout}) on {ctx.device.name}: no generated kernel runs "
                                     f"{ctx.key.dtype} there, and {cannot}")
-            return Selection(runnable, "built-in default", None, precision=ctx.precision)
+            return Selection(runnable, "built-in default", None, precision=ctx.precision, step="built-in default")
         reason = f"no tuned {ctx.key.kernel} record for {ctx.key.dtype}" if runnable is not None else \
             f"no generated {ctx.key.kernel} kernel runs {ctx.key.dtype} on {ctx.device.name}"
-        return Selection(None, "built-in default", None, None, "cublas", reason, ctx.precision)
-    return Selection(config, "built-in default", None, precision=ctx.precision)
+        return Selection(None, "built-in default", None, None, "cublas", reason, ctx.precision, "built-in default")
+    return Selection(config, "built-in default", None, precision=ctx.precision, step="built-in default")
 
 
 RECORD_STEPS: tuple[Step, ...] = (exact, model, nearest, device_default)
@@ -256,16 +262,21 @@ def _from_record(record: Record, source: str, ctx: Context) -> Selection | None:
     if not space.is_feasible(config, Problem(ctx.device, ctx.key.dtype, ctx.key.layout)):
         return None  # tuned elsewhere (another dtype's limits, a profile's): not runnable here
     tuned_shape = tuple(record.shape)
+    step = source
     if record.implementation == "cublas" and tuned_shape == ctx.key.shape:
         return Selection(None, source, tuned_shape, record, "cublas",
                          f"cuBLAS {record.baseline_ms:g} ms beat the best config's {record.time_ms:g} ms",
-                         ctx.precision)
+                         ctx.precision, step, record.run_ms)
+    predicted_ms = None
     if tuned_shape != ctx.key.shape:
         refilled = keep_grid_filled(ctx.key, config, tuned_shape)
         if refilled != config:
             source += f", SPLIT_K raised {config['SPLIT_K']}->{refilled['SPLIT_K']}"
             config = refilled
-    return Selection(config, source, tuned_shape, record, precision=ctx.precision)
+    else:
+        predicted_ms = record.time_ms
+    return Selection(config, source, tuned_shape, record, precision=ctx.precision, step=step,
+                     predicted_ms=predicted_ms)
 
 
 def select(key: ProblemKey, device: DeviceLimits, cache: TuningCache | None = None,
@@ -344,7 +355,7 @@ def borrowed(found: Selection, lender: ProblemKey, key: ProblemKey, device: Devi
     dtype = f" {lender.dtype}" if lender.dtype != key.dtype else ""
     source = f"{found.source} of {lender.kernel}{dtype} {lender.layout} {lender.shape_text}"
     if found.config is None:
-        return None if _cublas_cannot(key) else dataclasses.replace(found, source=source)
+        return None if _cublas_cannot(key) else dataclasses.replace(found, source=source, predicted_ms=None)
     config = found.config
     if dtypes.get(key.dtype).k_major_only and {lender.layout, key.layout} == {"nn", "tt"}:
         # tt is nn with the operands' roles swapped (A transposed in the producer instead of B): the tile
@@ -359,7 +370,7 @@ def borrowed(found: Selection, lender: ProblemKey, key: ProblemKey, device: Devi
     space = kernels.get(key.kernel).space
     if not space.is_feasible(config, Problem(device, key.dtype, key.layout)):
         return None
-    return dataclasses.replace(found, config=config, source=source)
+    return dataclasses.replace(found, config=config, source=source, predicted_ms=None)
 
 
 def _cublas_cannot(key: ProblemKey) -> bool:

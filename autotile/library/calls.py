@@ -89,6 +89,7 @@ class _Prepared:
 
 _lock = threading.Lock()
 _prepared: dict[tuple[Any, ...], _Prepared] = {}
+_padded_plans: dict[tuple[Any, ...], _Prepared | None] = {}  # `padded_plan`'s decisions
 # Calls by signature (each array's `Framework.signature`, out's, the setting) that needed no copy: what
 # they run and how, so that a repeated call only reads pointers and launches.
 _calls: dict[tuple[Any, ...], Repeat] = {}
@@ -348,18 +349,16 @@ def matmul_no_autograd(A: Any, B: Any, out: Any = None, precision: str | None = 
                                     _int8_gemm(framework, a.device))
             return c.obj
     if plan.kernel in ("matmul", "bmm"):
-        if padding.pays(dtype, setting, plan.kernel, plan.layout, plan.shape):
-            with _device_of(a.device):
-                padded = _prepare(plan.kernel, dtype, plan.layout, padding.padded_shape(plan.layout, plan.shape, dtype),
-                                  setting, a.device)
-                if padding.worth(padded.selection):
-                    run = padding.PaddedCall(plan.layout, plan.shape, plan.batch_strides, dtype, a.device, padded,
-                                             framework.allocate)
-                    run(a.ptr, b.ptr, c.ptr, stream_ptr)
-                    if not copied and None not in signature[:2] and (out is None or signature[2] is not None):
-                        with _lock:
-                            _calls[signature] = _repeat_padded(framework, run, plan.out_shape, out_dtype, a.device)
-                    return c.obj
+        with _device_of(a.device):
+            padded = padded_plan(plan.kernel, dtype, plan.layout, plan.shape, setting, a.device, plan.batch_strides)
+            if padded is not None:
+                run = padding.PaddedCall(plan.layout, plan.shape, plan.batch_strides, dtype, a.device, padded,
+                                         framework.allocate)
+                run(a.ptr, b.ptr, c.ptr, stream_ptr)
+                if not copied and None not in signature[:2] and (out is None or signature[2] is not None):
+                    with _lock:
+                        _calls[signature] = _repeat_padded(framework, run, plan.out_shape, out_dtype, a.device)
+                return c.obj
     with _device_of(a.device):
         prepared = _prepare(plan.kernel, dtype, plan.layout, plan.shape, setting, a.device)
     call = _Call(prepared, plan.out_shape, _nbytes(c), out_dtype, a.device, plan.batch_strides)
@@ -516,6 +515,32 @@ def scaled_matmul(A: Any, B: Any, scale_a: Any, scale_b: Any, out: Any = None, s
     return result
 
 
+def padded_plan(kernel: str, dtype: str, layout: str, shape: tuple[int, ...], setting: str,
+                device_id: int | None = None, batch_strides: tuple[int, ...] = ()) -> _Prepared | None:
+    """Where a matmul of `shape` ((batch,) M, N, K) in `layout` takes the padded plan
+    (`autotile.library.padding`) under the precision `setting` (resolved) on `device_id` (None: CuPy's
+    current device): what runs the padded shape, prepared; None where the plan does not pay. Decided once
+    per problem: the selections of the shape as it is and of the padded shape, weighed by `padding.pays`."""
+    if not padding.applies(dtype, setting, kernel, layout, shape):
+        return None
+    if device_id is None:
+        device_id = _device_id(_cupy().cuda.runtime)
+    memo_key = (device_id, kernel, dtype, layout, shape, setting, batch_strides)
+    if memo_key in _padded_plans:
+        return _padded_plans[memo_key]
+    from autotile.dispatch.select import select
+
+    device = _device(device_id)
+    padded_shape = padding.padded_shape(layout, shape, dtype)
+    direct = select(ProblemKey(kernel, dtype, layout, shape), device, precision=setting)
+    padded = select(ProblemKey(kernel, dtype, layout, padded_shape), device, precision=setting)
+    found = None
+    if padding.pays(direct, padded, layout, shape, dtype, batch_strides):
+        found = _prepare(kernel, dtype, layout, padded_shape, setting, device_id)
+    with _lock:
+        return _padded_plans.setdefault(memo_key, found)
+
+
 def selection_for(kernel: str, dtype: str, layout: str, shape: tuple[int, ...],
                   precision: str | None = None) -> Selection:
     """Which config the library runs for a problem on the current GPU under the precision setting (None:
@@ -528,6 +553,7 @@ def forget() -> None:
     """Drop memoized kernels and selections (after tuning in the same process)."""
     with _lock:
         _prepared.clear()
+        _padded_plans.clear()
         _calls.clear()
         _scaled_calls.clear()
         _residue_runners.clear()

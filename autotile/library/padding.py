@@ -8,14 +8,16 @@ for the padded shape on them, and copies C's columns back where N grew. All on t
 buffers from the inputs' framework, no synchronisation. A repeated call of one signature runs a `PaddedCall`
 prepared by its first: the buffers allocated, four launches, their parameters packed once.
 
-Where it pays (`pays`), measured on an H100 (2026-11-27, `tools/pad_probe.py`): the copies read and write A,
-B and C once more, so the product must be large against them on every side; on 24 random shapes with N or K
-odd (seed 1) it won 1.19-1.53x cuBLAS where M and N were at least 1147 and K at least 715, and lost (to
-0.47x) on every smaller one (copies made by CuPy's slicing then); with this rule and these copy kernels, on
-24 held-out shapes (seed 2), the 4 it took ran 1.57-1.75x cuBLAS on an H100 and an H200, 0.96-1.35x without
-it (docs/performance.md, "Odd sizes"). Only where the setting allows the tf32x3 kernels (what the aligned shapes run),
-and only where the library's choice for the padded shape is a generated kernel its record or model picked
-(`worth`, checked by the caller).
+Where it pays (`applies`, then `pays`): the copies read and write A, B and C once more, so the padded shape's
+product must be faster by more than they cost. Every first call of an unaligned problem of at least MIN_VOLUME
+multiply-adds weighs the two selections (`autotile.library.calls.padded_plan`): the padded shape's predicted
+time (its tuned record's, or the shape database's model's) plus the copies' (`copy_ms`, their bytes at the
+bandwidth they reach) against the predicted time of what the call runs as it is, by MARGIN. On an H100
+(2026-11-27, `tools/pad_probe.py --all`, every shape also timed through the plan): on 24 random matmul shapes
+with N or K odd the rule took 8 and reached a geomean of 1.089x cuBLAS against 1.090 for the better of the two
+on every shape (1.015 without the plan); on 40 random batches (issue 28's) it took one (1.00 -> 1.17x): there
+the copies cost 30-60% of the product (docs/performance.md, "Odd sizes"). Only where the setting allows the
+tf32x3 kernels (what the aligned shapes run).
 """
 
 from __future__ import annotations
@@ -30,9 +32,19 @@ import numpy as np
 from autotile.codegen import padding as shapes_mod
 from autotile.dispatch import precision as precision_mod
 
-MIN_SIDE = 1024  # M and N
-MIN_K = 512
-MIN_VOLUME = 2**33  # batch x M x N x K
+# batch x M x N x K below which the plan is not weighed: there the copies' launches are a good part of the
+# time and the predictions' errors (25-35% on such shapes) larger than what the plan can win
+MIN_VOLUME = 2**28
+# Without a predicted time for the call as it is (no shape database for it), the sizes where the plan was
+# measured to pay (`pays`): M and N, K, and the volume at least these
+MIN_SIDE_UNPREDICTED = 1024
+MIN_K_UNPREDICTED = 512
+MIN_VOLUME_UNPREDICTED = 2**33
+# What the copies cost on the GPU (`copy_ms`): on an H100 (2026-11-27, `tools/pad_probe.py --all`, 47 shapes),
+# the copies' time fits 3.0e9 bytes per ms and 1.6 us per launch; a little slower here, to be safe
+COPY_BYTES_PER_MS = 2.8e9  # bytes read and written per millisecond
+COPY_LAUNCH_MS = 0.0025  # each copy kernel's launch and tail
+MARGIN = 0.1  # the plan's predicted time must be this much shorter than the call's as it is
 DTYPES = ("float32",)
 THREADS = 256  # per block of the copy kernels
 
@@ -63,16 +75,15 @@ def enabled(on: bool | None = None) -> bool:
     return _enabled
 
 
-def pays(dtype: str, setting: str, kernel: str, layout: str, shape: tuple[int, ...]) -> bool:
-    """Whether a matmul ("matmul" or "bmm") of `shape` ((batch,) M, N, K) in `layout`, `dtype`, under the
-    precision `setting`, takes the padded plan: some operand's rows not 16-byte aligned, M, N, K and the
-    volume past MIN_SIDE, MIN_K and MIN_VOLUME, tf32x3 allowed."""
+def applies(dtype: str, setting: str, kernel: str, layout: str, shape: tuple[int, ...]) -> bool:
+    """Whether the padded plan is weighed for a matmul ("matmul" or "bmm") of `shape` ((batch,) M, N, K) in
+    `layout`, `dtype`, under the precision `setting`: some operand's rows not 16-byte aligned, tf32x3
+    allowed (what the aligned shapes run), the volume at least MIN_VOLUME. Cheap: every first call asks."""
     if not _enabled or dtype not in DTYPES or kernel not in ("matmul", "bmm"):
         return False
     if not precision_mod.allows(setting, precision_mod.MATH_CLASS["tf32x3"]):
         return False
-    *batch, m, n, k = shape
-    if min(m, n) < MIN_SIDE or k < MIN_K or math.prod(batch) * m * n * k < MIN_VOLUME:
+    if math.prod(shape) < MIN_VOLUME:
         return False
     # imported here: `import autotile` loads this module, and the model's (the tuning cache's filelock) only
     # where a call is this large
@@ -81,12 +92,43 @@ def pays(dtype: str, setting: str, kernel: str, layout: str, shape: tuple[int, .
     return not rows_allow(kernel, shape, layout, shapes_mod.ALIGN_BYTES // 4)
 
 
-def worth(selection: Any) -> bool:
-    """Whether the library's choice for the padded shape is what the padding is for: a generated kernel the
-    tuned record of that shape or the shape database's model picked (predicted faster than cuBLAS there),
-    not cuBLAS, nor a fallback that knows nothing of the shape."""
-    source = str(selection.source)
-    return selection.config is not None and source.startswith(("exact", "model"))
+def copy_ms(layout: str, shape: tuple[int, ...], dtype: str, batch_strides: tuple[int, ...] = ()) -> float:
+    """What the plan's copies take on the GPU, in milliseconds: the bytes they read and write at
+    COPY_BYTES_PER_MS, and COPY_LAUNCH_MS per launch. `batch_strides` as `PaddedCall`'s (a stride of 0: one
+    matrix shared by the batch, copied once)."""
+    size = np.dtype(dtype).itemsize
+    plan = shapes_mod.padded(layout, shape, size)
+    *batch_dims, m, n, _k = shape
+    batch = math.prod(batch_dims)
+    strides = batch_strides or (1, 1)
+    moved, launches = 0, 0
+    for copy, stride in ((plan.a, strides[0]), (plan.b, strides[1])):
+        if copy.needed:
+            moved += (batch if stride else 1) * (copy.rows * copy.cols + copy.elements)
+            launches += 1
+    *_, mp, np_, _kp = plan.shape
+    if (mp, np_) != (m, n):  # C written padded, its columns (or rows) copied back
+        moved += batch * (m * np_ + m * n)
+        launches += 1
+    return moved * size / COPY_BYTES_PER_MS + launches * COPY_LAUNCH_MS
+
+
+def pays(direct: Any, padded: Any, layout: str, shape: tuple[int, ...], dtype: str,
+         batch_strides: tuple[int, ...] = ()) -> bool:
+    """Whether the padded plan is faster than the call as it is, from the two problems' selections
+    (`autotile.dispatch.select.Selection`): `direct`, what the call of `shape` would run, and `padded`, what
+    the padded shape runs. The padded shape's choice must be what the padding is for (a generated kernel its
+    tuned record or the shape database's model picked, not cuBLAS, nor a fallback that knows nothing of the
+    shape), and its predicted time plus the copies' (`copy_ms`) under the direct choice's by MARGIN. Where
+    the direct choice has no predicted time, the sizes measured to pay (the *_UNPREDICTED constants)."""
+    if padded.config is None or padded.step not in ("exact", "model") or padded.predicted_ms is None:
+        return False
+    if direct.predicted_ms is None:
+        *batch, m, n, k = shape
+        return (min(m, n) >= MIN_SIDE_UNPREDICTED and k >= MIN_K_UNPREDICTED
+                and math.prod(shape) >= MIN_VOLUME_UNPREDICTED)
+    planned = padded.predicted_ms + copy_ms(layout, shape, dtype, batch_strides)
+    return planned * (1 + MARGIN) < direct.predicted_ms
 
 
 def padded_shape(layout: str, shape: tuple[int, ...], dtype: str) -> tuple[int, ...]:
@@ -204,5 +246,5 @@ def forget() -> None:
         _kernels.clear()
 
 
-__all__ = ["MIN_K", "MIN_SIDE", "MIN_VOLUME", "PaddedCall", "enabled", "forget", "on_toggle", "padded_shape", "pays",
-           "worth"]
+__all__ = ["MARGIN", "MIN_VOLUME", "PaddedCall", "applies", "copy_ms", "enabled", "forget", "on_toggle",
+           "padded_shape", "pays"]

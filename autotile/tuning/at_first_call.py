@@ -65,7 +65,7 @@ def candidates(key: ProblemKey, device: DeviceLimits, cache: Any, precision: str
             config = m.configs[j]
             if config is None or not spec.space.is_feasible(config, problem) or len(found) >= MAX_CANDIDATES:
                 continue
-            found.setdefault(config, Selection(config, "first call", None,
+            found.setdefault(config, Selection(config, "first call", None, step="first call",
                                                why=f"survey candidate {lender.candidates[j].name}", precision=setting))
     else:
         for _, record in cache.entries(device.fingerprint, include_shipped=True):
@@ -75,10 +75,11 @@ def candidates(key: ProblemKey, device: DeviceLimits, cache: Any, precision: str
             if (config is not None and is_current(record) and spec.space.is_feasible(config, problem)
                     and precision_mod.allows(setting, precision_mod.needed(key.kernel, key.dtype, config))
                     and worth_timing(key.kernel, config, key.shape, device.sm_count)):
-                found.setdefault(config, Selection(config, "first call", None,
+                found.setdefault(config, Selection(config, "first call", None, step="first call",
                                                    why="tuned on " + "x".join(map(str, record.shape)),
                                                    precision=setting))
-    cublas = [Selection(None, "first call", None, None, "cublas", precision=setting)] if cublas_runs else []
+    cublas = ([Selection(None, "first call", None, None, "cublas", precision=setting, step="first call")]
+              if cublas_runs else [])
     return cublas + list(found.values())[:MAX_CANDIDATES]
 
 
