@@ -1,7 +1,8 @@
 """The host's cost per library call: `python -m autotile.cli.overhead` (needs a GPU and torch).
 
 A model calls the library back to back; a problem whose GPU work is shorter than the host's work per call
-runs at the host's pace. For each entry point (matmul, matvec, bmm, `x @ W.T`, column-major gemv) this
+runs at the host's pace. For each entry point (matmul, matvec, bmm, `x @ W.T`, column-major gemv, and a matmul
+with odd sizes that takes the padded plan's copies) this
 times, on torch tensors and on CuPy arrays, the call the user would make instead (torch's, CuPy's) and
 autotile's, repeated on the same arrays:
 
@@ -64,8 +65,10 @@ def cases(torch: Any, cupy: Any, autotile: Any) -> list[Case]:
     a3, b3 = t(8, 64, 64), t(8, 64, 64)
     w, xs = t(4096, 4096), t(16, 4096)
     gemv_a, gemv_x = t(3000, 3000).T, t(3000)  # column-major A: about 9 million elements
+    odd_a, odd_b = t(2053, 2049), t(2049, 2051)  # rows not 16-byte aligned: the padded plan's copies
     ca, cb, cx = c(64, 64), c(64, 64), c(64)
-    out = {"mm": torch.empty(64, 64, device="cuda"), "cmm": cupy.empty((64, 64), dtype=cupy.float32)}
+    out = {"mm": torch.empty(64, 64, device="cuda"), "cmm": cupy.empty((64, 64), dtype=cupy.float32),
+           "odd": torch.empty(2053, 2051, device="cuda")}
     found: list[Case] = [
         ("torch matmul 64x64x64", lambda: torch.matmul(a, b), lambda: autotile.matmul(a, b),
          ("matmul", "nn", (64, 64, 64))),
@@ -78,6 +81,8 @@ def cases(torch: Any, cupy: Any, autotile: Any) -> list[Case]:
          ("matmul", "nt", (64, 64, 64))),
         ("torch x @ W.T 16x4096x4096", lambda: torch.matmul(xs, w.T), lambda: autotile.matmul(xs, w.T),
          ("matmul", "nt", (16, 4096, 4096))),
+        ("torch matmul 2053x2051x2049, out=", lambda: torch.matmul(odd_a, odd_b, out=out["odd"]),
+         lambda: autotile.matmul(odd_a, odd_b, out=out["odd"]), ("matmul", "nn", (2053, 2051, 2049))),
         ("torch gemv column-major 3000x3000", lambda: torch.mv(gemv_a, gemv_x),
          lambda: autotile.matvec(gemv_a, gemv_x), ("matvec", "col", (3000, 3000))),
         ("cupy matmul 64x64x64", lambda: cupy.matmul(ca, cb), lambda: autotile.matmul(ca, cb),
@@ -91,10 +96,15 @@ def cases(torch: Any, cupy: Any, autotile: Any) -> list[Case]:
 
 
 def _runs(problem: tuple[str, str, tuple[int, ...]]) -> str:
-    """What the library runs for a problem: cuBLAS, or a generated config (and the selection step)."""
-    from autotile.library.calls import selection_for
+    """What the library runs for a problem: cuBLAS, or a generated config (and the selection step), or the
+    padded plan."""
+    from autotile.dispatch import precision
+    from autotile.library.calls import padded_plan, selection_for
 
     kernel, layout, shape = problem
+    padded = padded_plan(kernel, "float32", layout, shape, precision.resolve(None))
+    if padded is not None:
+        return f"the padded plan ({padded.selection.source})"
     selection = selection_for(kernel, "float32", layout, shape)
     return "cuBLAS" if selection.implementation == "cublas" else f"generated ({selection.source})"
 
