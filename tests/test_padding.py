@@ -121,6 +121,10 @@ def test_the_plan_pays_where_its_predicted_time_beats_the_call_as_it_is():
     assert not padding.pays(direct, _selection(None, "model", 1.0, "cublas"), "nn", shape, "float32")
     assert not padding.pays(direct, _selection(config, "nearest", 1.0), "nn", shape, "float32")
     assert not padding.pays(direct, _selection(config, "model", None), "nn", shape, "float32")
+    # back to back, a padded call takes at least the host's time for its four launches
+    tiny = _selection(config, "model", 1e-4)
+    assert not padding.pays(_selection(None, "model", padding.HOST_MS, "cublas"), tiny, "nn", (8, 5, 9, 8), "float32")
+    assert padding.pays(_selection(None, "model", 2 * padding.HOST_MS, "cublas"), tiny, "nn", (8, 5, 9, 8), "float32")
     # the call as it is without a prediction: the sizes measured to pay
     unknown = _selection(config, "nearest", None)
     assert padding.pays(unknown, padded, "nn", shape, "float32")

@@ -45,8 +45,13 @@ MIN_VOLUME_UNPREDICTED = 2**33
 COPY_BYTES_PER_MS = 2.8e9  # bytes read and written per millisecond
 COPY_LAUNCH_MS = 0.0025  # each copy kernel's launch and tail
 MARGIN = 0.1  # the plan's predicted time must be this much shorter than the call's as it is
+# The host's time per repeated padded call (a lookup, one allocation, four launches), in ms: back to back, a
+# call takes the longer of this and its GPU time. Measured 41-49 us on an H100 and an H200 (2026-11-27,
+# `python -m autotile.cli.overhead`), against 8-21 us for a call without copies.
+HOST_MS = 0.045
 DTYPES = ("float32",)
 THREADS = 256  # per block of the copy kernels
+BUFFER_ALIGN_BYTES = 256  # each padded buffer's start in the call's one allocation (tensor maps need 16)
 
 _lock = threading.Lock()
 _kernels: dict[tuple[str, int], dict[str, Any]] = {}
@@ -119,15 +124,16 @@ def pays(direct: Any, padded: Any, layout: str, shape: tuple[int, ...], dtype: s
     (`autotile.dispatch.select.Selection`): `direct`, what the call of `shape` would run, and `padded`, what
     the padded shape runs. The padded shape's choice must be what the padding is for (a generated kernel its
     tuned record or the shape database's model picked, not cuBLAS, nor a fallback that knows nothing of the
-    shape), and its predicted time plus the copies' (`copy_ms`) under the direct choice's by MARGIN. Where
-    the direct choice has no predicted time, the sizes measured to pay (the *_UNPREDICTED constants)."""
+    shape), and its predicted time plus the copies' (`copy_ms`), or the host's time per call (HOST_MS) where
+    that is longer, under the direct choice's by MARGIN. Where the direct choice has no predicted time, the
+    sizes measured to pay (the *_UNPREDICTED constants)."""
     if padded.config is None or padded.step not in ("exact", "model") or padded.predicted_ms is None:
         return False
     if direct.predicted_ms is None:
         *batch, m, n, k = shape
         return (min(m, n) >= MIN_SIDE_UNPREDICTED and k >= MIN_K_UNPREDICTED
                 and math.prod(shape) >= MIN_VOLUME_UNPREDICTED)
-    planned = padded.predicted_ms + copy_ms(layout, shape, dtype, batch_strides)
+    planned = max(padded.predicted_ms + copy_ms(layout, shape, dtype, batch_strides), HOST_MS)
     return planned * (1 + MARGIN) < direct.predicted_ms
 
 
@@ -169,7 +175,9 @@ class PaddedCall:
         kernels = _copy_kernels(dtype, device)
         *_, self.m, self.n, _k = shape
         *_, self.mp, self.np_, _kp = plan.shape
-        # Per operand: None (read as it is) or (launch of its copy, elements to allocate, its batch stride then)
+        # One allocation per call holds every padded buffer, each at `_place`'s offset (bytes) in it
+        self.total_bytes = 0
+        # Per operand: None (read as it is) or (launch of its copy, its buffer's offset in bytes)
         self.copies: list[tuple[Any, int] | None] = []
         padded_strides = []
         for copy, stride in ((plan.a, strides[0]), (plan.b, strides[1])):
@@ -183,11 +191,12 @@ class PaddedCall:
             for slot, value in enumerate((copy.rows, copy.cols, copy.padded_rows, copy.padded_cols, stride), 2):
                 parameters.set(slot, value)
             launch = (kernels["autotile_pad"], (-(-vectors // THREADS), 1, count), parameters)
-            self.copies.append((launch, count * copy.elements))
+            self.copies.append((launch, self._place(count * copy.elements)))
             padded_strides.append(copy.elements if stride else 0)
         self.padded_strides = tuple(padded_strides) if len(shape) == 4 else ()
         self.c_padded = (self.mp, self.np_) != (self.m, self.n)
         self.out_nbytes = self.batch * self.mp * self.np_ * self.size
+        self.c_offset = self._place(self.batch * self.mp * self.np_) if self.c_padded else 0
         self.unpad: tuple[Any, tuple[int, int, int], Any] | None = None
         if self.np_ != self.n:  # C's rows grew: each matrix's first m rows, the first n of each row's np_
             parameters = ParameterBlock(("ptr", "ptr", "int32", "int32", "int32", "int64"))
@@ -204,26 +213,28 @@ class PaddedCall:
                                        self.padded_strides)
             self.product = product
 
+    def _place(self, elements: int) -> int:
+        """A buffer of `elements` in the call's allocation: its offset in bytes (a multiple of 256)."""
+        offset = -(-self.total_bytes // BUFFER_ALIGN_BYTES) * BUFFER_ALIGN_BYTES
+        self.total_bytes = offset + elements * self.size
+        return offset
+
     def __call__(self, a_ptr: int, b_ptr: int, c_ptr: int, stream_ptr: int) -> None:
         """C = A B on the stream `stream_ptr` of the operands' device (current): the copies, the padded
-        product, C's columns back; the buffers from `allocate`, returned to it once all is enqueued."""
-        keep = []  # the buffers' owners, alive until every launch is enqueued
+        product, C's columns back; the buffers from one `allocate`, returned to it once all is enqueued."""
+        owner, base = self.allocate(-(-self.total_bytes // self.size), self.dtype, stream_ptr)
+        base = int(base)
         pointers = [a_ptr, b_ptr]
         for i, step in enumerate(self.copies):
             if step is None:
                 continue
-            (kernel, grid, parameters), elements = step
-            owner, dst = self.allocate(elements, self.dtype, stream_ptr)
-            keep.append(owner)
+            (kernel, grid, parameters), offset = step
             with parameters.lock:
                 parameters.set(0, pointers[i])
-                parameters.set(1, dst)
+                parameters.set(1, base + offset)
                 kernel.launch_packed(grid, (THREADS, 1, 1), 0, stream_ptr, parameters)
-            pointers[i] = int(dst)
-        out = c_ptr
-        if self.c_padded:
-            owner, out = self.allocate(self.batch * self.mp * self.np_, self.dtype, stream_ptr)
-            keep.append(owner)
+            pointers[i] = base + offset
+        out = base + self.c_offset if self.c_padded else c_ptr
         self.product(pointers[0], pointers[1], int(out), stream_ptr)
         if self.unpad is not None:
             kernel, grid, parameters = self.unpad
@@ -237,7 +248,7 @@ class PaddedCall:
             row = self.m * self.n * self.size
             cupy.cuda.runtime.memcpy2DAsync(c_ptr, row, int(out), self.mp * self.n * self.size, row, self.batch,
                                             cupy.cuda.runtime.memcpyDeviceToDevice, stream_ptr)
-        keep.clear()  # back to the framework's pool on this stream: later work on it is ordered after ours
+        del owner  # back to the framework's pool on this stream: later work on it is ordered after ours
 
 
 def forget() -> None:
