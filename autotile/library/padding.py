@@ -6,7 +6,8 @@ A call copies A and B into buffers of the padded shape (`autotile.codegen.paddin
 dimension rounded up to 16 bytes, K the same for both, zeros in what was added), runs the library's choice
 for the padded shape on them, and copies C's columns back where N grew. All on the caller's stream, the
 buffers from the inputs' framework, no synchronisation. A repeated call of one signature runs a `PaddedCall`
-prepared by its first: the buffers allocated, four launches, their parameters packed once.
+prepared by its first: one allocation for the buffers, three launches (the copies, the product, C's columns
+back), their parameters packed once.
 
 Where it pays (`applies`, then `pays`): the copies read and write A, B and C once more, so the padded shape's
 product must be faster by more than they cost. Every first call of an unaligned problem of at least MIN_VOLUME
@@ -45,12 +46,13 @@ MIN_VOLUME_UNPREDICTED = 2**33
 COPY_BYTES_PER_MS = 2.8e9  # bytes read and written per millisecond
 COPY_LAUNCH_MS = 0.0025  # each copy kernel's launch and tail
 MARGIN = 0.1  # the plan's predicted time must be this much shorter than the call's as it is
-# The host's time per repeated padded call (a lookup, one allocation, four launches), in ms: back to back, a
+# The host's time per repeated padded call (a lookup, one allocation, three launches), in ms: back to back, a
 # call takes the longer of this and its GPU time. Measured 41-49 us on an H100 and an H200 (2026-11-27,
 # `python -m autotile.cli.overhead`), against 8-21 us for a call without copies.
 HOST_MS = 0.045
 DTYPES = ("float32",)
 THREADS = 256  # per block of the copy kernels
+PAD_SLOTS = 8  # parameters of one operand's copy in `autotile_pad`
 BUFFER_ALIGN_BYTES = 256  # each padded buffer's start in the call's one allocation (tensor maps need 16)
 
 _lock = threading.Lock()
@@ -99,8 +101,8 @@ def applies(dtype: str, setting: str, kernel: str, layout: str, shape: tuple[int
 
 def copy_ms(layout: str, shape: tuple[int, ...], dtype: str, batch_strides: tuple[int, ...] = ()) -> float:
     """What the plan's copies take on the GPU, in milliseconds: the bytes they read and write at
-    COPY_BYTES_PER_MS, and COPY_LAUNCH_MS per launch. `batch_strides` as `PaddedCall`'s (a stride of 0: one
-    matrix shared by the batch, copied once)."""
+    COPY_BYTES_PER_MS, and COPY_LAUNCH_MS per launch (one for the operands' copies, one for C's).
+    `batch_strides` as `PaddedCall`'s (a stride of 0: one matrix shared by the batch, copied once)."""
     size = np.dtype(dtype).itemsize
     plan = shapes_mod.padded(layout, shape, size)
     *batch_dims, m, n, _k = shape
@@ -110,7 +112,7 @@ def copy_ms(layout: str, shape: tuple[int, ...], dtype: str, batch_strides: tupl
     for copy, stride in ((plan.a, strides[0]), (plan.b, strides[1])):
         if copy.needed:
             moved += (batch if stride else 1) * (copy.rows * copy.cols + copy.elements)
-            launches += 1
+            launches = 1  # both operands' copies in one launch
     *_, mp, np_, _kp = plan.shape
     if (mp, np_) != (m, n):  # C written padded, its columns (or rows) copied back
         moved += batch * (m * np_ + m * n)
@@ -177,22 +179,26 @@ class PaddedCall:
         *_, self.mp, self.np_, _kp = plan.shape
         # One allocation per call holds every padded buffer, each at `_place`'s offset (bytes) in it
         self.total_bytes = 0
-        # Per operand: None (read as it is) or (launch of its copy, its buffer's offset in bytes)
-        self.copies: list[tuple[Any, int] | None] = []
+        # The operands' copies, one launch for both (`autotile_pad`): each job's operand index (0: A, 1: B)
+        # and its buffer's offset in bytes in the call's allocation
+        self.jobs: list[tuple[int, int]] = []
+        parameters = ParameterBlock(("ptr", "ptr", "int32", "int32", "int32", "int32", "int64", "int32") * 2)
+        vectors = counts = 0
         padded_strides = []
-        for copy, stride in ((plan.a, strides[0]), (plan.b, strides[1])):
+        for operand, (copy, stride) in enumerate(((plan.a, strides[0]), (plan.b, strides[1]))):
             if not copy.needed:
-                self.copies.append(None)
                 padded_strides.append(stride)
                 continue
             count = self.batch if stride else 1
-            vectors = copy.elements * self.size // shapes_mod.ALIGN_BYTES
-            parameters = ParameterBlock(("ptr", "ptr", "int32", "int32", "int32", "int32", "int64"))
-            for slot, value in enumerate((copy.rows, copy.cols, copy.padded_rows, copy.padded_cols, stride), 2):
+            first_slot = PAD_SLOTS * len(self.jobs)
+            values = (copy.rows, copy.cols, copy.padded_rows, copy.padded_cols, stride, count)
+            for slot, value in enumerate(values, first_slot + 2):
                 parameters.set(slot, value)
-            launch = (kernels["autotile_pad"], (-(-vectors // THREADS), 1, count), parameters)
-            self.copies.append((launch, self._place(count * copy.elements)))
+            self.jobs.append((operand, self._place(count * copy.elements)))
+            vectors = max(vectors, copy.elements * self.size // shapes_mod.ALIGN_BYTES)
+            counts = max(counts, count)
             padded_strides.append(copy.elements if stride else 0)
+        self.pad = (kernels["autotile_pad"], (-(-vectors // THREADS), len(self.jobs), counts), parameters)
         self.padded_strides = tuple(padded_strides) if len(shape) == 4 else ()
         self.c_padded = (self.mp, self.np_) != (self.m, self.n)
         self.out_nbytes = self.batch * self.mp * self.np_ * self.size
@@ -225,15 +231,15 @@ class PaddedCall:
         owner, base = self.allocate(-(-self.total_bytes // self.size), self.dtype, stream_ptr)
         base = int(base)
         pointers = [a_ptr, b_ptr]
-        for i, step in enumerate(self.copies):
-            if step is None:
-                continue
-            (kernel, grid, parameters), offset = step
+        if self.jobs:
+            kernel, grid, parameters = self.pad
             with parameters.lock:
-                parameters.set(0, pointers[i])
-                parameters.set(1, base + offset)
+                for job, (operand, offset) in enumerate(self.jobs):
+                    parameters.set(PAD_SLOTS * job, pointers[operand])
+                    parameters.set(PAD_SLOTS * job + 1, base + offset)
                 kernel.launch_packed(grid, (THREADS, 1, 1), 0, stream_ptr, parameters)
-            pointers[i] = base + offset
+            for operand, offset in self.jobs:
+                pointers[operand] = base + offset
         out = base + self.c_offset if self.c_padded else c_ptr
         self.product(pointers[0], pointers[1], int(out), stream_ptr)
         if self.unpad is not None:
