@@ -1,13 +1,19 @@
 """What rows that do not start 16-byte aligned cost the generated kernels on batched problems (needs a GPU).
 
-`python tools/unaligned_probe.py`: for a few batched shapes, each aligned and then with N, K or all sizes
-made odd, the speed of named tf32x3 configs over cuBLAS (strided batched SGEMM) in the same run, CUDA
-events, L2 flushed, median. Where an operand's rows are not a multiple of 4 floats, the kernels copy one
-element at a time instead of four (templates/mma_pipeline.j2).
+`python tools/unaligned_probe.py [--names A,B,...] [--random N --seed S]`: for a few batched shapes, each
+aligned and then with N, K or all sizes made odd (with `--random`, issue 28's random batches instead,
+`autotile.cli.bench_torch.random_bmm_shapes`), the speed of named configs over cuBLAS (strided batched
+SGEMM) in the same run, CUDA events, L2 flushed, median, and each result's error against float64 (output
+poisoned with NaN first). Where an operand's rows are not a multiple of 4 floats, the tf32x3 kernels copy
+one element at a time instead of four (templates/mma_pipeline.j2); the wgmma kernels load four elements
+apart, or, with ROW_SHIFT=realign, the two aligned vectors around them (templates/matmul_wgmma.cu.j2).
+Prints the geometric mean of each config's ratios, and of the best of them per shape.
 """
 
 from __future__ import annotations
 
+import argparse
+import math
 from typing import Any
 
 NAMES = ("tf32x3-32", "tf32x3-64", "tf32x3-32x128")
@@ -21,13 +27,20 @@ def variants(b: int, m: int, n: int, k: int) -> list[tuple[str, tuple[int, int, 
 
 
 def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--names", default=",".join(NAMES), help="named configs of the bmm space")
+    parser.add_argument("--random", type=int, default=0, metavar="N", help="N of issue 28's random batches")
+    parser.add_argument("--seed", type=int, default=7)
+    args = parser.parse_args()
+    names = args.names.split(",")
+
     import cupy
 
     from autotile.codegen import kernels
     from autotile.codegen.problem import ProblemKey
     from autotile.runtime.device import live_device
     from autotile.runtime.impl import Cublas, Generated
-    from autotile.runtime.timing import L2Flusher, time_launch
+    from autotile.runtime.timing import L2Flusher, relative_error, time_launch
 
     flush = L2Flusher(live_device().l2_bytes)
     spec = kernels.get("bmm")
@@ -37,16 +50,37 @@ def main() -> int:
         return time_launch(lambda: runner.run(inputs, out), flush, warmup=3, min_reps=10, max_reps=30,
                            target_ms=30.0).median_ms
 
-    print("shape".ljust(24), "cublas_ms", *[n.rjust(14) for n in NAMES])
-    for base in SHAPES:
-        for label, shape in variants(*base):
-            key = ProblemKey("bmm", "float32", "nn", shape)
-            inputs = spec.make_inputs(shape, "float32", "nn", rng, cupy)
-            out = cupy.empty(spec.output_shape(shape), dtype="float32")
-            cublas_ms = median_ms(Cublas().prepare(key), inputs, out)
-            ratios = [cublas_ms / median_ms(Generated(spec.space.named(n)).prepare(key), inputs, out) for n in NAMES]
-            print(f"{label:8s}{'x'.join(map(str, shape)):16s} {cublas_ms:8.4f}",
-                  *[f"{r:6.2f}x".rjust(14) for r in ratios], flush=True)
+    if args.random:
+        from autotile.cli.bench_torch import random_bmm_shapes
+
+        cases = [("random", s) for s in random_bmm_shapes(args.random, args.seed)]
+    else:
+        cases = [case for base in SHAPES for case in variants(*base)]
+    print("shape".ljust(26), "cublas_ms", *[n.rjust(max(14, len(n) + 1)) for n in names], " worst error")
+    logs: list[list[float]] = [[] for _ in names]
+    best: list[float] = []
+    for label, shape in cases:
+        key = ProblemKey("bmm", "float32", "nn", shape)
+        inputs = spec.make_inputs(shape, "float32", "nn", rng, cupy)
+        reference = kernels.to_float64(inputs[0]) @ kernels.to_float64(inputs[1])
+        out = cupy.empty(spec.output_shape(shape), dtype="float32")
+        cublas_ms = median_ms(Cublas().prepare(key), inputs, out)
+        ratios, worst = [], 0.0
+        for n in names:
+            runner = Generated(spec.space.named(n)).prepare(key)
+            out.fill(cupy.nan)
+            runner.run(inputs, out)
+            worst = max(worst, relative_error(out, reference))
+            ratios.append(cublas_ms / median_ms(runner, inputs, out))
+        for log, r in zip(logs, ratios, strict=True):
+            log.append(math.log(r))
+        best.append(math.log(max(ratios)))
+        print(f"{label:8s}{'x'.join(map(str, shape)):18s} {cublas_ms:8.4f}",
+              *[f"{r:6.2f}x".rjust(max(14, len(n) + 1)) for r, n in zip(ratios, names, strict=True)],
+              f" {worst:.1e}", flush=True)
+    print("geomean".ljust(35), *[f"{math.exp(sum(v) / len(v)):6.3f}".rjust(max(14, len(n) + 1))
+                                 for v, n in zip(logs, names, strict=True)],
+          f" best of them {math.exp(sum(best) / len(best)):.3f}")
     return 0
 
 
