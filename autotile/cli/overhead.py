@@ -13,7 +13,9 @@ autotile's, repeated on the same arrays:
   faster).
 
 Also an empty kernel launched through CuPy (the floor of any launch from Python). Prints one table;
-`--json PATH` writes the numbers.
+`--json PATH` writes the numbers. With `--random N --seed S`, also N small problems drawn at run time
+(`random_small_calls`: matmul, `x @ W.T` at 1-64 tokens, gemv both layouts, bmm; sizes log-uniform), torch's
+call against autotile's on torch tensors, back to back: the distribution of the ratios.
 """
 
 from __future__ import annotations
@@ -95,6 +97,71 @@ def cases(torch: Any, cupy: Any, autotile: Any) -> list[Case]:
     return found
 
 
+SMALL_KINDS = ("matmul", "x @ W.T", "gemv row", "gemv col", "bmm")
+
+
+def random_small_calls(n: int, seed: int) -> list[tuple[str, tuple[int, ...]]]:
+    """`n` small problems (kind, shape), the kinds in turn, sizes log-uniform: matmul M, N, K in 8-1024;
+    `x @ W.T` M in 1-64, N and K in 256-4096; gemv (row- or column-major A) sides in 256-4096; bmm a batch
+    of 2-32 of sides 16-256. Deterministic in (n, seed)."""
+    import math
+    import random
+
+    rng = random.Random(seed)
+
+    def draw(lo: int, hi: int) -> int:
+        return int(math.exp(rng.uniform(math.log(lo), math.log(hi + 1))))
+
+    found: list[tuple[str, tuple[int, ...]]] = []
+    for i in range(n):
+        kind = SMALL_KINDS[i % len(SMALL_KINDS)]
+        if kind == "matmul":
+            shape: tuple[int, ...] = (draw(8, 1024), draw(8, 1024), draw(8, 1024))
+        elif kind == "x @ W.T":
+            shape = (draw(1, 64), draw(256, 4096), draw(256, 4096))
+        elif kind.startswith("gemv"):
+            shape = (draw(256, 4096), draw(256, 4096))
+        else:
+            shape = (draw(2, 32), draw(16, 256), draw(16, 256), draw(16, 256))
+        found.append((kind, shape))
+    return found
+
+
+def _small_call(torch: Any, autotile: Any, kind: str, shape: tuple[int, ...]) -> tuple[Any, Any]:
+    """(torch's call, autotile's call) of one small problem, on random torch tensors."""
+    def t(*dims: int) -> Any:
+        return torch.rand(*dims, device="cuda") - 0.5
+
+    if kind == "matmul":
+        m, n, k = shape
+        a, b = t(m, k), t(k, n)
+        return (lambda: torch.matmul(a, b)), (lambda: autotile.matmul(a, b))
+    if kind == "x @ W.T":
+        m, n, k = shape
+        x, w = t(m, k), t(n, k)
+        return (lambda: torch.matmul(x, w.T)), (lambda: autotile.matmul(x, w.T))
+    if kind.startswith("gemv"):
+        m, k = shape
+        a = t(m, k) if kind == "gemv row" else t(k, m).T
+        v = t(k)
+        return (lambda: torch.mv(a, v)), (lambda: autotile.matvec(a, v))
+    batch, m, n, k = shape
+    a3, b3 = t(batch, m, k), t(batch, k, n)
+    return (lambda: torch.bmm(a3, b3)), (lambda: autotile.matmul(a3, b3))
+
+
+def random_small(torch: Any, autotile: Any, n: int, seed: int, rounds: int) -> list[dict[str, Any]]:
+    """Back-to-back microseconds per call of torch's call and autotile's on `random_small_calls(n, seed)`."""
+    rows = []
+    for kind, shape in random_small_calls(n, seed):
+        theirs, mine = _small_call(torch, autotile, kind, shape)
+        timed = _time({"theirs": theirs, "mine": mine}, torch.cuda.synchronize, 50, rounds)
+        rows.append({"kind": kind, "shape": list(shape), "torch_us": timed["theirs"][1],
+                     "autotile_us": timed["mine"][1], "torch_enqueue_us": timed["theirs"][0],
+                     "autotile_enqueue_us": timed["mine"][0], "ratio": timed["theirs"][1] / timed["mine"][1]})
+    return rows
+
+
 def _runs(problem: tuple[str, str, tuple[int, ...]]) -> str:
     """What the library runs for a problem: cuBLAS, or a generated config (and the selection step), or the
     padded plan."""
@@ -115,6 +182,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--calls", type=int, default=100, help="calls per round (default 100)")
     parser.add_argument("--rounds", type=int, default=30, help="rounds; the median is reported (default 30)")
     parser.add_argument("--json", default=None, metavar="PATH", help="write the numbers as JSON")
+    parser.add_argument("--random", type=int, default=0, metavar="N", help="also N random small problems")
+    parser.add_argument("--seed", type=int, default=1, help="the random problems' seed (default 1)")
     args = parser.parse_args(argv)
     if args.calls < 1 or args.rounds < 1:
         print(f"{parser.prog}: error: --calls and --rounds must be at least 1", file=sys.stderr)
@@ -148,9 +217,26 @@ def main(argv: list[str] | None = None) -> int:
     for r in rows:
         print(f"| {r['case']} | {r['autotile_runs']} | {r['other_enqueue_us']:.1f} | {r['autotile_enqueue_us']:.1f} | "
               f"{r['other_us']:.1f} | {r['autotile_us']:.1f} | {r['ratio']:.2f} |")
+    small = random_small(torch, autotile, args.random, args.seed, max(3, args.rounds // 3)) if args.random else []
+    if small:
+        print(f"\n{len(small)} random small problems (seed {args.seed}), back to back, ratio = torch's time / "
+              "autotile's:\n")
+        print("| problems | min | p10 | median | geomean | at or above 1.0 | below 0.97 |")
+        print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+        for kind in ("all", *SMALL_KINDS):
+            ratios = sorted(r["ratio"] for r in small if kind in ("all", r["kind"]))
+            if not ratios:
+                continue
+            geomean = statistics.geometric_mean(ratios)
+            print(f"| {kind} ({len(ratios)}) | {ratios[0]:.2f} | {ratios[len(ratios) // 10]:.2f} | "
+                  f"{statistics.median(ratios):.2f} | {geomean:.2f} | {sum(r >= 1.0 for r in ratios)} | "
+                  f"{sum(r < 0.97 for r in ratios)} |")
+        worst = sorted(small, key=lambda r: r["ratio"])[:5]
+        print("\nslowest: " + ", ".join(f"{r['kind']} {'x'.join(map(str, r['shape']))} {r['ratio']:.2f}x "
+                                      f"({r['torch_us']:.1f} / {r['autotile_us']:.1f} us)" for r in worst))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"device": device, "empty_kernel_us": floor, "rows": rows}, f, indent=1)
+            json.dump({"device": device, "empty_kernel_us": floor, "rows": rows, "random_small": small}, f, indent=1)
     return 0
 
 

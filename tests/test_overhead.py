@@ -1,0 +1,20 @@
+"""The overhead benchmark's random small problems (autotile/cli/overhead.py), without a GPU."""
+
+from __future__ import annotations
+
+from autotile.cli import overhead
+
+
+def test_random_small_calls_are_deterministic_and_in_their_ranges():
+    calls = overhead.random_small_calls(50, 3)
+    assert calls == overhead.random_small_calls(50, 3) != overhead.random_small_calls(50, 4)
+    assert [kind for kind, _ in calls[:5]] == list(overhead.SMALL_KINDS)
+    for kind, shape in calls:
+        if kind == "matmul":
+            assert len(shape) == 3 and all(8 <= d <= 1024 for d in shape)
+        elif kind == "x @ W.T":
+            assert 1 <= shape[0] <= 64 and all(256 <= d <= 4096 for d in shape[1:])
+        elif kind.startswith("gemv"):
+            assert len(shape) == 2 and all(256 <= d <= 4096 for d in shape)
+        else:
+            assert kind == "bmm" and 2 <= shape[0] <= 32 and all(16 <= d <= 256 for d in shape[1:])
