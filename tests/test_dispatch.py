@@ -168,6 +168,36 @@ def test_model_predicts_the_time_of_its_choice_from_the_neighbours_throughput():
     assert 0.5 * 0.005 < small.predicted_ms < 4 * 0.005
 
 
+def test_on_a_problem_of_a_few_microseconds_the_host_decides():
+    """cuBLAS's call costs the host more than a generated kernel's (`model.HOST_MS`): back to back, a call
+    takes the longer of its host and GPU times, so where cuBLAS takes 5 us on the GPU a config predicted
+    at its speed (1.02x) runs, though it is not `margin` faster on the GPU; counting only the GPU, cuBLAS.
+    On a large shape the host's time is nothing next to the GPU's and the GPU decides alone."""
+    m = model.Model(_synthetic_db(speedup_small=1.02, speedup_big=1.05), H100)
+    small, big = (100, 90, 110), (3000, 3100, 2900)
+    tiny = m.choose(small)
+    assert tiny is not None and tiny.candidate.name == "fast" and tiny.with_host is not None
+    assert tiny.with_host == pytest.approx(model.HOST_MS["cublas"] / model.HOST_MS["generated"], rel=0.01)
+    assert "back to back" in tiny.explain()
+    gpu_only = m.choose(small, model.ModelParams(count_host=False))
+    assert gpu_only is not None and gpu_only.config is None
+    large = m.choose(big)
+    assert large is not None and large.config is None  # 1.05x on the GPU: under the margin, host or not
+    # a GPU-slower config is never taken for the host's sake: 0.9x stays under the floor
+    slower = model.Model(_synthetic_db(speedup_small=0.9), H100).choose(small)
+    assert slower is not None and slower.config is None
+
+
+def test_host_time_counts_the_zeroing_launch_of_atomic_splits():
+    space = kernels.get("matmul").space
+    config = space.named("tf32x3-64")
+    atomic = space.with_overrides(config, {"SPLIT_K": 4})
+    last_block = space.with_overrides(config, {"SPLIT_K": 4, "SPLIT_REDUCE": "last_block"})
+    assert model.host_ms("generated", config) == model.host_ms("generated", last_block) == model.HOST_MS["generated"]
+    assert model.host_ms("generated", atomic) == pytest.approx(model.HOST_MS["generated"] + model.EXTRA_LAUNCH_MS)
+    assert model.host_ms("cublas", None) == model.HOST_MS["cublas"]
+
+
 def test_a_selection_carries_its_step_and_predicted_time(tmp_path):
     """`Selection.step` names the step whatever `source` says about it, and `predicted_ms` is the record's
     own time on its very shape, the model's prediction, and None for another shape's record."""

@@ -7,10 +7,14 @@ each weighted by its closeness. A candidate's closeness also counts how differen
 there (blocks per wave, in log2): a config that launches 40 blocks on the new shape learns more from a
 neighbour where it launched 50 than from one where it launched 400. A generated candidate is chosen
 only where its predicted speed-up is at least `1 + margin` and it was no slower than `floor` x cuBLAS at
-any neighbour that timed it; otherwise cuBLAS runs. Only candidates the float32 matmul precision setting
-allows compete (`autotile.dispatch.precision`: under "highest", no tf32x3 config); cuBLAS is allowed under every
-one. The parameters are fitted by leave-one-out on the database itself (`fit`), and `cross_validate`
-reports what that held-out check measured.
+any neighbour that timed it; otherwise cuBLAS runs. The speed-up counts the host's time per call
+(`host_ms`: back to back, a call takes the longer of that and its GPU time; cuBLAS's call costs the host
+more than a generated kernel's), so that on a problem of a few microseconds a generated kernel predicted
+no slower than `floor` x cuBLAS on the GPU runs rather than cuBLAS, and one launch rather than two. Only
+candidates the float32 matmul precision setting allows compete (`autotile.dispatch.precision`: under
+"highest", no tf32x3 config); cuBLAS is allowed under every one. The parameters are fitted by
+leave-one-out on the database itself (`fit`), and `cross_validate` reports what that held-out check
+measured.
 
 Pure NumPy on the host; no GPU needed.
 """
@@ -36,6 +40,12 @@ from autotile.dispatch.database import Candidate, ShapeDatabase
 MIN_K_PER_SPLIT = 32  # elements of K per split below which a K split is not worth timing or running
 MAX_SPLIT_WORKSPACE = 1 << 25  # elements of a last_block workspace (SPLIT_K x the output): 128 MiB of float32
 FILL_WEIGHT = 1.0  # how much a difference of one octave in blocks per wave counts against closeness
+# The host's time per repeated call, in ms, by what runs (`python -m autotile.cli.overhead`, H100 and H200,
+# 2026-11-24..27, output allocated: a generated kernel 10-15 us, cuBLAS through ctypes 6-8 us more), and each
+# extra launch (the zeroing before a split-K kernel whose splits add atomically into C). Back to back, a call
+# takes the longer of this and its GPU time: `host_ms`.
+HOST_MS = {"generated": 0.010, "cublas": 0.017}
+EXTRA_LAUNCH_MS = 0.005
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,6 +56,10 @@ class ModelParams:
     # whether every candidate that copies several elements at a time learns only from shapes of the query's
     # kind (`rows_allow`); tensor-map candidates always do
     by_copy_width: bool = False
+    # whether a candidate's predicted time counts the host's time per call (`host_ms`): back to back, a call
+    # takes the longer of its GPU time and its host time, so on a problem of a few microseconds the
+    # cheapest launch wins among candidates predicted no slower than `floor` x cuBLAS on the GPU
+    count_host: bool = True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,6 +74,8 @@ class Choice:
     runner_up: str | None = None
     reference: str = "cuBLAS"  # what the speed-ups are over (`Model.reference`)
     predicted_ms: float | None = None  # the predicted time on the shape (`Model.reference_ms` / `predicted`)
+    # the predicted speed-up counting the host's time per call (`host_ms`), where that is what chose it
+    with_host: float | None = None
 
     def explain(self) -> str:
         near = ", ".join(f"{'x'.join(map(str, s))} {'-' if r is None else format(r, '.2f') + 'x'}"
@@ -67,7 +83,17 @@ class Choice:
         fallback = self.candidate.implementation == "cublas" or self.candidate.name == self.reference
         why = (f"predicted {self.predicted:.2f}x {self.reference}" if not fallback
                else f"no candidate predicted safely faster (best: {self.runner_up or '-'})")
+        if self.with_host is not None and not fallback:
+            why += f" on the GPU, {self.with_host:.2f}x back to back (the host's time per call counted)"
         return f"{self.candidate.name}, {why}; at the nearest surveyed shapes: {near}"
+
+
+def host_ms(implementation: str, config: Config | None) -> float:
+    """The host's time per repeated call of a candidate, in ms: `HOST_MS` by implementation, and
+    EXTRA_LAUNCH_MS for a split-K kernel that needs C zeroed first."""
+    extra = (config is not None and config.get("SPLIT_K", 1) > 1
+             and config.get("SPLIT_REDUCE", "atomic") == "atomic")
+    return HOST_MS["cublas" if implementation == "cublas" else "generated"] + (EXTRA_LAUNCH_MS if extra else 0.0)
 
 
 def worth_timing(kernel: str, config: Config, shape: tuple[int, ...], sm_count: int) -> bool:
@@ -131,6 +157,9 @@ class Model:
         self.aligned = {w: np.array([rows_allow(db.kernel, tuple(s), db.layout, w) for s in db.shapes], dtype=np.bool_)
                         for w in sorted(set(self.widths.tolist())) if w > 1}
         self._allowed: dict[str, np.ndarray] = {}
+        # each candidate's host time per call (`host_ms`): indexed by database column, and for the usable
+        self._host = {j: host_ms(c.implementation, self.configs[j]) for j, c in enumerate(db.candidates)}
+        self._host_usable = np.array([self._host[j] for j in self.usable], dtype=np.float64)
 
     @property
     def reference_name(self) -> str:
@@ -202,7 +231,18 @@ class Model:
             else:
                 enough = enough & np.logical_not(group)
         eligible = worth & enough & np.isfinite(predicted) & self.allowed(setting)
-        safe = eligible & (predicted >= math.log2(1 + params.margin)) & (worst >= math.log2(params.floor))
+        score = predicted  # log2 speed-up over the reference: on the GPU, or back to back counting the host
+        reference_ms = self.reference_ms(shape_t, order, dist)
+        counted = params.count_host and reference_ms is not None and reference_runs
+        if counted:
+            assert reference_ms is not None
+            reference_back_to_back = max(reference_ms, self._host[self.reference])
+            gpu_ms = reference_ms * np.exp2(-predicted)  # inf where nothing is predicted
+            with np.errstate(divide="ignore"):  # -inf where nothing is predicted
+                score = np.log2(reference_back_to_back / np.maximum(gpu_ms, self._host_usable))
+        safe = eligible & (score >= math.log2(1 + params.margin)) & (worst >= math.log2(params.floor))
+        if counted:  # and no slower than `floor` on the GPU
+            safe &= predicted >= math.log2(params.floor)
         if not reference_runs:
             safe = eligible
         if not safe.any():
@@ -214,16 +254,18 @@ class Model:
                 (tuple(int(d) for d in self.db.shapes[i]), float(dist[i]), None) for i in order)
             return Choice(self.db.candidates[self.reference], self.configs[self.reference], 1.0, near, runner_up,
                           self.reference_name, self.reference_ms(shape_t, order, dist))
-        k = int(np.argmax(np.where(safe, predicted, -np.inf)))
+        # the best score; among equal scores (launches that all wait on the host) the best on the GPU
+        k = int(np.lexsort((np.where(safe, predicted, -np.inf), np.where(safe, score, -np.inf)))[-1])
         j = self.usable[k]
         if by_kind[k] and int(self.widths[k]) in learned_from:  # the neighbours it learned from
             order, gain, ok = learned_from[int(self.widths[k])]
         near = tuple((tuple(int(d) for d in self.db.shapes[i]), float(dist[i]),
                       None if not ok[n, k] else float(2 ** gain[n, k])) for n, i in enumerate(order))
-        reference_ms = self.reference_ms(shape_t, order, dist)
+        with_host = float(2 ** score[k]) if counted and score[k] > predicted[k] + 1e-9 else None
         return Choice(self.db.candidates[j], self.configs[j], float(2 ** predicted[k]), near,
                       reference=self.reference_name,
-                      predicted_ms=None if reference_ms is None else reference_ms / float(2 ** predicted[k]))
+                      predicted_ms=None if reference_ms is None else reference_ms / float(2 ** predicted[k]),
+                      with_host=with_host)
 
     def reference_ms(self, shape: tuple[int, ...], order: np.ndarray, dist: np.ndarray) -> float | None:
         """The reference's (cuBLAS's) predicted time on `shape` in milliseconds, from the neighbour rows
