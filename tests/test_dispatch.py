@@ -193,9 +193,11 @@ def test_host_time_counts_the_zeroing_launch_of_atomic_splits():
     config = space.named("tf32x3-64")
     atomic = space.with_overrides(config, {"SPLIT_K": 4})
     last_block = space.with_overrides(config, {"SPLIT_K": 4, "SPLIT_REDUCE": "last_block"})
-    assert model.host_ms("generated", config) == model.host_ms("generated", last_block) == model.HOST_MS["generated"]
-    assert model.host_ms("generated", atomic) == pytest.approx(model.HOST_MS["generated"] + model.EXTRA_LAUNCH_MS)
-    assert model.host_ms("cublas", None) == model.HOST_MS["cublas"]
+    generated = model.HOST_MS["generated"]
+    assert model.host_ms("matmul", "generated", config) == model.host_ms("matmul", "generated", last_block) == generated
+    assert model.host_ms("matmul", "generated", atomic) == pytest.approx(generated + model.EXTRA_LAUNCH_MS)
+    assert model.host_ms("matmul", "cublas", None) == model.HOST_MS["cublas"]
+    assert model.host_ms("matvec", "cublas", None) == model.HOST_MS["cublas matvec"]
 
 
 def test_a_selection_carries_its_step_and_predicted_time(tmp_path):

@@ -40,11 +40,12 @@ from autotile.dispatch.database import Candidate, ShapeDatabase
 MIN_K_PER_SPLIT = 32  # elements of K per split below which a K split is not worth timing or running
 MAX_SPLIT_WORKSPACE = 1 << 25  # elements of a last_block workspace (SPLIT_K x the output): 128 MiB of float32
 FILL_WEIGHT = 1.0  # how much a difference of one octave in blocks per wave counts against closeness
-# The host's time per repeated call, in ms, by what runs (`python -m autotile.cli.overhead`, H100 and H200,
-# 2026-11-24..27, output allocated: a generated kernel 10-15 us, cuBLAS through ctypes 6-8 us more), and each
-# extra launch (the zeroing before a split-K kernel whose splits add atomically into C). Back to back, a call
-# takes the longer of this and its GPU time: `host_ms`.
-HOST_MS = {"generated": 0.010, "cublas": 0.017}
+# The host's time per repeated call, in ms, by what runs, the output allocated (`python -m
+# autotile.cli.overhead --random`, H100, 2026-11-27: a generated kernel's call 10-18 us; cuBLAS's, through
+# ctypes, 16-18 us for a GEMV and 22-40 us for a GEMM or a batched GEMM, of which about 10 us are cuBLAS's own),
+# and each extra launch (the zeroing before a split-K kernel whose splits add atomically into C). Back to back,
+# a call takes the longer of this and its GPU time: `host_ms`.
+HOST_MS = {"generated": 0.012, "cublas": 0.027, "cublas matvec": 0.018}
 EXTRA_LAUNCH_MS = 0.005
 
 
@@ -88,12 +89,14 @@ class Choice:
         return f"{self.candidate.name}, {why}; at the nearest surveyed shapes: {near}"
 
 
-def host_ms(implementation: str, config: Config | None) -> float:
-    """The host's time per repeated call of a candidate, in ms: `HOST_MS` by implementation, and
-    EXTRA_LAUNCH_MS for a split-K kernel that needs C zeroed first."""
+def host_ms(kernel: str, implementation: str, config: Config | None) -> float:
+    """The host's time per repeated call of a candidate for `kernel`, in ms: `HOST_MS` by implementation
+    (cuBLAS's GEMV apart), and EXTRA_LAUNCH_MS for a split-K kernel that needs C zeroed first."""
+    if implementation == "cublas":
+        return HOST_MS["cublas matvec" if kernel == "matvec" else "cublas"]
     extra = (config is not None and config.get("SPLIT_K", 1) > 1
              and config.get("SPLIT_REDUCE", "atomic") == "atomic")
-    return HOST_MS["cublas" if implementation == "cublas" else "generated"] + (EXTRA_LAUNCH_MS if extra else 0.0)
+    return HOST_MS["generated"] + (EXTRA_LAUNCH_MS if extra else 0.0)
 
 
 def worth_timing(kernel: str, config: Config, shape: tuple[int, ...], sm_count: int) -> bool:
@@ -158,7 +161,7 @@ class Model:
                         for w in sorted(set(self.widths.tolist())) if w > 1}
         self._allowed: dict[str, np.ndarray] = {}
         # each candidate's host time per call (`host_ms`): indexed by database column, and for the usable
-        self._host = {j: host_ms(c.implementation, self.configs[j]) for j, c in enumerate(db.candidates)}
+        self._host = {j: host_ms(db.kernel, c.implementation, self.configs[j]) for j, c in enumerate(db.candidates)}
         self._host_usable = np.array([self._host[j] for j in self.usable], dtype=np.float64)
 
     @property
