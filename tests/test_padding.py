@@ -109,7 +109,7 @@ def test_the_plan_pays_where_its_predicted_time_beats_the_call_as_it_is():
     from autotile.codegen import kernels
 
     config = kernels.get("matmul").space.named("tf32x3-64")
-    shape = (4096, 4096, 4095)
+    shape = (2048, 1024, 1023)  # under the sizes measured to pay: the predictions decide
     copies = padding.copy_ms("nn", shape, "float32")
     padded = _selection(config, "model", 1.0)
     just_faster = (1.0 + copies) * (1 + padding.MARGIN) * 1.01
@@ -125,11 +125,17 @@ def test_the_plan_pays_where_its_predicted_time_beats_the_call_as_it_is():
     tiny = _selection(config, "model", 1e-4)
     assert not padding.pays(_selection(None, "model", padding.HOST_MS, "cublas"), tiny, "nn", (8, 5, 9, 8), "float32")
     assert padding.pays(_selection(None, "model", 2 * padding.HOST_MS, "cublas"), tiny, "nn", (8, 5, 9, 8), "float32")
-    # the call as it is without a prediction: the sizes measured to pay
+    # the sizes measured to pay take it whatever the predictions say; the call as it is without a
+    # prediction, only those
+    faster = _selection(None, "model", 0.01, "cublas")
+    assert padding.pays(faster, padded, "nn", (4096, 4096, 4095), "float32")
+    assert not padding.pays(faster, padded, "nn", (1000, 4096, 4095), "float32")
+    assert not padding.pays(faster, padded, "nn", (4096, 4096, 401), "float32")
     unknown = _selection(config, "nearest", None)
-    assert padding.pays(unknown, padded, "nn", shape, "float32")
-    assert not padding.pays(unknown, padded, "nn", (1000, 4096, 4095), "float32")
-    assert not padding.pays(unknown, padded, "nn", (4096, 4096, 401), "float32")
+    assert padding.pays(unknown, padded, "nn", (4096, 4096, 4095), "float32")
+    assert not padding.pays(unknown, padded, "nn", shape, "float32")
+    # but never onto a padded choice that is not what the padding is for
+    assert not padding.pays(faster, _selection(None, "model", 1.0, "cublas"), "nn", (4096, 4096, 4095), "float32")
 
 
 @pytest.mark.parametrize("dtype,arch", [("float32", "sm_90"), ("float32", "sm_80"), ("float64", "sm_80")])

@@ -37,11 +37,13 @@ from autotile.dispatch import precision as precision_mod
 # batch x M x N x K below which the plan is not weighed: there the copies' launches are a good part of the
 # time and the predictions' errors (25-35% on such shapes) larger than what the plan can win
 MIN_VOLUME = 2**28
-# Without a predicted time for the call as it is (no shape database for it), the sizes where the plan was
-# measured to pay (`pays`): M and N, K, and the volume at least these
-MIN_SIDE_UNPREDICTED = 1024
-MIN_K_UNPREDICTED = 512
-MIN_VOLUME_UNPREDICTED = 2**33
+# Sizes where the plan was measured to pay on every shape (H100 and H200, 2026-11-27: 1.41-1.75x cuBLAS on
+# random shapes with N or K odd, seeds 1 and 2 of tools/pad_probe.py), taken whatever the predictions say: M and
+# N, K, and the volume at least these. The predictions of the call as it is can be optimistic there (on an
+# H200, 2053x2051x2049 predicted 1.17x cuBLAS without the plan, measured 1.03x)
+MIN_SIDE_MEASURED = 1024
+MIN_K_MEASURED = 512
+MIN_VOLUME_MEASURED = 2**33
 # What the copies cost on the GPU (`copy_ms`): on an H100 (2026-11-27, `tools/pad_probe.py --all`, 47 shapes),
 # the copies' time fits 3.0e9 bytes per ms and 1.6 us per launch; a little slower here, to be safe
 COPY_BYTES_PER_MS = 2.8e9  # bytes read and written per millisecond
@@ -129,15 +131,16 @@ def pays(direct: Any, padded: Any, layout: str, shape: tuple[int, ...], dtype: s
     (`autotile.dispatch.select.Selection`): `direct`, what the call of `shape` would run, and `padded`, what
     the padded shape runs. The padded shape's choice must be what the padding is for (a generated kernel its
     tuned record or the shape database's model picked, not cuBLAS, nor a fallback that knows nothing of the
-    shape), and its predicted time plus the copies' (`copy_ms`), or the host's time per call (HOST_MS) where
-    that is longer, under the direct choice's by MARGIN. Where the direct choice has no predicted time, the
-    sizes measured to pay (the *_UNPREDICTED constants)."""
+    shape); then either the problem is as large as the sizes measured to pay (the *_MEASURED constants), or
+    the padded shape's predicted time plus the copies' (`copy_ms`), or the host's time per call (HOST_MS)
+    where that is longer, is under the direct choice's by MARGIN."""
     if padded.config is None or padded.step not in ("exact", "model") or padded.predicted_ms is None:
         return False
+    *_, m, n, k = shape
+    if min(m, n) >= MIN_SIDE_MEASURED and k >= MIN_K_MEASURED and math.prod(shape) >= MIN_VOLUME_MEASURED:
+        return True
     if direct.predicted_ms is None:
-        *batch, m, n, k = shape
-        return (min(m, n) >= MIN_SIDE_UNPREDICTED and k >= MIN_K_UNPREDICTED
-                and math.prod(shape) >= MIN_VOLUME_UNPREDICTED)
+        return False
     planned = max(padded.predicted_ms + copy_ms(layout, shape, dtype, batch_strides), HOST_MS)
     return planned * (1 + MARGIN) < direct.predicted_ms
 
