@@ -121,10 +121,10 @@ def test_the_plan_pays_where_its_predicted_time_beats_the_call_as_it_is():
     assert not padding.pays(direct, _selection(None, "model", 1.0, "cublas"), "nn", shape, "float32")
     assert not padding.pays(direct, _selection(config, "nearest", 1.0), "nn", shape, "float32")
     assert not padding.pays(direct, _selection(config, "model", None), "nn", shape, "float32")
-    # back to back, a padded call takes at least the host's time for its four launches
+    # back to back, a padded call takes at least the host's time for its three launches
     tiny = _selection(config, "model", 1e-4)
-    assert not padding.pays(_selection(None, "model", padding.HOST_MS, "cublas"), tiny, "nn", (8, 5, 9, 8), "float32")
-    assert padding.pays(_selection(None, "model", 2 * padding.HOST_MS, "cublas"), tiny, "nn", (8, 5, 9, 8), "float32")
+    assert not padding.pays(_selection(None, "model", padding.HOST_MS, "cublas"), tiny, "nn", (5, 9, 8), "float32")
+    assert padding.pays(_selection(None, "model", 2 * padding.HOST_MS, "cublas"), tiny, "nn", (5, 9, 8), "float32")
     # the sizes measured to pay take it whatever the predictions say; the call as it is without a
     # prediction, only those
     faster = _selection(None, "model", 0.01, "cublas")
@@ -134,6 +134,9 @@ def test_the_plan_pays_where_its_predicted_time_beats_the_call_as_it_is():
     unknown = _selection(config, "nearest", None)
     assert padding.pays(unknown, padded, "nn", (4096, 4096, 4095), "float32")
     assert not padding.pays(unknown, padded, "nn", shape, "float32")
+    # a batch under those sizes: not on predictions (they ran 1.35-1.5x optimistic for small padded batches)
+    assert not padding.pays(_selection(None, "model", 10.0, "cublas"), padded, "nn", (2, 1024, 1024, 1023), "float32")
+    assert padding.pays(_selection(None, "model", 10.0, "cublas"), padded, "nn", (9, 1024, 1024, 1023), "float32")
     # but never onto a padded choice that is not what the padding is for
     assert not padding.pays(faster, _selection(None, "model", 1.0, "cublas"), "nn", (4096, 4096, 4095), "float32")
 

@@ -11,15 +11,16 @@ back), their parameters packed once.
 
 Where it pays (`applies`, then `pays`): the copies read and write A, B and C once more, so the padded shape's
 product must be faster by more than they cost. Every first call of an unaligned problem of at least MIN_VOLUME
-multiply-adds weighs the two selections (`autotile.library.calls.padded_plan`): the padded shape's predicted
-time (its tuned record's, or the shape database's model's) plus the copies' (`copy_ms`, their bytes at the
-bandwidth they reach) against the predicted time of what the call runs as it is, by MARGIN. On an H100
-(2026-11-27, `tools/pad_probe.py --all`: every shape also timed through the plan; the constants were set on
-these runs): on 48 random matmul shapes with N or K odd (seeds 1 and 2) the rule took 20 and reached a
-geomean of 1.180x cuBLAS against 1.188 for the better of the two on every shape (1.040 without the plan);
-on 80 random batches (issue 28's, seeds 7 and 11) it took one (1.00 -> 1.17x): there the copies cost 30-60%
-of the product (docs/performance.md, "Odd sizes"). Only where the setting allows the
-tf32x3 kernels (what the aligned shapes run).
+multiply-adds weighs the two selections (`autotile.library.calls.padded_plan`). The plan runs where the
+problem is as large as where it was measured to pay on every shape (the *_MEASURED sizes), and, for one
+matrix, where the padded shape's predicted time (its tuned record's, or the shape database's model's) plus
+the copies' (`copy_ms`: their bytes at the bandwidth they reach) is under the predicted time of what the call
+runs as it is by MARGIN. On an H100 (2026-11-27, `tools/pad_probe.py --all`, every shape also timed through
+the plan; the constants were set on these runs), on 48 random matmul shapes with N or K odd (seeds 1 and 2),
+the rule took 20 and reached a geomean of 1.180x cuBLAS against 1.188 for the better of the two on every
+shape (1.040 without the plan); on an H200, 1.120 against 1.125 (1.033 without) on 24 held-out shapes.
+Batches take it at the measured sizes only (see BATCH_NOTE). Only where the setting allows the tf32x3
+kernels (what the aligned shapes run).
 """
 
 from __future__ import annotations
@@ -48,13 +49,17 @@ MIN_VOLUME_MEASURED = 2**33
 # the copies' time fits 3.0e9 bytes per ms and 1.6 us per launch; a little slower here, to be safe
 COPY_BYTES_PER_MS = 2.8e9  # bytes read and written per millisecond
 COPY_LAUNCH_MS = 0.0025  # each copy kernel's launch and tail
-# the plan's predicted time must be this much shorter than the call's as it is: the model's predictions for
-# small batched padded shapes were up to 1.5x optimistic (2x924x416x1264: 47 us predicted, 72 measured)
+# BATCH_NOTE: batches take the plan at the *_MEASURED sizes only. On 120 random batches of issue 28 (H100 and
+# H200, 2026-11-27) the predictions took 4, two of them at 0.80x and 0.92x cuBLAS (small padded batches ran
+# 1.35-1.5x slower than the model predicted: 2x924x416x1264 47 us predicted, 72 measured), the others at 1.11x
+# and 1.17x: there the copies cost 30-60% of the padded product.
+# The plan's predicted time must be this much shorter than the call's as it is (on the runs above, 0.1 and
+# 0.15 reach the same geomean on single matrices, within 0.001; 0.2 and more leave winners out).
 MARGIN = 0.15
 # The host's time per repeated padded call (a lookup, one allocation, three launches), in ms: back to back, a
-# call takes the longer of this and its GPU time. Measured 41-49 us on an H100 and an H200 (2026-11-27,
-# `python -m autotile.cli.overhead`), against 8-21 us for a call without copies.
-HOST_MS = 0.045
+# call takes the longer of this and its GPU time. Measured 31-32 us on an H100 and an H200 (2026-11-27,
+# `python -m autotile.cli.overhead`, 2053x2051x2049), against 10-11 us for a call without copies.
+HOST_MS = 0.032
 DTYPES = ("float32",)
 THREADS = 256  # per block of the copy kernels
 PAD_SLOTS = 8  # parameters of one operand's copy in `autotile_pad`
@@ -131,15 +136,15 @@ def pays(direct: Any, padded: Any, layout: str, shape: tuple[int, ...], dtype: s
     (`autotile.dispatch.select.Selection`): `direct`, what the call of `shape` would run, and `padded`, what
     the padded shape runs. The padded shape's choice must be what the padding is for (a generated kernel its
     tuned record or the shape database's model picked, not cuBLAS, nor a fallback that knows nothing of the
-    shape); then either the problem is as large as the sizes measured to pay (the *_MEASURED constants), or
-    the padded shape's predicted time plus the copies' (`copy_ms`), or the host's time per call (HOST_MS)
-    where that is longer, is under the direct choice's by MARGIN."""
+    shape); then either the problem is as large as the sizes measured to pay (the *_MEASURED constants), or,
+    for one matrix (not a batch), the padded shape's predicted time plus the copies' (`copy_ms`), or the
+    host's time per call (HOST_MS) where that is longer, is under the direct choice's by MARGIN."""
     if padded.config is None or padded.step not in ("exact", "model") or padded.predicted_ms is None:
         return False
     *_, m, n, k = shape
     if min(m, n) >= MIN_SIDE_MEASURED and k >= MIN_K_MEASURED and math.prod(shape) >= MIN_VOLUME_MEASURED:
         return True
-    if direct.predicted_ms is None:
+    if direct.predicted_ms is None or len(shape) == 4:  # batches: the measured sizes only (BATCH_NOTE)
         return False
     planned = max(padded.predicted_ms + copy_ms(layout, shape, dtype, batch_strides), HOST_MS)
     return planned * (1 + MARGIN) < direct.predicted_ms
