@@ -240,8 +240,8 @@ class Model:
         if counted:
             assert reference_ms is not None
             reference_back_to_back = max(reference_ms, self._host[self.reference])
-            gpu_ms = reference_ms * np.exp2(-predicted)  # inf where nothing is predicted
-            with np.errstate(divide="ignore"):  # -inf where nothing is predicted
+            gpu_ms = reference_ms * np.exp2(-predicted)  # inf where nothing is predicted: a score of -inf
+            with np.errstate(divide="ignore"):
                 score = np.log2(reference_back_to_back / np.maximum(gpu_ms, self._host_usable))
         safe = eligible & (score >= math.log2(1 + params.margin)) & (worst >= math.log2(params.floor))
         if counted:  # and no slower than `floor` on the GPU
@@ -256,7 +256,7 @@ class Model:
             near: tuple[tuple[tuple[int, ...], float, float | None], ...] = tuple(
                 (tuple(int(d) for d in self.db.shapes[i]), float(dist[i]), None) for i in order)
             return Choice(self.db.candidates[self.reference], self.configs[self.reference], 1.0, near, runner_up,
-                          self.reference_name, self.reference_ms(shape_t, order, dist))
+                          self.reference_name, reference_ms)
         # the best score; among equal scores (launches that all wait on the host) the best on the GPU
         k = int(np.lexsort((np.where(safe, predicted, -np.inf), np.where(safe, score, -np.inf)))[-1])
         j = self.usable[k]
