@@ -121,6 +121,8 @@ def test_the_plan_pays_where_its_predicted_time_beats_the_call_as_it_is():
     assert not padding.pays(direct, _selection(None, "model", 1.0, "cublas"), "nn", shape, "float32")
     assert not padding.pays(direct, _selection(config, "nearest", 1.0), "nn", shape, "float32")
     assert not padding.pays(direct, _selection(config, "model", None), "nn", shape, "float32")
+    # a choice borrowed from nn's model for a transposed layout has no predicted time: the measured sizes
+    assert padding.pays(direct, _selection(config, "model", None), "tn", (4096, 4096, 4095), "float32")
     # back to back, a padded call takes at least the host's time for its three launches
     tiny = _selection(config, "model", 1e-4)
     assert not padding.pays(_selection(None, "model", padding.HOST_MS, "cublas"), tiny, "nn", (5, 9, 8), "float32")

@@ -135,16 +135,19 @@ def pays(direct: Any, padded: Any, layout: str, shape: tuple[int, ...], dtype: s
     """Whether the padded plan is faster than the call as it is, from the two problems' selections
     (`autotile.dispatch.select.Selection`): `direct`, what the call of `shape` would run, and `padded`, what
     the padded shape runs. The padded shape's choice must be what the padding is for (a generated kernel its
-    tuned record or the shape database's model picked, not cuBLAS, nor a fallback that knows nothing of the
-    shape); then either the problem is as large as the sizes measured to pay (the *_MEASURED constants), or,
-    for one matrix (not a batch), the padded shape's predicted time plus the copies' (`copy_ms`), or the
-    host's time per call (HOST_MS) where that is longer, is under the direct choice's by MARGIN."""
-    if padded.config is None or padded.step not in ("exact", "model") or padded.predicted_ms is None:
+    tuned record or the shape database's model picked, its own or borrowed from another layout; not cuBLAS,
+    nor a fallback that knows nothing of the shape); then either the problem is as large as the sizes
+    measured to pay (the *_MEASURED constants), or, for one matrix (not a batch) where both choices have a
+    predicted time, the padded shape's plus the copies' (`copy_ms`), or the host's time per call (HOST_MS)
+    where that is longer, is under the direct choice's by MARGIN."""
+    if padded.config is None or padded.step not in ("exact", "model"):
         return False
     *_, m, n, k = shape
     if min(m, n) >= MIN_SIDE_MEASURED and k >= MIN_K_MEASURED and math.prod(shape) >= MIN_VOLUME_MEASURED:
         return True
-    if direct.predicted_ms is None or len(shape) == 4:  # batches: the measured sizes only (BATCH_NOTE)
+    # batches: the measured sizes only (BATCH_NOTE); a choice borrowed from another layout or from one
+    # matrix has no predicted time
+    if len(shape) == 4 or direct.predicted_ms is None or padded.predicted_ms is None:
         return False
     planned = max(padded.predicted_ms + copy_ms(layout, shape, dtype, batch_strides), HOST_MS)
     return planned * (1 + MARGIN) < direct.predicted_ms
