@@ -348,17 +348,16 @@ def matmul_no_autograd(A: Any, B: Any, out: Any = None, precision: str | None = 
                 emulation.run_batch(framework, a, b, c, plan.layout, plan.shape, plan.batch_strides, stream_ptr,
                                     _int8_gemm(framework, a.device))
             return c.obj
-    if plan.kernel in ("matmul", "bmm"):
-        with _device_of(a.device):
-            padded = padded_plan(plan.kernel, dtype, plan.layout, plan.shape, setting, a.device, plan.batch_strides)
-            if padded is not None:
-                run = padding.PaddedCall(plan.layout, plan.shape, plan.batch_strides, dtype, a.device, padded,
-                                         framework.allocate)
-                run(a.ptr, b.ptr, c.ptr, stream_ptr)
-                if not copied and None not in signature[:2] and (out is None or signature[2] is not None):
-                    with _lock:
-                        _calls[signature] = _repeat_padded(framework, run, plan.out_shape, out_dtype, a.device)
-                return c.obj
+    padded = padded_plan(plan.kernel, dtype, plan.layout, plan.shape, setting, a.device)
+    if padded is not None:
+        with _device_of(a.device):  # the copy kernels are compiled and loaded there
+            run = padding.PaddedCall(plan.layout, plan.shape, plan.batch_strides, dtype, a.device, padded,
+                                     framework.allocate)
+            run(a.ptr, b.ptr, c.ptr, stream_ptr)
+        if not copied and None not in signature[:2] and (out is None or signature[2] is not None):
+            with _lock:
+                _calls[signature] = _repeat_padded(framework, run, plan.out_shape, out_dtype, a.device)
+        return c.obj
     with _device_of(a.device):
         prepared = _prepare(plan.kernel, dtype, plan.layout, plan.shape, setting, a.device)
     call = _Call(prepared, plan.out_shape, _nbytes(c), out_dtype, a.device, plan.batch_strides)
@@ -516,7 +515,7 @@ def scaled_matmul(A: Any, B: Any, scale_a: Any, scale_b: Any, out: Any = None, s
 
 
 def padded_plan(kernel: str, dtype: str, layout: str, shape: tuple[int, ...], setting: str,
-                device_id: int | None = None, batch_strides: tuple[int, ...] = ()) -> _Prepared | None:
+                device_id: int | None = None) -> _Prepared | None:
     """Where a matmul of `shape` ((batch,) M, N, K) in `layout` takes the padded plan
     (`autotile.library.padding`) under the precision `setting` (resolved) on `device_id` (None: CuPy's
     current device): what runs the padded shape, prepared; None where the plan does not pay. Decided once
@@ -525,7 +524,7 @@ def padded_plan(kernel: str, dtype: str, layout: str, shape: tuple[int, ...], se
         return None
     if device_id is None:
         device_id = _device_id(_cupy().cuda.runtime)
-    memo_key = (device_id, kernel, dtype, layout, shape, setting, batch_strides)
+    memo_key = (device_id, kernel, dtype, layout, shape, setting)
     if memo_key in _padded_plans:
         return _padded_plans[memo_key]
     from autotile.dispatch.select import select
@@ -535,8 +534,9 @@ def padded_plan(kernel: str, dtype: str, layout: str, shape: tuple[int, ...], se
     direct = select(ProblemKey(kernel, dtype, layout, shape), device, precision=setting)
     padded = select(ProblemKey(kernel, dtype, layout, padded_shape), device, precision=setting)
     found = None
-    if padding.pays(direct, padded, layout, shape, dtype, batch_strides):
-        found = _prepare(kernel, dtype, layout, padded_shape, setting, device_id)
+    if padding.pays(direct, padded, layout, shape, dtype):
+        with _device_of(device_id):  # its kernel is compiled and loaded there
+            found = _prepare(kernel, dtype, layout, padded_shape, setting, device_id)
     with _lock:
         return _padded_plans.setdefault(memo_key, found)
 

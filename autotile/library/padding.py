@@ -28,12 +28,15 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from autotile.codegen import padding as shapes_mod
 from autotile.dispatch import precision as precision_mod
+
+if TYPE_CHECKING:
+    from autotile.dispatch.select import Selection
 
 # batch x M x N x K below which the plan is not weighed: there the copies' launches are a good part of the
 # time and the predictions' errors (25-35% on such shapes) larger than what the plan can win
@@ -130,8 +133,7 @@ def copy_ms(layout: str, shape: tuple[int, ...], dtype: str, batch_strides: tupl
     return moved * size / COPY_BYTES_PER_MS + launches * COPY_LAUNCH_MS
 
 
-def pays(direct: Any, padded: Any, layout: str, shape: tuple[int, ...], dtype: str,
-         batch_strides: tuple[int, ...] = ()) -> bool:
+def pays(direct: Selection, padded: Selection, layout: str, shape: tuple[int, ...], dtype: str) -> bool:
     """Whether the padded plan is faster than the call as it is, from the two problems' selections
     (`autotile.dispatch.select.Selection`): `direct`, what the call of `shape` would run, and `padded`, what
     the padded shape runs. The padded shape's choice must be what the padding is for (a generated kernel its
@@ -149,7 +151,7 @@ def pays(direct: Any, padded: Any, layout: str, shape: tuple[int, ...], dtype: s
     # matrix has no predicted time
     if len(shape) == 4 or direct.predicted_ms is None or padded.predicted_ms is None:
         return False
-    planned = max(padded.predicted_ms + copy_ms(layout, shape, dtype, batch_strides), HOST_MS)
+    planned = max(padded.predicted_ms + copy_ms(layout, shape, dtype), HOST_MS)  # one matrix: no batch strides
     return planned * (1 + MARGIN) < direct.predicted_ms
 
 
