@@ -308,3 +308,25 @@ def test_cublas_runner_times_16_bit_types_through_gemm_ex(dtype):
             runner.run((a, b), out, stream)
             cupy.cuda.runtime.deviceSynchronize()
             assert _error(out, ref, dtype) < 1e-2, (key, stream)
+
+
+# A float32 or float64 matmul of one row or one column is a GEMV (cuBLAS's cheaper call on the host): per
+# layout and shape, gemv's operation, sizes and leading dimension of the matrix as stored, and whether the
+# matrix is B (the row case) or A (the column case).
+GEMV_OF_MATMUL = {
+    ("nn", (1, 67, 257)): (0, 67, 257, 67, B_PTR, A_PTR), ("tn", (1, 67, 257)): (0, 67, 257, 67, B_PTR, A_PTR),
+    ("nt", (1, 67, 257)): (1, 257, 67, 257, B_PTR, A_PTR), ("tt", (1, 67, 257)): (1, 257, 67, 257, B_PTR, A_PTR),
+    ("nn", (131, 1, 257)): (1, 257, 131, 257, A_PTR, B_PTR), ("nt", (131, 1, 257)): (1, 257, 131, 257, A_PTR, B_PTR),
+    ("tn", (131, 1, 257)): (0, 131, 257, 131, A_PTR, B_PTR), ("tt", (131, 1, 257)): (0, 131, 257, 131, A_PTR, B_PTR),
+}
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("layout,shape", list(GEMV_OF_MATMUL))
+def test_a_matmul_of_one_row_or_column_calls_gemv(calls, layout, shape, dtype):
+    name, args = _call(calls, ProblemKey("matmul", dtype, layout, shape))
+    trans, rows, cols, ld, matrix, vector = GEMV_OF_MATMUL[(layout, shape)]
+    assert name == ("cublasSgemv_v2" if dtype == "float32" else "cublasDgemv_v2")
+    handle, trans_, rows_, cols_, _alpha, matrix_, ld_, vector_, inc_x, _beta, out, inc_y = args
+    assert handle == HANDLE and (trans_, rows_, cols_, ld_) == (trans, rows, cols, ld)
+    assert (matrix_, vector_, out, inc_x, inc_y) == (matrix, vector, OUT_PTR, 1, 1)

@@ -117,6 +117,34 @@ def test_torch_in_torch_out_every_layout_and_batch(dtype):
     assert isinstance(y, torch.Tensor) and _rel(y, x.double() @ v.double()) < tol
 
 
+def test_repeated_torch_calls_return_new_packed_tensors():
+    """A repeated call allocates its result through a template (`TorchFramework.allocator`): each call's
+    tensor is new, C-contiguous, of the right shape, and holds that call's product, for 2-D, batched (3-D and
+    4-D) and matvec results, the one-row matmul (cuBLAS's GEMV, where cuBLAS runs) among them."""
+    torch = _torch()
+    import autotile
+
+    g = torch.Generator(device="cuda").manual_seed(1)
+
+    def t(*shape):
+        return torch.rand(*shape, device="cuda", generator=g) - 0.5
+
+    cases = [(lambda: t(37, 53), t(53, 29)), (lambda: t(1, 301), t(97, 301).T), (lambda: t(5, 37, 53), t(5, 53, 29)),
+             (lambda: t(2, 3, 37, 53), t(2, 3, 53, 29))]
+    for make_a, b in cases:
+        results = []
+        for _ in range(3):  # the first call prepares; the others take the repeated path
+            a = make_a()
+            y = autotile.matmul(a, b)
+            assert y.is_contiguous() and y.shape == (*a.shape[:-1], b.shape[-1])
+            assert _rel(y, a.double() @ b.double()) < kernels.tolerance("float32", a.shape[-1])
+            results.append(y)
+        assert len({r.data_ptr() for r in results}) == 3  # each call's own storage
+    A = t(61, 43)
+    ys = [autotile.matvec(A, v) for v in (t(43), t(43))]
+    assert ys[0].data_ptr() != ys[1].data_ptr() and all(y.is_contiguous() and y.shape == (61,) for y in ys)
+
+
 def test_torch_runs_on_the_callers_stream_without_a_synchronisation():
     torch = _torch()
     import autotile

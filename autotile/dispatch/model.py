@@ -10,7 +10,10 @@ only where its predicted speed-up is at least `1 + margin` and it was no slower 
 any neighbour that timed it; otherwise cuBLAS runs. The speed-up counts the host's time per call
 (`host_ms`: back to back, a call takes the longer of that and its GPU time; cuBLAS's call costs the host
 more than a generated kernel's), so that on a problem of a few microseconds a generated kernel predicted
-no slower than `floor` x cuBLAS on the GPU runs rather than cuBLAS, and one launch rather than two. Only
+no slower than `floor` x cuBLAS on the GPU runs rather than cuBLAS, and one launch rather than two; where a
+candidate's GPU time stays under its own host time even at its worst neighbour's speed-up, the host hides
+it back to back and a lower floor (`host_bound_floor`) bounds what a CUDA graph, which has no host time,
+would lose. Only
 candidates the float32 matmul precision setting allows compete (`autotile.dispatch.precision`: under
 "highest", no tf32x3 config); cuBLAS is allowed under every one. The parameters are fitted by
 leave-one-out on the database itself (`fit`), and `cross_validate` reports what that held-out check
@@ -61,6 +64,9 @@ class ModelParams:
     # takes the longer of its GPU time and its host time, so on a problem of a few microseconds the
     # cheapest launch wins among candidates predicted no slower than `floor` x cuBLAS on the GPU
     count_host: bool = True
+    # counting the host, a candidate whose GPU time stays under its own host time even at its worst
+    # neighbour's speed-up is hidden behind the host back to back: the GPU floor gives way to this one
+    host_bound_floor: float = 0.85
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,11 +95,13 @@ class Choice:
         return f"{self.candidate.name}, {why}; at the nearest surveyed shapes: {near}"
 
 
-def host_ms(kernel: str, implementation: str, config: Config | None) -> float:
-    """The host's time per repeated call of a candidate for `kernel`, in ms: `HOST_MS` by implementation
-    (cuBLAS's GEMV apart), and EXTRA_LAUNCH_MS for a split-K kernel that needs C zeroed first."""
+def host_ms(kernel: str, implementation: str, config: Config | None, shape: Sequence[int] = ()) -> float:
+    """The host's time per repeated call of a candidate for `kernel` (on `shape`, where given), in ms:
+    `HOST_MS` by implementation (cuBLAS's GEMV apart, which also runs a matmul of one row or one column:
+    `autotile.runtime.cublas`), and EXTRA_LAUNCH_MS for a split-K kernel that needs C zeroed first."""
     if implementation == "cublas":
-        return HOST_MS["cublas matvec" if kernel == "matvec" else "cublas"]
+        gemv = kernel == "matvec" or (kernel == "matmul" and len(shape) == 3 and 1 in shape[:2])
+        return HOST_MS["cublas matvec" if gemv else "cublas"]
     extra = (config is not None and config.get("SPLIT_K", 1) > 1
              and config.get("SPLIT_REDUCE", "atomic") == "atomic")
     return HOST_MS["generated"] + (EXTRA_LAUNCH_MS if extra else 0.0)
@@ -160,9 +168,9 @@ class Model:
         self.aligned = {w: np.array([rows_allow(db.kernel, tuple(s), db.layout, w) for s in db.shapes], dtype=np.bool_)
                         for w in sorted(set(self.widths.tolist())) if w > 1}
         self._allowed: dict[str, np.ndarray] = {}
-        # each candidate's host time per call (`host_ms`): indexed by database column, and for the usable
-        self._host = {j: host_ms(db.kernel, c.implementation, self.configs[j]) for j, c in enumerate(db.candidates)}
-        self._host_usable = np.array([self._host[j] for j in self.usable], dtype=np.float64)
+        # the usable candidates' host time per call (`host_ms`)
+        self._host_usable = np.array([host_ms(db.kernel, db.candidates[j].implementation, self.configs[j])
+                                      for j in self.usable], dtype=np.float64)
 
     @property
     def reference_name(self) -> str:
@@ -239,13 +247,30 @@ class Model:
         counted = params.count_host and reference_ms is not None and reference_runs
         if counted:
             assert reference_ms is not None
-            reference_back_to_back = max(reference_ms, self._host[self.reference])
+            reference_candidate = self.db.candidates[self.reference]
+            reference_host = host_ms(self.db.kernel, reference_candidate.implementation,
+                                     self.configs[self.reference], shape_t)
+            reference_back_to_back = max(reference_ms, reference_host)
             gpu_ms = reference_ms * np.exp2(-predicted)  # inf where nothing is predicted: a score of -inf
             with np.errstate(divide="ignore"):
                 score = np.log2(reference_back_to_back / np.maximum(gpu_ms, self._host_usable))
-        safe = eligible & (score >= math.log2(1 + params.margin)) & (worst >= math.log2(params.floor))
-        if counted:  # and no slower than `floor` on the GPU
-            safe &= predicted >= math.log2(params.floor)
+        on_the_gpu = (worst >= math.log2(params.floor)) & (predicted >= math.log2(params.floor))
+        if counted:
+            # no slower than `floor` on the GPU, or, where even the worst neighbour's speed-up leaves the GPU
+            # time under the candidate's own host time (hidden behind the host back to back), no slower
+            # than `host_bound_floor`
+            assert reference_ms is not None
+            with np.errstate(over="ignore"):
+                worst_gpu_ms = reference_ms * np.exp2(-worst)
+            hidden = worst_gpu_ms <= self._host_usable
+            on_the_gpu |= hidden & (predicted >= math.log2(params.host_bound_floor))
+            # or, predicted no slower on the GPU, still `margin` faster back to back at the worst neighbour's
+            # speed-up
+            worst_score = np.log2(reference_back_to_back / np.maximum(worst_gpu_ms, self._host_usable))
+            on_the_gpu |= (predicted >= math.log2(params.floor)) & (worst_score >= math.log2(1 + params.margin))
+        else:
+            on_the_gpu = worst >= math.log2(params.floor)
+        safe = eligible & (score >= math.log2(1 + params.margin)) & on_the_gpu
         if not reference_runs:
             safe = eligible
         if not safe.any():

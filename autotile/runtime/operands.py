@@ -13,6 +13,7 @@ Importing this module imports neither CuPy nor torch: each is imported when an a
 from __future__ import annotations
 
 import functools
+import math
 import sys
 from typing import Any, Callable, NamedTuple
 
@@ -181,7 +182,18 @@ class TorchFramework(Framework):
         return int(self.torch.cuda.current_stream(device).cuda_stream)
 
     def allocator(self, shape: tuple[int, ...], dtype: str, device: int) -> Callable[[], Any]:
-        return functools.partial(self.torch.empty, shape, dtype=self.torch_dtypes[dtype], device=self._device(device))
+        torch = self.torch
+        general = functools.partial(torch.empty, shape, dtype=self.torch_dtypes[dtype], device=self._device(device))
+        # torch.empty_like of a one-element tensor expanded to `shape` (not dense: its result is C-contiguous)
+        # parses one argument where torch.empty parses three: 1.3-2.3 us less per call, measured on an H100
+        # host (2026-11-27). Checked once, as the rule is torch's and not promised.
+        template = torch.empty(1, dtype=self.torch_dtypes[dtype], device=self._device(device)).expand(shape)
+        made = torch.empty_like(template)
+        contiguous = tuple(math.prod(shape[i + 1:]) for i in range(len(shape)))
+        packed = all(n <= 1 or s == e for n, s, e in zip(shape, made.stride(), contiguous, strict=True))
+        if tuple(made.shape) != shape or not packed:
+            return general
+        return functools.partial(torch.empty_like, template)
 
     def stream_getter(self, device: int) -> Callable[[], int]:
         if self._raw_stream is not None:
