@@ -210,13 +210,19 @@ def test_a_neighbour_under_the_floor_is_forgiven_where_the_host_still_makes_the_
     db = _synthetic_db(speedup_small=1.1, speedup_big=1.1)
     mid = (800, 800, 940)  # cuBLAS: about 20 us, over a generated kernel's host time
     nearest = int(np.argmin(np.abs(np.log2(np.asarray(db.shapes, dtype=float) / mid)).sum(axis=1)))
-    rows = [list(r) for r in db.times_ms]
-    rows[nearest][1] = rows[nearest][0] / 0.9  # "fast" is 0.9x cuBLAS there
-    vetoed = dataclasses.replace(db, times_ms=tuple(tuple(r) for r in rows))
-    m = model.Model(vetoed, H100)
+
+
+    def with_nearest_at(speedup: float) -> model.Model:  # "fast" at `speedup` x cuBLAS at the nearest shape
+        rows = [list(r) for r in db.times_ms]
+        rows[nearest][1] = rows[nearest][0] / speedup
+        return model.Model(dataclasses.replace(db, times_ms=tuple(tuple(r) for r in rows)), H100)
+
+    m = with_nearest_at(0.9)
     assert m.choose(mid, model.ModelParams(count_host=False)).config is None
     forgiven = m.choose(mid)
     assert forgiven is not None and forgiven.candidate.name == "fast" and forgiven.predicted >= 1.0
+    # a neighbour under `host_bound_floor` is not forgiven
+    assert with_nearest_at(0.8).choose(mid).config is None
 
 
 def test_host_time_counts_the_zeroing_launch_of_atomic_splits():

@@ -13,7 +13,8 @@ more than a generated kernel's), so that on a problem of a few microseconds a ge
 no slower than `floor` x cuBLAS on the GPU runs rather than cuBLAS, and one launch rather than two; where a
 candidate's GPU time stays under its own host time even at its worst neighbour's speed-up, the host hides
 it back to back and a lower floor (`host_bound_floor`) bounds what a CUDA graph, which has no host time,
-would lose. Only
+would lose; and a candidate predicted no slower than cuBLAS is forgiven a neighbour down to that floor where
+even at that neighbour's speed-up it stays `margin` faster back to back. Only
 candidates the float32 matmul precision setting allows compete (`autotile.dispatch.precision`: under
 "highest", no tf32x3 config); cuBLAS is allowed under every one. The parameters are fitted by
 leave-one-out on the database itself (`fit`), and `cross_validate` reports what that held-out check
@@ -264,10 +265,11 @@ class Model:
                 worst_gpu_ms = reference_ms * np.exp2(-worst)
             hidden = worst_gpu_ms <= self._host_usable
             on_the_gpu |= hidden & (predicted >= math.log2(params.host_bound_floor))
-            # or, predicted no slower on the GPU, still `margin` faster back to back at the worst neighbour's
-            # speed-up
+            # or, predicted no slower than cuBLAS on the GPU and no neighbour under `host_bound_floor`, still
+            # `margin` faster back to back at the worst neighbour's speed-up
             worst_score = np.log2(reference_back_to_back / np.maximum(worst_gpu_ms, self._host_usable))
-            on_the_gpu |= (predicted >= math.log2(params.floor)) & (worst_score >= math.log2(1 + params.margin))
+            on_the_gpu |= ((predicted >= 0.0) & (worst >= math.log2(params.host_bound_floor))
+                           & (worst_score >= math.log2(1 + params.margin)))
         else:
             on_the_gpu = worst >= math.log2(params.floor)
         safe = eligible & (score >= math.log2(1 + params.margin)) & on_the_gpu
