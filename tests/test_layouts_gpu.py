@@ -64,6 +64,33 @@ def test_batches_match_the_reference_with_and_without_a_broadcast_b(layout, dtyp
     assert _errors("bmm", dtype, layout, BATCHED, broadcast_b=True) == []
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16"])
+@pytest.mark.parametrize("layout", MATMUL_LAYOUTS)
+def test_a_library_matmul_of_one_row_or_column_runs_the_matvec(layout, dtype):
+    """`calls.as_matvec`: a matmul with M = 1 or N = 1 runs as a matvec (the operands swapped where M = 1),
+    first and repeated calls, with and without `out=`, against a float64 reference, the output poisoned."""
+    import cupy
+
+    import autotile
+    from autotile.library import calls
+    from autotile.runtime.timing import relative_error
+
+    spec = kernels.get("matmul")
+    for shape in [(1, 97, 131), (89, 1, 131), (1, 1, 77), (1, 4099, 1031)]:
+        vector = calls.as_matvec("matmul", dtype, layout, shape)
+        assert vector is not None
+        for seed in range(3):  # the first call, then the repeated path twice
+            a, b = spec.make_inputs(shape, dtype, layout, cupy.random.default_rng(seed), cupy)
+            ref = kernels.to_float64(a) @ kernels.to_float64(b)
+            out = cupy.full(shape[:2], cupy.nan, dtype=dtype)
+            given = autotile.matmul(a, b, out=out)
+            made = autotile.matmul(a, b)
+            tol = kernels.tolerance(dtype, shape[2])
+            assert given is out and made.shape == shape[:2] and made.flags.c_contiguous
+            assert relative_error(out, ref) <= tol and relative_error(made, ref) <= tol, (layout, shape, seed)
+        assert any(key[1:5] == ("matvec", dtype, vector[0], vector[1]) for key in calls._prepared)
+
+
 def test_the_library_takes_transposed_and_batched_cupy_arrays_without_copies():
     import cupy
 

@@ -126,3 +126,43 @@ def test_a_batch_lowers_the_k_splits_it_no_longer_needs():
     assert select.fewer_splits_for_batch(config, shape, 1)["SPLIT_K"] == 8
     assert select.fewer_splits_for_batch(config, shape, 2)["SPLIT_K"] == 4
     assert select.fewer_splits_for_batch(config, shape, 64)["SPLIT_K"] == 1
+
+
+@pytest.mark.parametrize("layout,shape,expected", [
+    ("nn", (1, 97, 131), ("col", (97, 131), True)), ("tn", (1, 97, 131), ("col", (97, 131), True)),
+    ("nt", (1, 97, 131), ("row", (97, 131), True)), ("tt", (1, 97, 131), ("row", (97, 131), True)),
+    ("nn", (89, 1, 131), ("row", (89, 131), False)), ("nt", (89, 1, 131), ("row", (89, 131), False)),
+    ("tn", (89, 1, 131), ("col", (89, 131), False)), ("tt", (89, 1, 131), ("col", (89, 131), False)),
+    ("nn", (1, 1, 77), ("col", (1, 77), True)),
+])
+def test_a_matmul_of_one_row_or_column_is_planned_as_a_matvec(layout, shape, expected):
+    """M = 1: y = B^T a, B^T row-major where B is column-major (the second letter "t"); N = 1: y = A b."""
+    from autotile.library.calls import as_matvec
+
+    assert as_matvec("matmul", "float32", layout, shape) == expected
+
+
+def test_only_2d_float_matmuls_of_one_row_or_column_are_matvecs():
+    from autotile.library.calls import as_matvec
+
+    assert as_matvec("matmul", "float32", "nn", (2, 97, 131)) is None
+    assert as_matvec("bmm", "float32", "nn", (4, 1, 97, 131)) is None
+    assert as_matvec("matmul", "int8", "nt", (1, 97, 128)) is None  # no int8 matvec: cuBLAS's int8 GEMM or ours
+    assert as_matvec("matmul", "bfloat16", "nt", (1, 97, 128)) == ("row", (97, 128), True)
+
+
+def test_a_matmul_tuned_on_its_very_shape_is_not_turned_into_a_matvec(monkeypatch):
+    """A record of the matmul itself (the selection's "exact" step) is what the user asked for: it runs."""
+    import types
+
+    from autotile.dispatch import select as select_mod
+    from autotile.library import calls
+
+    steps = {(1, 97, 131): "exact", (1, 97, 133): "model"}
+    monkeypatch.setattr(calls, "_device", lambda device_id: None)
+    monkeypatch.setattr(select_mod, "select",
+                        lambda key, device, precision: types.SimpleNamespace(step=steps[key.shape]))
+    monkeypatch.setattr(calls, "_matvec_plans", {})
+    assert calls._matvec_plan("matmul", "float32", "nt", (1, 97, 131), "high", 0) is None
+    assert calls._matvec_plan("matmul", "float32", "nt", (1, 97, 133), "high", 0) == ("row", (97, 133), True)
+    assert calls._matvec_plan("matmul", "float32", "nt", (2, 97, 133), "high", 0) is None

@@ -96,13 +96,11 @@ class Choice:
         return f"{self.candidate.name}, {why}; at the nearest surveyed shapes: {near}"
 
 
-def host_ms(kernel: str, implementation: str, config: Config | None, shape: Sequence[int] = ()) -> float:
-    """The host's time per repeated call of a candidate for `kernel` (on `shape`, where given), in ms:
-    `HOST_MS` by implementation (cuBLAS's GEMV apart, which also runs a matmul of one row or one column:
-    `autotile.runtime.cublas`), and EXTRA_LAUNCH_MS for a split-K kernel that needs C zeroed first."""
+def host_ms(kernel: str, implementation: str, config: Config | None) -> float:
+    """The host's time per repeated call of a candidate for `kernel`, in ms: `HOST_MS` by implementation
+    (cuBLAS's GEMV apart), and EXTRA_LAUNCH_MS for a split-K kernel that needs C zeroed first."""
     if implementation == "cublas":
-        gemv = kernel == "matvec" or (kernel == "matmul" and len(shape) == 3 and 1 in shape[:2])
-        return HOST_MS["cublas matvec" if gemv else "cublas"]
+        return HOST_MS["cublas matvec" if kernel == "matvec" else "cublas"]
     extra = (config is not None and config.get("SPLIT_K", 1) > 1
              and config.get("SPLIT_REDUCE", "atomic") == "atomic")
     return HOST_MS["generated"] + (EXTRA_LAUNCH_MS if extra else 0.0)
@@ -248,9 +246,8 @@ class Model:
         counted = params.count_host and reference_ms is not None and reference_runs
         if counted:
             assert reference_ms is not None
-            reference_candidate = self.db.candidates[self.reference]
-            reference_host = host_ms(self.db.kernel, reference_candidate.implementation,
-                                     self.configs[self.reference], shape_t)
+            reference_host = host_ms(self.db.kernel, self.db.candidates[self.reference].implementation,
+                                     self.configs[self.reference])
             reference_back_to_back = max(reference_ms, reference_host)
             gpu_ms = reference_ms * np.exp2(-predicted)  # inf where nothing is predicted: a score of -inf
             with np.errstate(divide="ignore"):

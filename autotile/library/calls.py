@@ -90,6 +90,7 @@ class _Prepared:
 _lock = threading.Lock()
 _prepared: dict[tuple[Any, ...], _Prepared] = {}
 _padded_plans: dict[tuple[Any, ...], _Prepared | None] = {}  # `padded_plan`'s decisions
+_matvec_plans: dict[tuple[Any, ...], tuple[str, tuple[int, int], bool] | None] = {}  # `_matvec_plan`'s
 # Calls by signature (each array's `Framework.signature`, out's, the setting) that needed no copy: what
 # they run and how, so that a repeated call only reads pointers and launches.
 _calls: dict[tuple[Any, ...], Repeat] = {}
@@ -318,6 +319,44 @@ def _planned(framework: Framework, a: Operand, b: Operand) -> tuple[Operand, Ope
     return a, b, plan, copied
 
 
+def as_matvec(kernel: str, dtype: str, layout: str, shape: tuple[int, ...]) -> tuple[str, tuple[int, int], bool] | None:
+    """A 2-D matmul of one row (M = 1) or one column (N = 1) as the matvec it is: (the matvec's layout, its
+    (rows, K), whether the operands swap: B the matrix and A the vector); None for any other problem. The
+    vector is one row or one column of a packed matrix, so of unit step, and C is y. A decode step's
+    `x @ W.T` at one token is `W @ x`: the matvec kernels, tuned to read the matrix at full bandwidth, and
+    cuBLAS's GEMV as their reference, rather than a GEMM's tiles and call."""
+    if kernel != "matmul" or dtype not in _MATVEC_DTYPES:
+        return None
+    M, N, K = shape
+    if M == 1:  # C (1 x N) = a @ B, so y = B^T a: B^T (N x K) is row-major where B is column-major
+        return ("row" if layout[1] == "t" else "col"), (N, K), True
+    if N == 1:  # C (M x 1) = A @ b
+        return ("row" if layout[0] == "n" else "col"), (M, K), False
+    return None
+
+
+def _matvec_plan(kernel: str, dtype: str, layout: str, shape: tuple[int, ...], setting: str,
+                 device_id: int) -> tuple[str, tuple[int, int], bool] | None:
+    """`as_matvec`, unless the matmul itself was tuned on this very shape (a record the user asked for
+    wins); decided once per problem."""
+    vector = as_matvec(kernel, dtype, layout, shape)
+    if vector is None:
+        return None
+    memo_key = (device_id, kernel, dtype, layout, shape, setting)
+    if memo_key not in _matvec_plans:
+        from autotile.dispatch.select import select
+
+        tuned = select(ProblemKey(kernel, dtype, layout, shape), _device(device_id), precision=setting).step == "exact"
+        with _lock:
+            _matvec_plans[memo_key] = None if tuned else vector
+    return _matvec_plans[memo_key]
+
+
+def _swapped(run: Repeat) -> Repeat:
+    """A repeated call whose kernel takes the operands in the other order (`as_matvec`)."""
+    return lambda a, b, out, stream: run(b, a, out, stream)
+
+
 def matmul_no_autograd(A: Any, B: Any, out: Any = None, precision: str | None = None, stream: Any = None) -> Any:
     """`autotile.matmul` without the autograd check (`autotile.library.api.matmul` says what it takes): what
     the PyTorch operator runs."""
@@ -348,13 +387,26 @@ def matmul_no_autograd(A: Any, B: Any, out: Any = None, precision: str | None = 
                 emulation.run_batch(framework, a, b, c, plan.layout, plan.shape, plan.batch_strides, stream_ptr,
                                     _int8_gemm(framework, a.device))
             return c.obj
+    memoize = not copied and None not in signature[:2] and (out is None or signature[2] is not None)
+    vector = _matvec_plan(plan.kernel, dtype, plan.layout, plan.shape, setting, a.device)
+    if vector is not None:
+        layout, shape, swapped = vector
+        with _device_of(a.device):
+            prepared = _prepare("matvec", dtype, layout, shape, setting, a.device)
+        call = _Call(prepared, plan.out_shape, _nbytes(c), out_dtype, a.device, ())
+        inputs = (b.obj, a.obj) if swapped else (a.obj, b.obj)
+        _launch_on(a.device, prepared, framework, inputs, c.obj, call.out_nbytes, out_dtype, stream_ptr)
+        if memoize:
+            with _lock:
+                _calls[signature] = _swapped(_repeat(framework, call)) if swapped else _repeat(framework, call)
+        return c.obj
     padded = padded_plan(plan.kernel, dtype, plan.layout, plan.shape, setting, a.device)
     if padded is not None:
         with _device_of(a.device):  # the copy kernels are compiled and loaded there
             run = padding.PaddedCall(plan.layout, plan.shape, plan.batch_strides, dtype, a.device, padded,
                                      framework.allocate)
             run(a.ptr, b.ptr, c.ptr, stream_ptr)
-        if not copied and None not in signature[:2] and (out is None or signature[2] is not None):
+        if memoize:
             with _lock:
                 _calls[signature] = _repeat_padded(framework, run, plan.out_shape, out_dtype, a.device)
         return c.obj
@@ -363,8 +415,8 @@ def matmul_no_autograd(A: Any, B: Any, out: Any = None, precision: str | None = 
     call = _Call(prepared, plan.out_shape, _nbytes(c), out_dtype, a.device, plan.batch_strides)
     _launch_on(a.device, prepared, framework, (a.obj, b.obj), c.obj, call.out_nbytes, out_dtype, stream_ptr,
                plan.batch_strides)
-    if not copied and None not in signature[:2] and (out is None or signature[2] is not None):
-        with _lock:  # only signatures of the framework's own arrays: others are converted on every call
+    if memoize:  # only signatures of the framework's own arrays that needed no copy: others convert every call
+        with _lock:
             _calls[signature] = _repeat(framework, call)
     return c.obj
 
@@ -546,7 +598,11 @@ def selection_for(kernel: str, dtype: str, layout: str, shape: tuple[int, ...],
     """Which config the library runs for a problem on the current GPU under the precision setting (None:
     the process-wide one), preparing it as a call would."""
     layout = canonical_layout(kernel, layout)
-    return _prepare(kernel, dtype, layout, tuple(shape), precision_mod.resolve(precision)).selection
+    setting = precision_mod.resolve(precision)
+    vector = _matvec_plan(kernel, dtype, layout, tuple(shape), setting, _current_device())
+    if vector is not None:  # what the library runs: the matvec
+        kernel, layout, shape = "matvec", vector[0], vector[1]
+    return _prepare(kernel, dtype, layout, tuple(shape), setting).selection
 
 
 def forget() -> None:
@@ -554,6 +610,7 @@ def forget() -> None:
     with _lock:
         _prepared.clear()
         _padded_plans.clear()
+        _matvec_plans.clear()
         _calls.clear()
         _scaled_calls.clear()
         _residue_runners.clear()
