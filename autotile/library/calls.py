@@ -599,9 +599,10 @@ def selection_for(kernel: str, dtype: str, layout: str, shape: tuple[int, ...],
     the process-wide one), preparing it as a call would."""
     layout = canonical_layout(kernel, layout)
     setting = precision_mod.resolve(precision)
-    vector = _matvec_plan(kernel, dtype, layout, tuple(shape), setting, _current_device())
-    if vector is not None:  # what the library runs: the matvec
-        kernel, layout, shape = "matvec", vector[0], vector[1]
+    if as_matvec(kernel, dtype, layout, tuple(shape)) is not None:
+        vector = _matvec_plan(kernel, dtype, layout, tuple(shape), setting, _current_device())
+        if vector is not None:  # what the library runs: the matvec
+            kernel, layout, shape = "matvec", vector[0], vector[1]
     return _prepare(kernel, dtype, layout, tuple(shape), setting).selection
 
 
