@@ -18,3 +18,12 @@ def test_random_small_calls_are_deterministic_and_in_their_ranges():
             assert len(shape) == 2 and all(256 <= d <= 4096 for d in shape)
         else:
             assert kind == "bmm" and 2 <= shape[0] <= 32 and all(16 <= d <= 256 for d in shape[1:])
+
+
+def test_every_small_kind_names_the_library_problem_it_times():
+    from autotile.codegen.problem import ProblemKey
+
+    assert set(overhead.SMALL_PROBLEMS) == set(overhead.SMALL_KINDS)
+    for kind, shape in overhead.random_small_calls(10, 1):
+        kernel, layout = overhead.SMALL_PROBLEMS[kind]
+        ProblemKey(kernel, "float32", layout, shape)  # a valid problem of that shape

@@ -98,6 +98,9 @@ def cases(torch: Any, cupy: Any, autotile: Any) -> list[Case]:
 
 
 SMALL_KINDS = ("matmul", "x @ W.T", "gemv row", "gemv col", "bmm")
+# each kind's library problem: (kernel, layout)
+SMALL_PROBLEMS = {"matmul": ("matmul", "nn"), "x @ W.T": ("matmul", "nt"), "gemv row": ("matvec", "row"),
+                  "gemv col": ("matvec", "col"), "bmm": ("bmm", "nn")}
 
 
 def random_small_calls(n: int, seed: int) -> list[tuple[str, tuple[int, ...]]]:
@@ -151,14 +154,17 @@ def _small_call(torch: Any, autotile: Any, kind: str, shape: tuple[int, ...]) ->
 
 
 def random_small(torch: Any, autotile: Any, n: int, seed: int, rounds: int) -> list[dict[str, Any]]:
-    """Back-to-back microseconds per call of torch's call and autotile's on `random_small_calls(n, seed)`."""
+    """Back-to-back microseconds per call of torch's call and autotile's on `random_small_calls(n, seed)`,
+    and what autotile runs for each."""
     rows = []
     for kind, shape in random_small_calls(n, seed):
         theirs, mine = _small_call(torch, autotile, kind, shape)
         timed = _time({"theirs": theirs, "mine": mine}, torch.cuda.synchronize, 50, rounds)
+        kernel, layout = SMALL_PROBLEMS[kind]
         rows.append({"kind": kind, "shape": list(shape), "torch_us": timed["theirs"][1],
                      "autotile_us": timed["mine"][1], "torch_enqueue_us": timed["theirs"][0],
-                     "autotile_enqueue_us": timed["mine"][0], "ratio": timed["theirs"][1] / timed["mine"][1]})
+                     "autotile_enqueue_us": timed["mine"][0], "ratio": timed["theirs"][1] / timed["mine"][1],
+                     "autotile_runs": _runs((kernel, layout, shape))})
     return rows
 
 
@@ -233,7 +239,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"{sum(r < 0.97 for r in ratios)} |")
         worst = sorted(small, key=lambda r: r["ratio"])[:5]
         print("\nslowest: " + ", ".join(f"{r['kind']} {'x'.join(map(str, r['shape']))} {r['ratio']:.2f}x "
-                                      f"({r['torch_us']:.1f} / {r['autotile_us']:.1f} us)" for r in worst))
+                                      f"({r['torch_us']:.1f} / {r['autotile_us']:.1f} us, "
+                                      f"{r['autotile_runs'].split(' (')[0]})" for r in worst))
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"device": device, "empty_kernel_us": floor, "rows": rows, "random_small": small}, f, indent=1)
