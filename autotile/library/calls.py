@@ -16,8 +16,9 @@ operators.
 
 Operands are read where they lie when each matrix is packed row-major or column-major (`autotile.library.plan`:
 `x @ W.T` is layout nt, no copy); batches (3-D and more) run as one batched launch, a 2-D operand broadcast;
-a 2-D matmul of one row or one column runs as the matvec it is (`as_matvec`). Other strided views are copied to row-major first (one extra pass over the data); `out` must be
-C-contiguous, as the kernel writes it directly.
+a 2-D matmul of one row or one column runs as the matvec it is (`as_matvec`). Other strided views are
+copied to row-major first (one extra pass over the data); `out` must be C-contiguous, as the kernel writes it
+directly.
 
 Float32 matmul runs under a precision setting, in PyTorch's words (`autotile.dispatch.precision`): a call's
 ``precision=`` ("highest", "high" or "medium"), else the process-wide setting
