@@ -242,33 +242,34 @@ class Model:
                 enough = enough & np.logical_not(group)
         eligible = worth & enough & np.isfinite(predicted) & self.allowed(setting)
         score = predicted  # log2 speed-up over the reference: on the GPU, or back to back counting the host
+        on_the_gpu = worst >= math.log2(params.floor)  # no neighbour slower than `floor`
         reference_ms = self.reference_ms(shape_t, order, dist)
         counted = params.count_host and reference_ms is not None and reference_runs
         if counted:
             assert reference_ms is not None
+            cublas_ms = reference_ms
             reference_host = host_ms(self.db.kernel, self.db.candidates[self.reference].implementation,
                                      self.configs[self.reference])
-            reference_back_to_back = max(reference_ms, reference_host)
-            gpu_ms = reference_ms * np.exp2(-predicted)  # inf where nothing is predicted: a score of -inf
-            with np.errstate(divide="ignore"):
-                score = np.log2(reference_back_to_back / np.maximum(gpu_ms, self._host_usable))
-        on_the_gpu = (worst >= math.log2(params.floor)) & (predicted >= math.log2(params.floor))
-        if counted:
-            # no slower than `floor` on the GPU, or, where even the worst neighbour's speed-up leaves the GPU
-            # time under the candidate's own host time (hidden behind the host back to back), no slower
-            # than `host_bound_floor`
-            assert reference_ms is not None
+            reference_back_to_back = max(cublas_ms, reference_host)
+
+            def back_to_back(log_speedup: np.ndarray) -> np.ndarray:
+                """The log2 speed-ups back to back of candidates `log_speedup` faster on the GPU, each taking
+                the longer of its GPU time and its host time (-inf where the GPU speed-up is -inf)."""
+                with np.errstate(divide="ignore", over="ignore"):
+                    gpu_ms = cublas_ms * np.exp2(-log_speedup)
+                    return np.asarray(np.log2(reference_back_to_back / np.maximum(gpu_ms, self._host_usable)))
+
+            score = back_to_back(predicted)
+            # no slower than `floor` on the GPU either; or, where even the worst neighbour's speed-up leaves
+            # the GPU time under the candidate's own host time (hidden behind the host back to back), no
+            # slower than `host_bound_floor`; or, predicted no slower than cuBLAS and no neighbour under
+            # `host_bound_floor`, still `margin` faster back to back at the worst neighbour's speed-up
             with np.errstate(over="ignore"):
-                worst_gpu_ms = reference_ms * np.exp2(-worst)
-            hidden = worst_gpu_ms <= self._host_usable
-            on_the_gpu |= hidden & (predicted >= math.log2(params.host_bound_floor))
-            # or, predicted no slower than cuBLAS on the GPU and no neighbour under `host_bound_floor`, still
-            # `margin` faster back to back at the worst neighbour's speed-up
-            worst_score = np.log2(reference_back_to_back / np.maximum(worst_gpu_ms, self._host_usable))
-            on_the_gpu |= ((predicted >= 0.0) & (worst >= math.log2(params.host_bound_floor))
-                           & (worst_score >= math.log2(1 + params.margin)))
-        else:
-            on_the_gpu = worst >= math.log2(params.floor)
+                hidden = cublas_ms * np.exp2(-worst) <= self._host_usable
+            on_the_gpu = ((on_the_gpu & (predicted >= math.log2(params.floor)))
+                          | (hidden & (predicted >= math.log2(params.host_bound_floor)))
+                          | ((predicted >= 0.0) & (worst >= math.log2(params.host_bound_floor))
+                             & (back_to_back(worst) >= math.log2(1 + params.margin))))
         safe = eligible & (score >= math.log2(1 + params.margin)) & on_the_gpu
         if not reference_runs:
             safe = eligible
