@@ -249,3 +249,71 @@ def test_library_cublas_calls_are_captured_into_a_graph_on_a_new_stream(monkeypa
         assert float((out_t.double() - ref).norm() / ref.norm()) < 1e-6
     finally:
         calls.forget()
+
+
+def test_torch_calls_that_select_cublas_take_torchs_own_call_while_it_is_ieee(monkeypatch):
+    # cuBLAS selected for every problem: a repeated call on torch tensors runs torch's own op (torch.mm,
+    # torch.bmm, torch.mv; cuBLAS enqueued from C++), and autotile's own cuBLAS call where torch's TF32 switch
+    # is on (torch's GEMM would then round to TF32) or where a stream is named. The results stay IEEE FP32.
+    torch = pytest.importorskip("torch")
+    from autotile.dispatch import select as select_mod
+    from autotile.library import calls
+    from autotile.runtime import cublas as cublas_mod
+
+    calls.forget()
+    monkeypatch.setattr(select_mod, "select", lambda key, device, cache=None, precision=None: select_mod.Selection(
+        None, "exact", None, None, "cublas", precision=precision))
+    ours = []
+    original = cublas_mod.CublasCall.__call__
+
+    def spy(self, *args, **kwargs):
+        ours.append(self)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(cublas_mod.CublasCall, "__call__", spy)
+    torch_ops = {name: getattr(torch, name) for name in ("mm", "bmm", "mv", "matmul")}
+    natives = []
+    for name, op in torch_ops.items():
+        monkeypatch.setattr(torch, name, lambda *args, _op=op, _name=name, **kwargs: natives.append(_name) or _op(
+            *args, **kwargs))
+    allowed = torch.backends.cuda.matmul.allow_tf32
+    generator = torch.Generator(device="cuda").manual_seed(5)
+
+    def rand(*shape):  # values near 1 over a long K: TF32's rounding (2^-11) shows as an error over 1e-4
+        return torch.rand(*shape, device="cuda", generator=generator) + 0.5
+
+    a, b = rand(131, 1031), rand(1031, 67)
+    ab, bb = rand(3, 29, 1031), rand(3, 1031, 43)
+    x = rand(1031)
+    a_col = a.T.contiguous().T  # column-major
+    cases = [("mm", lambda out: calls.matmul_no_autograd(a, b.T.contiguous().T, out=out), a.double() @ b.double(),
+              (131, 67)),
+             ("bmm", lambda out: calls.matmul_no_autograd(ab, bb, out=out), ab.double() @ bb.double(), (3, 29, 43)),
+             ("mv", lambda out: calls.matvec(a_col, x, out=out), a.double() @ x.double(), (131,)),
+             ("mm", lambda out: calls.matmul_no_autograd(x[None, :], b, out=out), x[None, :].double() @ b.double(),
+              (1, 67))]
+    try:
+        for tf32 in (False, True):
+            torch.backends.cuda.matmul.allow_tf32 = tf32
+            for name, run, ref, shape in cases:
+                for with_out in (False, True):
+                    for _ in range(3):  # the first call prepares; the repeated ones take the short path
+                        ours.clear()
+                        natives.clear()
+                        out = torch.full(shape, float("nan"), device="cuda") if with_out else None
+                        got = run(out)
+                        if with_out:
+                            assert got is out
+                    assert float((got.double() - ref).norm() / ref.norm()) < 1e-6, (name, tf32, with_out)
+                    # the repeated call: torch's op, unless TF32 is on (then autotile's own call, IEEE)
+                    assert (natives, len(ours)) == (([], 1) if tf32 else ([name], 0)), (name, tf32, with_out)
+        torch.backends.cuda.matmul.allow_tf32 = False
+        stream = torch.cuda.Stream()
+        ours.clear()
+        natives.clear()
+        for _ in range(2):  # a named stream: autotile's own call, the first time and repeated
+            calls.matmul_no_autograd(a, b, stream=stream)
+        assert (natives, len(ours)) == ([], 2)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = allowed
+        calls.forget()

@@ -166,3 +166,31 @@ def test_a_matmul_tuned_on_its_very_shape_is_not_turned_into_a_matvec(monkeypatc
     assert calls._matvec_plan("matmul", "float32", "nt", (1, 97, 131), "high", 0) is None
     assert calls._matvec_plan("matmul", "float32", "nt", (1, 97, 133), "high", 0) == ("row", (97, 133), True)
     assert calls._matvec_plan("matmul", "float32", "nt", (2, 97, 133), "high", 0) is None
+
+
+def test_where_cublas_won_the_frameworks_own_call_comes_first_unless_it_declines_or_a_stream_is_named():
+    from autotile.library import calls
+    from autotile.runtime.operands import Framework
+
+    made = []
+
+    class Native(Framework):  # a framework whose own call declines while its switch says so
+        switch_on = False
+
+        def native_product(self, kernel, dtype, dims):
+            made.append((kernel, dtype, dims))
+            return lambda a, b, out: None if self.switch_on else ("native", a, b, out)
+
+    framework = Native()
+    fallback = lambda a, b, out, stream: ("ours", a, b, out, stream)  # noqa: E731
+    direct = calls._Prepared(runner=None, selection=None, direct=object())  # type: ignore[arg-type]
+    call = calls._Call(direct, (3, 4), 48, "float32", 0, ())
+    run = calls._native_first(framework, call, "matmul", (2, 2), fallback)
+    assert made == [("matmul", "float32", (2, 2))]
+    assert run("A", "B", None, None) == ("native", "A", "B", None)
+    assert run("A", "B", "C", "s") == ("ours", "A", "B", "C", "s")  # a named stream: autotile's own call
+    framework.switch_on = True
+    assert run("A", "B", "C", None) == ("ours", "A", "B", "C", None)
+    generated = calls._Call(calls._Prepared(runner=None, selection=None), (3, 4), 48, "float32", 0, ())  # type: ignore[arg-type]
+    assert calls._native_first(framework, generated, "matmul", (2, 2), fallback) is fallback  # not cuBLAS: ours
+    assert calls._native_first(Framework(), call, "matvec", (2, 1), fallback) is fallback  # no native call

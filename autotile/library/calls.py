@@ -289,6 +289,27 @@ def _repeat(framework: Framework, call: _Call) -> Repeat:
     return lambda a, b, out, stream: slow(framework, (a, b), out, stream)
 
 
+def _native_first(framework: Framework, call: _Call, kernel: str, dims: tuple[int, int], run: Repeat) -> Repeat:
+    """`run`, preceded where cuBLAS won by the framework's own call of the same product
+    (`Framework.native_product`: torch.mm and friends, cuBLAS enqueued from C++ at less host cost than
+    autotile's call through ctypes), which computes what `run` would. `kernel` and `dims` are the user's
+    call's ("matmul" or "matvec", its operands' dimensions): a one-row matmul that runs as a matvec
+    (`as_matvec`) is still the user's matmul to torch. A call on a stream of its own, or made while the
+    framework's switches would change the arithmetic, takes `run`."""
+    native = framework.native_product(kernel, call.dtype, dims) if call.prepared.direct is not None else None
+    if native is None:
+        return run
+
+    def run_native(a: Any, b: Any, out: Any, stream: Any) -> Any:
+        if stream is None:
+            c = native(a, b, out)
+            if c is not None:
+                return c
+        return run(a, b, out, stream)
+
+    return run_native
+
+
 def _repeat_padded(framework: Framework, run: Callable[[int, int, int, int], None], out_shape: tuple[int, ...],
                    dtype: str, device: int) -> Repeat:
     """A signature's repeated call through the padded plan (`autotile.library.padding.PaddedCall`): the output
@@ -398,8 +419,9 @@ def matmul_no_autograd(A: Any, B: Any, out: Any = None, precision: str | None = 
         inputs = (b.obj, a.obj) if swapped else (a.obj, b.obj)
         _launch_on(a.device, prepared, framework, inputs, c.obj, call.out_nbytes, out_dtype, stream_ptr)
         if memoize:
+            run = _swapped(_repeat(framework, call)) if swapped else _repeat(framework, call)
             with _lock:
-                _calls[signature] = _swapped(_repeat(framework, call)) if swapped else _repeat(framework, call)
+                _calls[signature] = _native_first(framework, call, "matmul", (len(a.shape), len(b.shape)), run)
         return c.obj
     padded = padded_plan(plan.kernel, dtype, plan.layout, plan.shape, setting, a.device)
     if padded is not None:
@@ -417,8 +439,9 @@ def matmul_no_autograd(A: Any, B: Any, out: Any = None, precision: str | None = 
     _launch_on(a.device, prepared, framework, (a.obj, b.obj), c.obj, call.out_nbytes, out_dtype, stream_ptr,
                plan.batch_strides)
     if memoize:  # only signatures of the framework's own arrays that needed no copy: others convert every call
+        run = _native_first(framework, call, "matmul", (len(a.shape), len(b.shape)), _repeat(framework, call))
         with _lock:
-            _calls[signature] = _repeat(framework, call)
+            _calls[signature] = run
     return c.obj
 
 
@@ -512,8 +535,10 @@ def matvec(A: Any, x: Any, out: Any = None, precision: str | None = None, stream
         prepared = _prepare("matvec", dtype, "row" if order == "n" else "col", (M, K), setting, a.device)
     _launch_on(a.device, prepared, framework, (a.obj, v.obj), y.obj, _nbytes(y), dtype, stream_ptr)
     if not copied and None not in signature[1:3] and (out is None or signature[3] is not None):
+        call = _Call(prepared, (M,), _nbytes(y), dtype, a.device, ())
+        run = _native_first(framework, call, "matvec", (2, 1), _repeat(framework, call))
         with _lock:  # only signatures of the framework's own arrays that needed no copy
-            _calls[signature] = _repeat(framework, _Call(prepared, (M,), _nbytes(y), dtype, a.device, ()))
+            _calls[signature] = run
     return y.obj
 
 

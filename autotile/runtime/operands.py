@@ -87,6 +87,16 @@ class Framework:
         """`pointer` as the cheapest function the framework has (one call per array and call)."""
         return self.pointer
 
+    def native_product(self, kernel: str, dtype: str, dims: tuple[int, int]) -> NativeProduct | None:
+        """The framework's own call of a product that autotile runs on cuBLAS (`kernel` "matmul" or
+        "matvec", operands of `dims` dimensions), where it calls the same cuBLAS with the same arithmetic:
+        a function (A, B, out) -> the result, or None where the framework's switches, read per call, would
+        change the arithmetic (autotile's own cuBLAS call runs then). None: there is no such call."""
+        return None
+
+
+# (A, B or x, out or None) -> the result, or None where the call must not be made now
+NativeProduct = Callable[[Any, Any, Any], Any]
 
 _DTYPES = DTYPE_NAMES
 
@@ -206,6 +216,36 @@ class TorchFramework(Framework):
 
     def pointer(self, x: Any) -> int:
         return int(x.data_ptr())
+
+    def native_product(self, kernel: str, dtype: str, dims: tuple[int, int]) -> NativeProduct | None:
+        # torch.mm/bmm/mv/matmul enqueue cuBLAS from C++: measured on an H100 host (2026-11-27), 2-5 us per
+        # call less than autotile's cuBLAS call through ctypes (strided batched: 5-10 us). Its float32 GEMM
+        # is autotile's (IEEE FP32) only while torch's TF32 switch is off, read per call (0.1 us); float64 has
+        # no such switch. The 16-bit types are left to autotile's call: torch's cuBLAS may reduce split-K
+        # partial sums in 16 bits by default (its reduced-precision-reduction switches).
+        torch = self.torch
+        if dtype == "float64":
+            tf32_allowed: Callable[[], bool] = lambda: False  # noqa: E731
+        elif dtype == "float32" and callable(getattr(torch._C, "_get_cublas_allow_tf32", None)):
+            tf32_allowed = torch._C._get_cublas_allow_tf32
+        else:
+            return None
+        if kernel == "matvec":
+            op = torch.mv
+        elif kernel == "matmul":
+            op = {(2, 2): torch.mm, (3, 3): torch.bmm}.get(dims, torch.matmul)
+        else:
+            return None
+
+        def product(a: Any, b: Any, out: Any) -> Any:
+            try:
+                if tf32_allowed():
+                    return None
+            except RuntimeError:  # torch's legacy and new TF32 switches were both set, and disagree
+                return None
+            return op(a, b) if out is None else op(a, b, out=out)
+
+        return product
 
     def _device(self, index: int) -> Any:
         device = self._devices.get(index)
