@@ -308,12 +308,24 @@ def test_torch_calls_that_select_cublas_take_torchs_own_call_while_it_is_ieee(mo
                     # the repeated call: torch's op, unless TF32 is on (then autotile's own call, IEEE)
                     assert (natives, len(ours)) == (([], 1) if tf32 else ([name], 0)), (name, tf32, with_out)
         torch.backends.cuda.matmul.allow_tf32 = False
+        if hasattr(torch.backends.cuda.matmul, "fp32_precision"):  # torch 2.9+: TF32 through the new switch
+            torch.backends.cuda.matmul.fp32_precision = "tf32"
+            ours.clear()
+            natives.clear()
+            got = calls.matmul_no_autograd(a, b)  # b row-major now: a new signature, then its repeated call
+            got = calls.matmul_no_autograd(a, b)
+            assert (natives, len(ours)) == ([], 2)
+            ref = a.double() @ b.double()
+            assert float((got.double() - ref).norm() / ref.norm()) < 1e-6
+            torch.backends.cuda.matmul.fp32_precision = "ieee"
         stream = torch.cuda.Stream()
         ours.clear()
         natives.clear()
         for _ in range(2):  # a named stream: autotile's own call, the first time and repeated
-            calls.matmul_no_autograd(a, b, stream=stream)
+            calls.matmul_no_autograd(a.T.contiguous().T, b, stream=stream)
         assert (natives, len(ours)) == ([], 2)
     finally:
+        if hasattr(torch.backends.cuda.matmul, "fp32_precision"):
+            torch.backends.cuda.matmul.fp32_precision = "ieee"
         torch.backends.cuda.matmul.allow_tf32 = allowed
         calls.forget()

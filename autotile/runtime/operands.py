@@ -241,7 +241,7 @@ class TorchFramework(Framework):
             try:
                 if tf32_allowed():
                     return None
-            except RuntimeError:  # torch's legacy and new TF32 switches were both set, and disagree
+            except RuntimeError:  # torch 2.9+ refuses this legacy read once its new `fp32_precision` API set TF32
                 return None
             return op(a, b) if out is None else op(a, b, out=out)
 
