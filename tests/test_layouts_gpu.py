@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from autotile.codegen import kernels
-from autotile.codegen.problem import MATMUL_LAYOUTS, ProblemKey
+from autotile.codegen.problem import MATMUL_LAYOUTS, ProblemKey, as_matvec
 from autotile.codegen.space import Problem
 from autotile.runtime.impl import Generated
 
@@ -67,7 +67,7 @@ def test_batches_match_the_reference_with_and_without_a_broadcast_b(layout, dtyp
 @pytest.mark.parametrize("dtype", ["float32", "float64", "float16"])
 @pytest.mark.parametrize("layout", MATMUL_LAYOUTS)
 def test_a_library_matmul_of_one_row_or_column_runs_the_matvec(layout, dtype):
-    """`calls.as_matvec`: a matmul with M = 1 or N = 1 runs as a matvec (the operands swapped where M = 1),
+    """`as_matvec`: a matmul with M = 1 or N = 1 runs as a matvec (the operands swapped where M = 1),
     first and repeated calls, with and without `out=`, against a float64 reference, the output poisoned."""
     import cupy
 
@@ -77,7 +77,7 @@ def test_a_library_matmul_of_one_row_or_column_runs_the_matvec(layout, dtype):
 
     spec = kernels.get("matmul")
     for shape in [(1, 97, 131), (89, 1, 131), (1, 1, 77), (1, 4099, 1031)]:
-        vector = calls.as_matvec("matmul", dtype, layout, shape)
+        vector = as_matvec("matmul", dtype, layout, shape)
         assert vector is not None
         for seed in range(3):  # the first call, then the repeated path twice
             a, b = spec.make_inputs(shape, dtype, layout, cupy.random.default_rng(seed), cupy)

@@ -137,13 +137,13 @@ def test_a_batch_lowers_the_k_splits_it_no_longer_needs():
 ])
 def test_a_matmul_of_one_row_or_column_is_planned_as_a_matvec(layout, shape, expected):
     """M = 1: y = B^T a, B^T row-major where B is column-major (the second letter "t"); N = 1: y = A b."""
-    from autotile.library.calls import as_matvec
+    from autotile.codegen.problem import as_matvec
 
     assert as_matvec("matmul", "float32", layout, shape) == expected
 
 
 def test_only_2d_float_matmuls_of_one_row_or_column_are_matvecs():
-    from autotile.library.calls import as_matvec
+    from autotile.codegen.problem import as_matvec
 
     assert as_matvec("matmul", "float32", "nn", (2, 97, 131)) is None
     assert as_matvec("bmm", "float32", "nn", (4, 1, 97, 131)) is None

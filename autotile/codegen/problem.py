@@ -12,6 +12,7 @@ import operator
 import re
 from collections.abc import Sequence
 
+from autotile.codegen import dtypes as dtypes_mod
 from autotile.codegen.dtypes import DTYPE_NAMES
 from autotile.errors import InvalidValueError, UnknownNameError
 
@@ -29,6 +30,27 @@ LAYOUTS = ("row", "col", *MATMUL_LAYOUTS)
 # Older names still accepted: matmul's only layout was "row" (both operands row-major) before nt, tn, tt.
 LAYOUT_ALIASES: dict[str, dict[str, str]] = {"matmul": {"row": "nn"}, "bmm": {"row": "nn"}}
 MAX_DIM = 2**31 - 1  # the kernels index with 32-bit ints
+# The types a matvec computes in: int8 is quantized inference's matmul (int32 results), and the 8-bit floats
+# come with scales (torch._scaled_mm's contract); neither has a matvec.
+MATVEC_DTYPES = tuple(n for n in DTYPE_NAMES if n != "int8" and not dtypes_mod.get(n).scaled)
+
+
+
+def as_matvec(kernel: str, dtype: str, layout: str, shape: tuple[int, ...]) -> tuple[str, tuple[int, int], bool] | None:
+    """A 2-D matmul of one row (M = 1) or one column (N = 1) as the matvec it is: (the matvec's layout, its
+    (rows, K), whether the operands swap: B the matrix and A the vector); None for any other problem. The
+    vector is one row or one column of a packed matrix, so of unit step, and C is y. A decode step's
+    `x @ W.T` at one token is `W @ x`: the matvec kernels, tuned to read the matrix at full bandwidth, and
+    cuBLAS's GEMV, rather than a GEMM's tiles and call."""
+    if kernel != "matmul" or dtype not in MATVEC_DTYPES:
+        return None
+    M, N, K = shape
+    if M == 1:  # C (1 x N) = a @ B, so y = B^T a: B^T (N x K) is row-major where B is column-major
+        return ("row" if layout[1] == "t" else "col"), (N, K), True
+    if N == 1:  # C (M x 1) = A @ b
+        return ("row" if layout[0] == "n" else "col"), (M, K), False
+    return None
+
 
 _SEPARATORS = re.compile(r"[x×X,]")
 _ASCII_DIGITS = re.compile(r"[0-9]+")

@@ -41,7 +41,7 @@ import numpy as np
 
 from autotile.codegen import dtypes as dtypes_mod
 from autotile.codegen.dtypes import DTYPE_NAMES
-from autotile.codegen.problem import MAX_DIM, ProblemKey, canonical_layout
+from autotile.codegen.problem import MATVEC_DTYPES, MAX_DIM, ProblemKey, as_matvec, canonical_layout
 from autotile.dispatch import events, first_call
 from autotile.dispatch import precision as precision_mod
 from autotile.errors import ArgumentError, DeviceUnavailableError
@@ -57,8 +57,6 @@ if TYPE_CHECKING:  # the selection chain reads the cache (filelock, platformdirs
 _SUPPORTED = DTYPE_NAMES
 # CuPy (like NumPy) has no bfloat16: bfloat16 comes as torch tensors.
 _SUPPORTED_TEXT = ", ".join(n for n in _SUPPORTED if n != "bfloat16") + " and (torch tensors) bfloat16"
-# int8 is quantized inference's matmul (int32 results, torch._int_mm's contract); no int8 matvec
-_MATVEC_DTYPES = tuple(n for n in DTYPE_NAMES if n != "int8" and not dtypes_mod.get(n).scaled)
 _SCALED_CALL = "autotile.scaled_matmul(A, B, scale_a, scale_b)"
 MAX_GRID_Z = 65535  # CUDA's limit on gridDim.z, where a batch's matrices (times their K splits) go
 
@@ -341,22 +339,6 @@ def _planned(framework: Framework, a: Operand, b: Operand) -> tuple[Operand, Ope
     return a, b, plan, copied
 
 
-def as_matvec(kernel: str, dtype: str, layout: str, shape: tuple[int, ...]) -> tuple[str, tuple[int, int], bool] | None:
-    """A 2-D matmul of one row (M = 1) or one column (N = 1) as the matvec it is: (the matvec's layout, its
-    (rows, K), whether the operands swap: B the matrix and A the vector); None for any other problem. The
-    vector is one row or one column of a packed matrix, so of unit step, and C is y. A decode step's
-    `x @ W.T` at one token is `W @ x`: the matvec kernels, tuned to read the matrix at full bandwidth, and
-    cuBLAS's GEMV as their reference, rather than a GEMM's tiles and call."""
-    if kernel != "matmul" or dtype not in _MATVEC_DTYPES:
-        return None
-    M, N, K = shape
-    if M == 1:  # C (1 x N) = a @ B, so y = B^T a: B^T (N x K) is row-major where B is column-major
-        return ("row" if layout[1] == "t" else "col"), (N, K), True
-    if N == 1:  # C (M x 1) = A @ b
-        return ("row" if layout[0] == "n" else "col"), (M, K), False
-    return None
-
-
 def _matvec_plan(kernel: str, dtype: str, layout: str, shape: tuple[int, ...], setting: str,
                  device_id: int) -> tuple[str, tuple[int, int], bool] | None:
     """`as_matvec`, unless the matmul itself was tuned on this very shape (a record the user asked for
@@ -518,8 +500,8 @@ def matvec(A: Any, x: Any, out: Any = None, precision: str | None = None, stream
     if v.shape[0] != K:
         raise ArgumentError(f"matvec shapes do not match: A is {M}x{K}, x has {v.shape[0]} elements")
     dtype = _check_dtypes("Ax", a, v)
-    if dtype not in _MATVEC_DTYPES:
-        raise ArgumentError(f"matvec takes {', '.join(_MATVEC_DTYPES)}; got {dtype} (int8 and the 8-bit floats are "
+    if dtype not in MATVEC_DTYPES:
+        raise ArgumentError(f"matvec takes {', '.join(MATVEC_DTYPES)}; got {dtype} (int8 and the 8-bit floats are "
                             "for matmul)")
     if min(M, K) == 0:
         return _zeros(framework, out, (M,), dtype, a.device)

@@ -35,7 +35,7 @@ import threading
 from typing import Any
 
 from autotile.codegen import dtypes
-from autotile.codegen.problem import ProblemKey
+from autotile.codegen.problem import ProblemKey, as_matvec
 from autotile.errors import CublasError
 
 _OP_N, _OP_T = 0, 1  # cublasOperation_t
@@ -210,11 +210,14 @@ class CublasCall:
         self._after_first: tuple[int, ...]
         self._after_second: tuple[int, ...]
         self._after_out: tuple[int, ...]
-        if key.kernel == "matvec":
-            M, K = key.shape
+        # A float32/float64 matmul of one row or column is the GEMV it is (`as_matvec`): cuBLAS's GEMV costs
+        # the host about two thirds of its GEMM (`model.HOST_MS`), where the GEMM would run a GEMV-like kernel.
+        vector = as_matvec(key.kernel, key.dtype, key.layout, key.shape) if ex_types is None else None
+        if key.kernel == "matvec" or vector is not None:
+            layout, (M, K), swapped = (key.layout, key.shape, False) if vector is None else vector
             # y = A x; a row-major A is, seen column-major, the K x M matrix A^T
-            trans, lda = (_OP_T, K) if key.layout == "row" else (_OP_N, M)
-            self._first, self._second = 0, 1  # A, then x
+            trans, lda = (_OP_T, K) if layout == "row" else (_OP_N, M)
+            self._first, self._second = (1, 0) if swapped else (0, 1)  # the matrix, then the vector
             if ex_types is None:
                 self._name = "cublasDgemv_v2" if double else "cublasSgemv_v2"
                 m, n = (K, M) if trans == _OP_T else (M, K)  # gemv's sizes are those of A as stored
@@ -231,10 +234,6 @@ class CublasCall:
             return
         *batch, M, N, K = key.shape
         a_rowmajor, b_rowmajor = key.layout[0] == "n", key.layout[1] == "n"
-        if not self.batched and ex_types is None and 1 in (M, N):
-            self._gemv_of_matmul(M, N, K, a_rowmajor, b_rowmajor, alpha, double)
-            self._routine = library.routines[self._name]
-            return
         # C^T (N x M) = op(B^T-view) (N x K) @ op(A^T-view) (K x M)
         op_b, ldb = (_OP_N, N) if b_rowmajor else (_OP_T, K)
         op_a, lda = (_OP_N, K) if a_rowmajor else (_OP_T, M)
@@ -254,25 +253,6 @@ class CublasCall:
             self._after_out = (out_type, N, *out_batch, compute, _GEMM_DEFAULT)
             self._name = "cublasGemmStridedBatchedEx" if self.batched else "cublasGemmEx"
         self._routine = library.routines[self._name]
-
-    def _gemv_of_matmul(self, M: int, N: int, K: int, a_rowmajor: bool, b_rowmajor: bool, alpha: int,
-                        double: bool) -> None:
-        """A matmul of one row (M = 1) or one column (N = 1) as a GEMV: its host cost is cuBLAS's GEMV's,
-        about two thirds of its GEMM's (`model.HOST_MS`), where the GEMM would run a GEMV-like kernel anyway.
-        The vector operand is contiguous in either layout (one row, or one column, of unit step), and so is C."""
-        self._name = "cublasDgemv_v2" if double else "cublasSgemv_v2"
-        self._after_second, self._after_out = (1,), (1,)  # the vector and C: unit steps
-        if M == 1:  # C (N) = op(B)^T-view @ a: B is the matrix, A the vector
-            self._first, self._second = 1, 0
-            # row-major B (K x N) is, column-major, N x K with ld N: C = that @ a; column-major B (K x N,
-            # ld K): C = its transpose @ a
-            trans, rows, cols, ld = (_OP_N, N, K, N) if b_rowmajor else (_OP_T, K, N, K)
-        else:  # N == 1, C (M) = A @ b: A is the matrix, B the vector
-            self._first, self._second = 0, 1
-            # row-major A (M x K) is, column-major, K x M with ld K: C = its transpose @ b
-            trans, rows, cols, ld = (_OP_T, K, M, K) if a_rowmajor else (_OP_N, M, K, M)
-        self._before = (trans, rows, cols, alpha)  # gemv's sizes are those of the matrix as stored
-        self._after_first = (ld,)
 
     def __call__(self, pointers: tuple[int, ...], out_ptr: int, stream_ptr: int,
                  batch_strides: tuple[int, ...] = ()) -> None:
