@@ -25,8 +25,8 @@ from autotile.codegen.space import Config, Problem, Space
 # wgmma_direct's own knobs are constants (their defaults) there too.
 SKINNY_CONSTANTS = ("THREADS_K", "STEPS", "CLUSTER_M", "PERSISTENT", "STORE")
 # MATH=wgmma_direct (issue 30, the 16-bit types) came after skinny, with STAGES of 5 and 6, and int8's K step of
-# 128 after it.
-DIRECT_CHOICES = {"MATH": ("wgmma_direct",), "STAGES": (5, 6), "BK": (128,)}
+# 128 after it; MATH=mma (the 16-bit types on mma.sync) after those.
+DIRECT_CHOICES = {"MATH": ("wgmma_direct", "mma"), "STAGES": (5, 6), "BK": (128,)}
 SKINNY_CHOICES = {"MATH": ("skinny", *DIRECT_CHOICES["MATH"]), "BM": (1, 2, 4, 8), "BN": (4, 8),
                   "STAGES": DIRECT_CHOICES["STAGES"], "BK": DIRECT_CHOICES["BK"]}
 

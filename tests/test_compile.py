@@ -87,8 +87,9 @@ ADDED_SINCE_THE_SAMPLE = ("SPLIT_REDUCE",)
 # MATH=wgmma was an experimental choice, never drawn, when the sample was chosen (tests/test_wgmma.py);
 # PRODUCERS and LOADER, which only wgmma activates, are then constants (their defaults), as MMA_K is.
 # MATH=skinny came later still, with tiles under 16 and THREADS_K and STEPS, which only it activates
-# (constants here, as MMA_K is); its kernels have their own tests (tests/test_skinny.py).
-CHOICES_ADDED_SINCE_THE_SAMPLE = {"MATH": ("dmma", "wgmma", "skinny", "wgmma_direct"), "BM": (1, 2, 4, 8),
+# (constants here, as MMA_K is); its kernels have their own tests (tests/test_skinny.py), as MATH=mma's
+# (tests/test_mma.py).
+CHOICES_ADDED_SINCE_THE_SAMPLE = {"MATH": ("dmma", "wgmma", "skinny", "wgmma_direct", "mma"), "BM": (1, 2, 4, 8),
                                   "BN": (4, 8), "STAGES": (5, 6), "BK": (128,)}
 CONSTANTS_SINCE_THE_SAMPLE = ("MMA_K", "PRODUCERS", "LOADER", "THREADS_K", "STEPS", "CLUSTER_M",
                               "PERSISTENT", "STORE")
@@ -146,7 +147,7 @@ def _layout_cases(nn_cases: list[Case]) -> list[Case]:
     out = []
     space = kernels.get("matmul").space
     named = [(name, cfg) for name, cfg in space.named_configs.items()
-        if cfg["MATH"] not in ("dmma", "wgmma", "wgmma_direct")]
+        if cfg["MATH"] not in ("dmma", "wgmma", "wgmma_direct", "mma")]
     for i, (name, cfg) in enumerate(named):
         out += [Case(PROFILE_NAMES[i % 2], "matmul", layout, "float32", name, cfg) for layout in TRANSPOSED]
         out.append(Case(PROFILE_NAMES[(i + 1) % 2], "matmul", MATMUL_LAYOUTS[i % 4], "float32", name, cfg, True))

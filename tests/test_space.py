@@ -632,10 +632,24 @@ def test_conditional_parameters_are_not_drawn_where_inactive(matmul):
             assert not {"THREADS_K", "STEPS"} & drawn and (cfg["THREADS_K"], cfg["STEPS"]) == (1, 1)
         seen.add(cfg["MATH"])
         study.tell(trial, 1.0)
-    assert seen == {"simt", "tf32x3", "dmma", "wgmma", "wgmma_direct", "skinny"}
+    assert seen == {"simt", "tf32x3", "dmma", "wgmma", "wgmma_direct", "skinny", "mma"}
     # Where the sampler could not pick it, a config may not set it either.
     wrong = matmul.with_overrides(matmul.named("tf32x3-128"), {"TM": 8})
     assert any(line.startswith("breaks 'TM only where") for line in matmul.violations(wrong, problem()))
+
+
+def test_mma_needs_a_16_bit_type_sm80_whole_mmas_and_no_atomic_splits(matmul):
+    config = matmul.named("mma-128")
+    for dtype in ("bfloat16", "float16"):
+        assert matmul.is_feasible(config, problem("a100", dtype)) and matmul.is_feasible(config, problem("l4", dtype))
+        assert matmul.is_feasible(config, problem("h100", dtype))
+    for prob in (problem("v100", "float16"), problem("a100", "float32"), problem("a100", "int8")):
+        assert any("mma on bfloat16 and float16" in line for line in matmul.violations(config, prob))
+    for overrides in ({"BK": 8}, {"SPLIT_K": 2, "SPLIT_REDUCE": "atomic"}):
+        wrong = matmul.with_overrides(config, overrides)
+        violations = matmul.violations(wrong, problem("a100", "bfloat16"))
+        assert any("mma on bfloat16 and float16" in line for line in violations)
+    assert matmul.is_feasible(matmul.named("mma-64-split4"), problem("a100", "bfloat16"))
 
 
 def test_tf32x3_needs_float32_and_sm80(matmul):

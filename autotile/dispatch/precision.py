@@ -51,10 +51,11 @@ EMULATED = "emulated"
 # The one place that says what each value of the matmul space's MATH parameter needs. A MATH value missing
 # here is refused (`needed` raises): a new math mode must say its class before any record of it is served.
 MATH_PARAM = "MATH"
-# wgmma_direct computes the 16-bit types only, which no setting concerns (`needed` answers "highest" for
-# them); as a MATH value it is not IEEE FP32, so a float32 space under "highest" leaves it out.
+# wgmma_direct and mma compute the 16-bit (wgmma_direct also the 8-bit) types only, which no setting
+# concerns (`needed` answers "highest" for them); as MATH values they are not IEEE FP32, so a float32 space
+# under "highest" leaves them out.
 MATH_CLASS: dict[str, str] = {"simt": "highest", "tf32x3": "high", "dmma": "highest", "wgmma": "high",
-                              "skinny": "highest", "wgmma_direct": "high"}
+                              "skinny": "highest", "wgmma_direct": "high", "mma": "high"}
 
 _lock = threading.Lock()
 _setting: str | None = None  # None: not yet read from the environment
