@@ -243,9 +243,9 @@ def test_highest_searches_simt_only_and_the_record_needs_what_its_winner_needs(t
     assert full.space.params["MATH"].choices == ("simt", "dmma")  # dmma: IEEE float64, infeasible on float32
     assert not any(c["MATH"] in ("tf32x3", "wgmma") for c in full.space.named_configs.values())
     high = Tuner(ProblemKey("matmul", "float32", "row", SHAPE)).space
-    # wgmma (3xTF32 on Hopper) is in the "high" space too; wgmma_direct (16-bit inputs) is a "high" choice
-    # that the dtype constraint leaves infeasible on float32, as dmma is
-    assert high.params["MATH"].choices == ("simt", "tf32x3", "dmma", "wgmma", "wgmma_direct")
+    # wgmma (3xTF32 on Hopper) is in the "high" space too; wgmma_direct and mma (16-bit inputs) are "high"
+    # choices that the dtype constraint leaves infeasible on float32, as dmma is
+    assert high.params["MATH"].choices == ("simt", "tf32x3", "dmma", "wgmma", "wgmma_direct", "mma")
     cache = TuningCache(root=tmp_path, shipped_root=None)
     result = _tune(table, cache=cache, precision="highest")
     assert result.precision == "highest" and result.study_name.endswith("-highest")
