@@ -21,7 +21,7 @@ from autotile.dispatch.cache import TuningCache
 from autotile.dispatch.record import Record
 from autotile.errors import AutotileError, DeviceUnavailableError, InvalidValueError
 from autotile.runtime.worker import IsolatedRunner, Setup, WorkerError
-from autotile.tuning import api
+from autotile.tuning import api, study_report
 from autotile.tuning.testing import ReplayEvaluator
 
 REPO = Path(__file__).resolve().parent.parent
@@ -169,6 +169,24 @@ def test_a_study_is_bound_to_its_problem(tmp_path, table):
                  storage=storage, study_name="mine", cache=None)
     with pytest.raises(InvalidValueError, match="float64"):
         api.tune("matmul", SHAPE, dtype="float64", evaluator=ReplayEvaluator(table), fix=NARROW, trials=6,
+                 storage=storage, study_name="mine", cache=None)
+
+
+def test_a_study_resumed_after_the_space_gained_choices_keeps_the_ones_it_was_made_with(tmp_path, table):
+    # A study made when BM had one choice (as one made before a MATH or VEC choice existed): optuna refuses to
+    # draw BM from two in the same study, so the resumed search keeps BM's one choice, and queues no named
+    # config outside it. A search narrowed below what the study drew is refused in one line.
+    storage = f"journal:{tmp_path / 'studies.log'}"
+    before = dict(NARROW, BM=[16])
+    first = api.tune("matmul", SHAPE, evaluator=ReplayEvaluator(json.loads(json.dumps(table))), fix=before,
+                     trials=4, storage=storage, study_name="mine", cache=None)
+    again = _tune(table, storage=storage, study_name="mine", trials=8)
+    assert first.trials == 4 and again.trials == 4
+    study = study_report.load_study(storage, "mine")
+    drawn = {t.params.get("BM") for t in study.get_trials(deepcopy=False) if "BM" in t.params}
+    assert drawn == {16}
+    with pytest.raises(InvalidValueError, match="study 'mine' drew BM from \\[16\\], and 16 is not a choice"):
+        api.tune("matmul", SHAPE, evaluator=ReplayEvaluator(table), fix=dict(NARROW, BM=[128]), trials=10,
                  storage=storage, study_name="mine", cache=None)
 
 

@@ -788,11 +788,15 @@ class Space:
             if p.active is not None and not p.active(values):  # __call__ adds the functions to the scope
                 values[p.name] = p.inactive
             else:
-                # Experimental choices are never drawn while others remain (the constraint would refuse
-                # them), which also keeps the distribution of studies made before they existed.
-                searchable = [c for c in p.choices if c not in p.experimental] or list(p.choices)
-                values[p.name] = trial.suggest_categorical(p.name, searchable)
+                values[p.name] = trial.suggest_categorical(p.name, list(self.searchable(p.name)))
         return Config(values)
+
+    def searchable(self, name: str) -> tuple[Any, ...]:
+        """The choices of parameter `name` that `suggest` draws from (optuna's categorical distribution for
+        it). Experimental choices are never drawn while others remain (the constraint would refuse them),
+        which also keeps the distribution of studies made before they existed."""
+        p = self.params[name]
+        return tuple(c for c in p.choices if c not in p.experimental) or p.choices
 
     def from_drawn(self, drawn: Mapping[str, Any]) -> Config:
         """The config an optuna trial's parameters (`trial.params`) stand for: the draws, plus the

@@ -383,7 +383,33 @@ class Tuner:
                                     storage=study_mod.open_storage(opts.storage), study_name=study_name,
                                     load_if_exists=True)
         self._bind(study, limits)
+        self._keep_the_studys_choices(study)
         return study
+
+    def _keep_the_studys_choices(self, study: Any) -> None:
+        """Narrow this search to the choices a resumed study was made with, where the space has gained choices
+        since (a new MATH, a wider VEC) or the study was made under other --fix values: optuna refuses to
+        draw a parameter from other choices than its earlier trials did ("CategoricalDistribution does not
+        support dynamic value space"), and a named config with a value outside them cannot be queued. A
+        new study (another --study-name) searches the whole space."""
+        import optuna
+
+        stored: dict[str, tuple[Any, ...]] = {}
+        for trial in study.get_trials(deepcopy=False):
+            for name, distribution in trial.distributions.items():
+                if name not in stored and isinstance(distribution, optuna.distributions.CategoricalDistribution):
+                    stored[name] = tuple(distribution.choices)
+            if len(stored) == len(self.space.params):
+                break
+        changed = {name: choices for name, choices in stored.items()
+                   if name in self.space.params and choices != self.space.searchable(name)}
+        for name, choices in changed.items():
+            gone = [c for c in choices if c not in self.space.params[name].choices]
+            if gone:
+                raise InvalidValueError(f"study {study.study_name!r} drew {name} from {list(choices)}, and "
+                                        f"{gone[0]!r} is not a choice of this search; use another --study-name")
+        if changed:
+            self.space = self.space.restricted({name: list(choices) for name, choices in changed.items()})
 
     def search(self, evaluator: Evaluator, limits: DeviceLimits,
                progress: Callable[[Progress], None] | None = None, study: Any = None) -> Search:
