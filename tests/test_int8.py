@@ -69,10 +69,10 @@ def test_int8_configs_only_for_int8_on_sm90(name):
         assert not SPACE.is_feasible(config, Problem(PROFILES["h100"], other, "nt"))
 
 
-def test_only_wgmma_direct_takes_int8_and_stores_int32_directly():
+def test_only_the_tensor_core_kernels_take_int8_and_wgmma_direct_stores_int32_directly():
     problem = Problem(PROFILES["h100"], "int8", "nt")
     for name, config in SPACE.named_configs.items():
-        if name not in NAMES:
+        if name not in NAMES and config["MATH"] != "mma":  # mma: int8 on mma.sync (tests/test_mma.py)
             assert not SPACE.is_feasible(config, problem), name
     staged = SPACE.with_overrides(SPACE.named("direct8-128x256"), {"STORE": "staged"})
     assert any("stores int32 directly" in line for line in SPACE.violations(staged, problem))
@@ -223,8 +223,8 @@ def test_library_int8_matmul_from_torch_and_cupy():
 
 def test_where_cublas_cannot_run_int8_a_generated_kernel_does():
     """cuBLAS's int8 GEMM needs layout nt and leading dimensions that are multiples of 4: elsewhere the
-    built-in default is an int8 config on sm_90, and a one-line ArgumentError before sm_90 (no kernel of
-    either kind)."""
+    built-in default is a generated int8 config (wgmma_direct on sm_90, mma on sm_80 and newer), and a
+    one-line ArgumentError before sm_80 (no kernel of either kind)."""
     from autotile.dispatch.cache import TuningCache
     from autotile.dispatch.select import select
     from autotile.errors import ArgumentError
@@ -237,8 +237,10 @@ def test_where_cublas_cannot_run_int8_a_generated_kernel_does():
     assert unsupported_reason(ProblemKey("matmul", "bfloat16", "nn", (131, 67, 257))) is None
     found = select(odd, PROFILES["h100"], TuningCache(None))
     assert found.implementation == "generated" and found.config["MATH"] == "wgmma_direct", found.explain()
+    found = select(odd, PROFILES["a100"], TuningCache(None))
+    assert found.implementation == "generated" and found.config["MATH"] == "mma", found.explain()
     with pytest.raises(ArgumentError, match="no generated kernel runs int8 there, and cuBLAS's int8 GEMM needs"):
-        select(odd, PROFILES["a100"], TuningCache(None))
+        select(odd, PROFILES["v100"], TuningCache(None))
 
 
 def test_int8_main_layout_is_nt_in_the_survey_and_the_selection():

@@ -1,9 +1,10 @@
-"""MATH=mma (bfloat16 and float16 on mma.sync m16n8k16, sm_80 and newer; templates/matmul_mma.cu.j2). Without a
-GPU: the named configs compile for sm_80, sm_89 and sm_90 in every layout and batched, without spills and
-with their ldmatrix reads and mma, the K splits sum in float32, and the float32 and float64 kernels' text is
-what it was. On a GPU of sm_80 or newer (`gpu` marker; on an H100 the same instructions run): every named
-config in every layout and both types against a float64 reference and against cuBLAS's error on the same
-inputs, batched, unaligned operands (one element at a time), K splits, and the Inf/NaN pattern of cuBLAS."""
+"""MATH=mma (bfloat16, float16 and int8 on mma.sync, sm_80 and newer; templates/matmul_mma.cu.j2). Without a
+GPU: the named configs compile for sm_80, sm_89 and sm_90 in every layout and batched, without spills and with
+their ldmatrix reads (int8's M- or N-contiguous tiles gathered a byte at a time) and mma, the K splits sum in
+float32 or int32, and the other kernels' text is what it was. On a GPU of sm_80 or newer (`gpu` marker; on an
+H100 the same instructions run): every named config in every layout against a float64 reference (int8:
+exactly) and the 16-bit types against cuBLAS's error on the same inputs, batched, unaligned operands (one
+element at a time), K splits, and the Inf/NaN pattern of cuBLAS."""
 
 from __future__ import annotations
 
@@ -21,21 +22,47 @@ from autotile.codegen.space import Problem
 
 SPEC = kernels.get("matmul")
 SPACE = SPEC.space
-NAMES = [n for n, c in SPACE.named_configs.items() if c["MATH"] == "mma"]
+NAMES = [n for n, c in SPACE.named_configs.items() if c["MATH"] == "mma" and not n.startswith("mma8")]
+INT8_NAMES = [n for n in SPACE.named_configs if n.startswith("mma8")]  # K steps of whole int8 mmas
 LAYOUTS = ("nn", "nt", "tn", "tt")
 HALF = dtypes.HALF_DTYPES
 NVRTC_MISSING = build.nvrtc_unavailable_reason()
 needs_nvrtc = pytest.mark.skipif(NVRTC_MISSING is not None, reason=f"NVRTC cannot be loaded ({NVRTC_MISSING})")
 
 
-def test_named_configs_are_mma_for_the_16_bit_types_only():
-    assert len(NAMES) >= 4
-    for name in NAMES:
-        for dtype in HALF:
+def test_named_configs_are_mma_for_the_16_bit_types_and_int8_only():
+    assert len(NAMES) >= 4 and len(INT8_NAMES) >= 3
+    for name in NAMES + INT8_NAMES:
+        for dtype in (*HALF, "int8"):
             for profile in ("a100", "l4", "h100"):
                 assert SPACE.is_feasible(SPACE.named(name), Problem(PROFILES[profile], dtype, "nn")), (name, profile)
-        for dtype in ("float32", "float64", "int8"):
+        for dtype in ("float32", "float64"):
             assert not SPACE.is_feasible(SPACE.named(name), Problem(PROFILES["a100"], dtype, "nn"))
+
+
+def test_int8_on_an_a100_runs_in_every_layout_and_size():
+    """cuBLAS's int8 GEMM takes layout nt with leading dimensions that are multiples of 4 only; the mma
+    kernels take the rest, so int8 is no longer refused on GPUs without wgmma."""
+    from autotile.dispatch.cache import TuningCache
+    from autotile.dispatch.select import select
+
+    for layout, shape in (("nn", (64, 64, 64)), ("tt", (33, 70, 129)), ("nt", (64, 63, 65))):
+        found = select(ProblemKey("matmul", "int8", layout, shape), PROFILES["a100"], TuningCache(None))
+        assert found.implementation == "generated" and found.config["MATH"] == "mma", found.explain()
+
+
+def test_int8_sums_in_int32_and_reads_m_or_n_contiguous_tiles_a_byte_at_a_time():
+    config = SPACE.named("mma8-64-split4")
+    launch = SPEC.launch(config, (64, 64, 8192), "int8", "nn")
+    assert launch.workspace_dtype == "int32" and launch.workspace_elems == 4 * 64 * 64
+    for layout in LAYOUTS:
+        source = SPEC.render(config, "int8", layout)
+        assert "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32" in source and "int* __restrict__ C" in source
+        assert "int* __restrict__ partials" in source and "int sum_splits(const int* p" in source
+        assert ("gather4(as" in source) == (layout[0] == "t") and ("gather4(bs" in source) == (layout[1] == "n")
+    atomic = SPACE.with_overrides(config, {"SPLIT_REDUCE": "atomic"})  # exact int32 atomics: allowed
+    assert SPACE.is_feasible(atomic, Problem(PROFILES["a100"], "int8", "nn"))
+    assert not SPACE.is_feasible(atomic, Problem(PROFILES["a100"], "bfloat16", "nn"))
 
 
 def test_split_k_sums_in_float32_and_c_takes_each_sum_rounded_once():
@@ -88,7 +115,9 @@ CASES = [(n, "bfloat16", "nn", False, "sm_80") for n in NAMES] + [
     for arch in ("sm_80", "sm_89", "sm_90")
     if (dtype == "bfloat16" or layout == "nt") and (not batched or layout == "tt") and (arch == "sm_80" or (
         layout == "nn" and not batched and dtype == "bfloat16"))
-    and (dtype, layout, batched, arch) != ("bfloat16", "nn", False, "sm_80")]
+    and (dtype, layout, batched, arch) != ("bfloat16", "nn", False, "sm_80")] + [
+    (n, "int8", layout, False, "sm_80") for n in INT8_NAMES for layout in LAYOUTS] + [
+    ("mma8-64-split4", "int8", "tt", True, "sm_80"), ("mma8-128", "int8", "nt", False, "sm_89")]
 
 
 @pytest.fixture(scope="module")
@@ -119,7 +148,7 @@ def test_sources_differ_only_where_the_code_does():
     # float16's kernel is bfloat16's but for the mma's type names and the conversions
     bf16 = code(SPEC.render(SPACE.named("mma-64"), "bfloat16", "nn"))
     f16 = code(SPEC.render(SPACE.named("mma-64"), "float16", "nn"))
-    assert bf16 != f16 and bf16.count("mma_16x8x16(") == f16.count("mma_16x8x16(")
+    assert bf16 != f16 and bf16.count("mma_tile(") == f16.count("mma_tile(")
 
 
 # -- on a GPU of sm_80 or newer ------------------------------------------------------------------------
@@ -179,7 +208,7 @@ def _run(name: str, key: ProblemKey, a, b):
 
     spec = kernels.get(key.kernel)
     runner = Generated(SPACE.named(name)).prepare(key)
-    out = cupy.empty(spec.output_shape(key.shape), dtype=dtypes.get(key.dtype).storage)
+    out = cupy.empty(spec.output_shape(key.shape), dtype=dtypes.output_storage(key.dtype))
     kernels.poison(out)
     runner.run((a, b), out)
     cupy.cuda.Device().synchronize()
@@ -228,3 +257,33 @@ def test_batched_unaligned_split_and_special_operands(dtype):
         assert cupy.array_equal(cupy.isinf(ours), cupy.isinf(theirs)), name
         assert cupy.array_equal(cupy.sign(ours[cupy.isinf(ours)]), cupy.sign(theirs[cupy.isinf(theirs)])), name
         assert bool(cupy.isnan(ours).any()) and bool(cupy.isinf(ours).any())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_int8_products_are_exact(layout):
+    _require_sm80()
+    import cupy
+
+    from autotile.runtime.timing import relative_error
+
+    for name in INT8_NAMES:
+        for kernel, shape in (("matmul", (131, 67, 257)), ("matmul", (1, 97, 33)), ("matmul", (257, 509, 1031)),
+                              ("bmm", (3, 61, 45, 129))):
+            key = ProblemKey(kernel, "int8", layout, shape)
+            a, b = _inputs(key)
+            out = _run(name, key, a, b)
+            ref = kernels.get(kernel).reference((a, b))
+            assert relative_error(out, ref) == 0.0, (name, key)
+            assert bool(cupy.all(out.astype(cupy.float64) == ref)), (name, key)
+    # K splits added with int32 atomics (exact, whatever the order), and rows one element off alignment
+    config = SPACE.with_overrides(SPACE.named("mma8-64-split4"), {"SPLIT_REDUCE": "atomic"})
+    key = ProblemKey("matmul", "int8", layout, (77, 45, 2049))
+    a, b = _inputs(key, offset=1 if layout[0] == "n" else 0)
+    from autotile.runtime.impl import Generated
+
+    out = cupy.empty((77, 45), dtype=cupy.int32)
+    kernels.poison(out)
+    Generated(config).prepare(key).run((a, b), out)
+    cupy.cuda.Device().synchronize()
+    assert bool(cupy.all(out.astype(cupy.float64) == SPEC.reference((a, b))))

@@ -638,17 +638,18 @@ def test_conditional_parameters_are_not_drawn_where_inactive(matmul):
     assert any(line.startswith("breaks 'TM only where") for line in matmul.violations(wrong, problem()))
 
 
-def test_mma_needs_a_16_bit_type_sm80_whole_mmas_and_no_atomic_splits(matmul):
+def test_mma_needs_a_16_bit_type_or_int8_sm80_whole_mmas_and_no_rounding_atomic_splits(matmul):
     config = matmul.named("mma-128")
-    for dtype in ("bfloat16", "float16"):
+    for dtype in ("bfloat16", "float16", "int8"):
         assert matmul.is_feasible(config, problem("a100", dtype)) and matmul.is_feasible(config, problem("l4", dtype))
         assert matmul.is_feasible(config, problem("h100", dtype))
-    for prob in (problem("v100", "float16"), problem("a100", "float32"), problem("a100", "int8")):
-        assert any("mma on bfloat16 and float16" in line for line in matmul.violations(config, prob))
+    for prob in (problem("v100", "float16"), problem("a100", "float32"), problem("a100", "float64")):
+        assert any("mma on bfloat16, float16 and int8" in line for line in matmul.violations(config, prob))
+    assert not matmul.is_feasible(matmul.with_overrides(config, {"BK": 16}), problem("a100", "int8"))  # k32
     for overrides in ({"BK": 8}, {"SPLIT_K": 2, "SPLIT_REDUCE": "atomic"}):
         wrong = matmul.with_overrides(config, overrides)
         violations = matmul.violations(wrong, problem("a100", "bfloat16"))
-        assert any("mma on bfloat16 and float16" in line for line in violations)
+        assert any("mma on bfloat16, float16 and int8" in line for line in violations)
     assert matmul.is_feasible(matmul.named("mma-64-split4"), problem("a100", "bfloat16"))
 
 
