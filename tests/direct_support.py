@@ -1,14 +1,16 @@
 """What the MATH=wgmma_direct tests share (tests/test_wgmma_direct.py: bfloat16 and float16;
 tests/test_int8.py: int8): compiling a list of (config name, dtype, layout, batched) cases for sm_90a in
-parallel, the checks of each compile, and skipping where there is no Hopper GPU."""
+parallel, the checks of each compile, and skipping where there is no Hopper GPU; and, with the MATH=mma
+tests (tests/test_mma.py), cuBLAS's result on the same inputs."""
 
 from __future__ import annotations
 
 import concurrent.futures
+from typing import Any
 
 import pytest
 
-from autotile.codegen import build, kernels
+from autotile.codegen import build, dtypes, kernels
 from autotile.codegen.limits import PROFILES
 from autotile.codegen.space import Problem
 
@@ -74,3 +76,20 @@ def require_hopper() -> None:
         pytest.skip(f"no usable GPU: {exc}")
     if major != "90":
         pytest.skip("needs a Hopper GPU (sm_90)")
+
+
+def cublas_output(key: Any, a: Any, b: Any) -> Any:
+    """cuBLAS's result of `key` (a ProblemKey) on the CuPy arrays `a` and `b`, through autotile's own call
+    (`CublasCall`: GemmEx for the 16-bit types, float32 sums), the output poisoned first."""
+    import cupy
+
+    from autotile.runtime.cublas import CublasCall
+
+    spec = kernels.get(key.kernel)
+    out = cupy.empty(spec.output_shape(key.shape), dtype=dtypes.output_storage(key.dtype))
+    kernels.poison(out)
+    strides = tuple(int(s) for s in kernels.batch_strides((a, b))) if spec.batched else ()
+    CublasCall(key, cupy.cuda.Device().id)((int(a.data.ptr), int(b.data.ptr)), int(out.data.ptr),
+                                            cupy.cuda.get_current_stream().ptr, strides)
+    cupy.cuda.Device().synchronize()
+    return out

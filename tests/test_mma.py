@@ -13,7 +13,7 @@ import hashlib
 
 import numpy as np
 import pytest
-from direct_support import code
+from direct_support import code, cublas_output
 
 from autotile.codegen import build, dtypes, kernels
 from autotile.codegen.limits import PROFILES
@@ -166,21 +166,6 @@ def _require_sm80():
         pytest.skip("needs a GPU of sm_80 or newer")
 
 
-def _cublas(key: ProblemKey, a, b):
-    import cupy
-
-    from autotile.runtime.cublas import CublasCall
-
-    spec = kernels.get(key.kernel)
-    out = cupy.empty(spec.output_shape(key.shape), dtype=dtypes.get(key.dtype).storage)
-    kernels.poison(out)
-    strides = tuple(int(s) for s in kernels.batch_strides((a, b))) if spec.batched else ()
-    CublasCall(key, cupy.cuda.Device().id)((int(a.data.ptr), int(b.data.ptr)), int(out.data.ptr),
-                                            cupy.cuda.get_current_stream().ptr, strides)
-    cupy.cuda.Device().synchronize()
-    return out
-
-
 def _inputs(key: ProblemKey, offset: int = 0, specials: bool = False):
     """A and B for `key` (random, no zeros); `offset`: A starts that many elements past an aligned address
     (its rows are then copied one element at a time); `specials`: an Inf, a -Inf and a NaN in A, a value
@@ -220,7 +205,7 @@ def _errors(name: str, key: ProblemKey, offset: int = 0) -> tuple[float, float]:
 
     a, b = _inputs(key, offset)
     ref = kernels.get(key.kernel).reference((a, b))
-    return relative_error(_run(name, key, a, b), ref), relative_error(_cublas(key, a, b), ref)
+    return relative_error(_run(name, key, a, b), ref), relative_error(cublas_output(key, a, b), ref)
 
 
 @pytest.mark.gpu
@@ -252,7 +237,7 @@ def test_batched_unaligned_split_and_special_operands(dtype):
             assert err <= 1.5 * cublas_err + 1e-6, (name, shape, err, cublas_err)
         key = ProblemKey("matmul", dtype, "nn", (97, 130, 200))
         a, b = _inputs(key, specials=True)
-        ours, theirs = kernels.to_float64(_run(name, key, a, b)), kernels.to_float64(_cublas(key, a, b))
+        ours, theirs = kernels.to_float64(_run(name, key, a, b)), kernels.to_float64(cublas_output(key, a, b))
         assert cupy.array_equal(cupy.isnan(ours), cupy.isnan(theirs)), name
         assert cupy.array_equal(cupy.isinf(ours), cupy.isinf(theirs)), name
         assert cupy.array_equal(cupy.sign(ours[cupy.isinf(ours)]), cupy.sign(theirs[cupy.isinf(theirs)])), name

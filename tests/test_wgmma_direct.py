@@ -11,7 +11,7 @@ import dataclasses
 
 import numpy as np
 import pytest
-from direct_support import check_compile, compile_cases, require_hopper
+from direct_support import check_compile, compile_cases, cublas_output, require_hopper
 
 from autotile.codegen import build, dtypes, kernels
 from autotile.codegen.limits import PROFILES
@@ -183,19 +183,9 @@ SHAPES = [(131, 67, 257), (1, 97, 33), (61, 1, 7), (257, 509, 1031), (1024, 768,
 
 
 def _cublas_error(key: ProblemKey, a, b, ref) -> float:
-    import cupy
-
-    from autotile.runtime.cublas import CublasCall
     from autotile.runtime.timing import relative_error
 
-    spec = kernels.get(key.kernel)
-    out = cupy.empty(spec.output_shape(key.shape), dtype=dtypes.get(key.dtype).storage)
-    kernels.poison(out)
-    strides = tuple(int(s) for s in kernels.batch_strides((a, b))) if spec.batched else ()
-    CublasCall(key, cupy.cuda.Device().id)((int(a.data.ptr), int(b.data.ptr)), int(out.data.ptr),
-                                            cupy.cuda.get_current_stream().ptr, strides)
-    cupy.cuda.Device().synchronize()
-    return relative_error(out, ref)
+    return relative_error(cublas_output(key, a, b), ref)
 
 
 def _run(name: str, key: ProblemKey, offset: int = 0, specials: bool = False):
