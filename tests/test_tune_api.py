@@ -172,11 +172,12 @@ def test_a_study_is_bound_to_its_problem(tmp_path, table):
                  storage=storage, study_name="mine", cache=None)
 
 
-def test_a_study_resumed_after_the_space_gained_choices_keeps_the_ones_it_was_made_with(tmp_path, table):
+@pytest.mark.parametrize("kind", ["journal", "sqlite"])
+def test_a_study_resumed_after_the_space_gained_choices_keeps_the_ones_it_was_made_with(tmp_path, table, kind):
     # A study made when BM had one choice (as one made before a MATH or VEC choice existed): optuna refuses to
     # draw BM from two in the same study, so the resumed search keeps BM's one choice, and queues no named
     # config outside it. A search narrowed below what the study drew is refused in one line.
-    storage = f"journal:{tmp_path / 'studies.log'}"
+    storage = f"journal:{tmp_path / 'studies.log'}" if kind == "journal" else f"sqlite:///{tmp_path / 'studies.db'}"
     before = dict(NARROW, BM=[16])
     first = api.tune("matmul", SHAPE, evaluator=ReplayEvaluator(json.loads(json.dumps(table))), fix=before,
                      trials=4, storage=storage, study_name="mine", cache=None)
