@@ -67,15 +67,25 @@ def check_compile(case: Case, result: build.CompileResult) -> None:
     assert "C7508" not in result.log and "C7510" not in result.log, result.log
 
 
-def require_hopper() -> None:
-    """Skip, with the reason, unless CuPy sees an sm_90 GPU."""
+def _compute_capability() -> int:
+    """CuPy's current GPU's compute capability (90 on sm_90); a skip, with the reason, without one."""
     cupy = pytest.importorskip("cupy")
     try:
-        major = cupy.cuda.Device().compute_capability
+        return int(cupy.cuda.Device().compute_capability)
     except Exception as exc:  # no GPU or no driver
         pytest.skip(f"no usable GPU: {exc}")
-    if major != "90":
+
+
+def require_hopper() -> None:
+    """Skip, with the reason, unless CuPy sees an sm_90 GPU."""
+    if _compute_capability() != 90:
         pytest.skip("needs a Hopper GPU (sm_90)")
+
+
+def require_sm80() -> None:
+    """Skip, with the reason, unless CuPy sees a GPU of sm_80 or newer (mma.sync's 16-bit and int8 shapes)."""
+    if _compute_capability() < 80:
+        pytest.skip("needs a GPU of sm_80 or newer")
 
 
 def cublas_output(key: Any, a: Any, b: Any) -> Any:

@@ -13,7 +13,7 @@ import hashlib
 
 import numpy as np
 import pytest
-from direct_support import code, cublas_output
+from direct_support import code, cublas_output, require_sm80
 
 from autotile.codegen import build, dtypes, kernels
 from autotile.codegen.limits import PROFILES
@@ -156,16 +156,6 @@ def test_sources_differ_only_where_the_code_does():
 SHAPES = [(131, 67, 257), (1, 97, 33), (61, 1, 7), (257, 509, 1031), (1024, 768, 512)]
 
 
-def _require_sm80():
-    cupy = pytest.importorskip("cupy")
-    try:
-        capability = int(cupy.cuda.Device().compute_capability)
-    except Exception as exc:  # no GPU or no driver
-        pytest.skip(f"no usable GPU: {exc}")
-    if capability < 80:
-        pytest.skip("needs a GPU of sm_80 or newer")
-
-
 def _inputs(key: ProblemKey, offset: int = 0, specials: bool = False):
     """A and B for `key` (random, no zeros); `offset`: A starts that many elements past an aligned address
     (its rows are then copied one element at a time); `specials`: an Inf, a -Inf and a NaN in A, a value
@@ -213,7 +203,7 @@ def _errors(name: str, key: ProblemKey, offset: int = 0) -> tuple[float, float]:
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("name", NAMES)
 def test_named_configs_match_cublas_accuracy(name, layout, dtype):
-    _require_sm80()
+    require_sm80()
     for shape in SHAPES:
         key = ProblemKey("matmul", dtype, layout, shape)
         err, cublas_err = _errors(name, key)
@@ -224,7 +214,7 @@ def test_named_configs_match_cublas_accuracy(name, layout, dtype):
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", HALF)
 def test_batched_unaligned_split_and_special_operands(dtype):
-    _require_sm80()
+    require_sm80()
     import cupy
 
     for name in ("mma-128", "mma-64-split4", "mma-32"):
@@ -247,7 +237,7 @@ def test_batched_unaligned_split_and_special_operands(dtype):
 @pytest.mark.gpu
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_int8_products_are_exact(layout):
-    _require_sm80()
+    require_sm80()
     import cupy
 
     from autotile.runtime.timing import relative_error

@@ -35,7 +35,6 @@ MAX_DIM = 2**31 - 1  # the kernels index with 32-bit ints
 MATVEC_DTYPES = tuple(n for n in DTYPE_NAMES if n != "int8" and not dtypes_mod.get(n).scaled)
 
 
-
 def as_matvec(kernel: str, dtype: str, layout: str, shape: tuple[int, ...]) -> tuple[str, tuple[int, int], bool] | None:
     """A 2-D matmul of one row (M = 1) or one column (N = 1) as the matvec it is: (the matvec's layout, its
     (rows, K), whether the operands swap: B the matrix and A the vector); None for any other problem. The
