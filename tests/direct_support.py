@@ -67,6 +67,22 @@ def check_compile(case: Case, result: build.CompileResult) -> None:
     assert "C7508" not in result.log and "C7510" not in result.log, result.log
 
 
+# A persistent block goes through several tiles only where the tiles outnumber the SMs (132 on an H100 or
+# H200): shapes of 300 to 600 tiles, with K of one K step (17: the stages' phases wrap from tile to tile) and
+# of two to four (200, the last one partial). With PINGPONG the two consumer warpgroups then take turns.
+MANY_TILES = [(4099, 2050, 200), (4001, 3001, 17)]
+
+
+def several_tiles_per_block(config: dict[str, Any], shape: tuple[int, int, int]) -> bool:
+    """Whether a persistent launch of `config` on `shape` gives the current GPU's blocks more than two tiles
+    on average."""
+    import cupy
+
+    sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
+    tiles = -(-shape[0] // config["BM"]) * -(-shape[1] // config["BN"])
+    return tiles > 2 * sms
+
+
 def _compute_capability() -> int:
     """CuPy's current GPU's compute capability (90 on sm_90); a skip, with the reason, without one."""
     cupy = pytest.importorskip("cupy")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from direct_support import check_compile, compile_cases, require_hopper
+from direct_support import MANY_TILES, check_compile, compile_cases, require_hopper, several_tiles_per_block
 
 from autotile.codegen import build, dtypes, kernels
 from autotile.codegen.limits import PROFILES
@@ -173,6 +173,20 @@ def test_named_configs_are_exact(name, layout):
         assert cupy.array_equal(out.astype(cupy.float64), ref), (name, layout, shape)
         # the TMA copies K-contiguous operands whose rows are 16-byte aligned (K % 16 == 0)
         assert tma == (layout != "tn" and shape[-1] % 16 == 0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", ("nt", "nn"))
+@pytest.mark.parametrize("name", [n for n in NAMES if SPACE.named(n)["PERSISTENT"]])
+def test_persistent_blocks_through_many_tiles(name, layout):
+    """Blocks that take several tiles each (test_wgmma_direct.MANY_TILES): with PINGPONG, in turns."""
+    require_hopper()
+    import cupy
+
+    for shape in MANY_TILES:
+        assert several_tiles_per_block(SPACE.named(name), shape), (name, shape)
+        out, ref, _, _ = _run(name, ProblemKey("matmul", "int8", layout, shape))
+        assert cupy.array_equal(out.astype(cupy.float64), ref), (name, layout, shape)
 
 
 @pytest.mark.gpu

@@ -11,7 +11,14 @@ import dataclasses
 
 import numpy as np
 import pytest
-from direct_support import check_compile, compile_cases, cublas_output, require_hopper
+from direct_support import (
+    MANY_TILES,
+    check_compile,
+    compile_cases,
+    cublas_output,
+    require_hopper,
+    several_tiles_per_block,
+)
 
 from autotile.codegen import build, dtypes, kernels
 from autotile.codegen.limits import PROFILES
@@ -149,7 +156,7 @@ def test_setmaxnreg_fits_the_blocks_registers(config):
     cap = 65536 // threads // 8 * 8
     producer, consumer = derived["producer_regs"], derived["consumer_regs"]
     assert 128 * producer + (threads - 128) * consumer <= cap * threads
-    accumulators = config["BM"] // (64 * derived["consumer_warpgroups"]) * config["BN"] // 2
+    accumulators = derived["wg_rows"] // 64 * config["BN"] // 2
     assert accumulators + 24 <= consumer
 
 
@@ -226,6 +233,21 @@ def test_named_configs_match_cublas_accuracy(name, layout, dtype):
         key = ProblemKey("matmul", dtype, layout, shape)
         err, cublas_err, _, _ = _run(name, key)
         assert err <= kernels.tolerance(dtype, shape[-1]), (name, key, err)
+        assert err <= 1.5 * cublas_err + 1e-6, (name, key, err, cublas_err)
+
+
+PERSISTENT = [n for n in NAMES if SPACE.named(n)["PERSISTENT"]]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", ("nn", "tn"))
+@pytest.mark.parametrize("name", PERSISTENT)
+def test_persistent_blocks_through_many_tiles(name, layout):
+    require_hopper()
+    for shape in MANY_TILES:
+        assert several_tiles_per_block(SPACE.named(name), shape), (name, shape)
+        key = ProblemKey("matmul", "bfloat16", layout, shape)
+        err, cublas_err, _, _ = _run(name, key)
         assert err <= 1.5 * cublas_err + 1e-6, (name, key, err, cublas_err)
 
 

@@ -22,8 +22,14 @@ from pathlib import Path
 from typing import Any
 
 
-def random_shapes(count: int, seed: int) -> list[tuple[int, ...]]:
-    """`count` shapes with N or K not a multiple of 4, at most 2^36 multiply-adds each."""
+def random_shapes(count: int, seed: int, dtype: str = "float32", layout: str = "nn") -> list[tuple[int, ...]]:
+    """`count` shapes whose operands' rows in `layout` do not start 16-byte aligned for `dtype` (an N or K
+    that is not a multiple of 16 bytes' elements), at most 2^36 multiply-adds each."""
+    from autotile.codegen import dtypes
+    from autotile.codegen.padding import ALIGN_BYTES
+    from autotile.dispatch.model import rows_allow
+
+    width = ALIGN_BYTES // dtypes.get(dtype).size
     rng = random.Random(seed)
     shapes: list[tuple[int, ...]] = []
     while len(shapes) < count:
@@ -32,62 +38,114 @@ def random_shapes(count: int, seed: int) -> list[tuple[int, ...]]:
                                       *(int(math.exp(rng.uniform(math.log(64), math.log(2048)))) for _ in range(3)))
         else:
             shape = tuple(int(math.exp(rng.uniform(math.log(256), math.log(8192)))) for _ in range(3))
-        if (shape[-1] % 4 or shape[-2] % 4) and math.prod(shape) <= 2 ** 36:
+        kernel = "bmm" if len(shape) == 4 else "matmul"
+        if not rows_allow(kernel, shape, layout, width) and math.prod(shape) <= 2 ** 36:
             shapes.append(shape)
     return shapes
 
 
-def measure(shape: tuple[int, ...], gen: Any, median_ms: Callable[[Callable[[], object]], float],
-            forced: bool) -> dict[str, Any]:
+class Arrays:
+    """The operands, C and the reference of one shape, and the reference call (cuBLAS): CuPy arrays and
+    `cupy.matmul` for float32, torch tensors and `torch.matmul` for the 16-bit types (CuPy has no
+    bfloat16). B of layout nt is a row-major N x K matrix, transposed (x @ W.T)."""
+
+    def __init__(self, shape: tuple[int, ...], dtype: str, layout: str, gen: Any):
+        import cupy
+
+        from autotile.codegen import kernels
+
+        *batch, m, n, k = shape
+        self.dtype, self.layout = dtype, layout
+        a = gen.standard_normal((*batch, m, k), dtype=cupy.float32)
+        b = gen.standard_normal((*batch, n, k) if layout == "nt" else (*batch, k, n), dtype=cupy.float32)
+        if dtype == "float32":
+            self.a, self.b = a, (b.swapaxes(-1, -2) if layout == "nt" else b)
+            self.c = cupy.full((*batch, m, n), cupy.nan, cupy.float32)
+            self.reference = kernels.to_float64(self.a) @ kernels.to_float64(self.b)
+            self.cublas = lambda: cupy.matmul(self.a, self.b, out=self.c)
+            return
+        import torch
+
+        kind = getattr(torch, dtype)
+        a_t, b_t = torch.as_tensor(a, device="cuda").to(kind), torch.as_tensor(b, device="cuda").to(kind)
+        self.a, self.b = a_t, (b_t.transpose(-1, -2) if layout == "nt" else b_t)
+        self.c = torch.full((*batch, m, n), float("nan"), dtype=kind, device="cuda")
+        self.reference = cupy.asarray(self.a.double()) @ cupy.asarray(self.b.double())
+        self.cublas = lambda: torch.matmul(self.a, self.b, out=self.c)
+
+    def error(self) -> float:
+        """||C - reference|| / ||reference||."""
+        import cupy
+
+        from autotile.runtime.timing import relative_error
+
+        c = self.c if self.dtype == "float32" else cupy.asarray(self.c.double())
+        return relative_error(c, self.reference)
+
+    def poison(self) -> None:
+        self.c.fill_(float("nan")) if self.dtype != "float32" else self.c.fill(float("nan"))
+
+    def padded(self, padded_shape: tuple[int, ...]) -> tuple[Any, Any, Any]:
+        """Zero operands and an empty C of the padded shape, as this shape's are stored."""
+        import cupy
+
+        *batch, mp, np_, kp = padded_shape
+        if self.dtype == "float32":
+            b = cupy.zeros((*batch, np_, kp) if self.layout == "nt" else (*batch, kp, np_), cupy.float32)
+            return (cupy.zeros((*batch, mp, kp), cupy.float32), b.swapaxes(-1, -2) if self.layout == "nt" else b,
+                    cupy.empty((*batch, mp, np_), cupy.float32))
+        import torch
+
+        kind = getattr(torch, self.dtype)
+        b = torch.zeros((*batch, np_, kp) if self.layout == "nt" else (*batch, kp, np_), dtype=kind, device="cuda")
+        return (torch.zeros((*batch, mp, kp), dtype=kind, device="cuda"),
+                b.transpose(-1, -2) if self.layout == "nt" else b,
+                torch.empty((*batch, mp, np_), dtype=kind, device="cuda"))
+
+
+def measure(shape: tuple[int, ...], dtype: str, layout: str, gen: Any,
+            median_ms: Callable[[Callable[[], object]], float], forced: bool) -> dict[str, Any]:
     """One shape: cuBLAS, the library without and with the padded plan; with `forced`, also the plan
     whatever the rule says and the padded product alone (on padded arrays), for the rule's calibration."""
-    import cupy
-
     import autotile
-    from autotile.codegen import kernels
     from autotile.codegen.problem import ProblemKey
     from autotile.dispatch.select import select
     from autotile.library import calls, padding
     from autotile.runtime.device import live_device
-    from autotile.runtime.timing import relative_error
 
-    *batch, M, N, K = shape
-    kernel = "bmm" if batch else "matmul"
-    A = gen.standard_normal((*batch, M, K), dtype=cupy.float32)
-    B = gen.standard_normal((*batch, K, N), dtype=cupy.float32)
-    C = cupy.full((*batch, M, N), cupy.nan, cupy.float32)
-    reference = kernels.to_float64(A) @ kernels.to_float64(B)
-    row: dict[str, Any] = {"cublas": median_ms(lambda: cupy.matmul(A, B, out=C))}
+    kernel = "bmm" if len(shape) == 4 else "matmul"
+    setting = "high" if dtype == "float32" else "highest"
+    arrays = Arrays(shape, dtype, layout, gen)
+    a, b, c = arrays.a, arrays.b, arrays.c
+    row: dict[str, Any] = {"cublas": median_ms(arrays.cublas)}
     padding.enabled(False)
-    row["plain"] = median_ms(lambda: autotile.matmul(A, B, out=C))
+    row["plain"] = median_ms(lambda: autotile.matmul(a, b, out=c))
     padding.enabled(True)
-    row["takes"] = calls.padded_plan(kernel, "float32", "nn", tuple(shape), "high") is not None
-    C.fill(cupy.nan)
-    autotile.matmul(A, B, out=C)
-    row["error"] = relative_error(C, reference)
-    row["library"] = median_ms(lambda: autotile.matmul(A, B, out=C))
-    padded_shape = padding.padded_shape("nn", tuple(shape), "float32")
+    row["takes"] = calls.padded_plan(kernel, dtype, layout, tuple(shape), setting) is not None
+    arrays.poison()
+    autotile.matmul(a, b, out=c)
+    row["error"] = arrays.error()
+    row["library"] = median_ms(lambda: autotile.matmul(a, b, out=c))
+    padded_shape = padding.padded_shape(layout, tuple(shape), dtype)
     device = live_device()
-    direct = select(ProblemKey(kernel, "float32", "nn", tuple(shape)), device, precision="high")
-    padded = select(ProblemKey(kernel, "float32", "nn", padded_shape), device, precision="high")
-    row["predicted"] = (direct.predicted_ms, padded.predicted_ms, padding.copy_ms("nn", tuple(shape), "float32"))
-    if forced and padded.config is not None:
+    direct = select(ProblemKey(kernel, dtype, layout, tuple(shape)), device, precision=setting)
+    padded = select(ProblemKey(kernel, dtype, layout, padded_shape), device, precision=setting)
+    row["predicted"] = (direct.predicted_ms, padded.predicted_ms, padding.copy_ms(layout, tuple(shape), dtype))
+    row["choices"] = (direct.explain(), padded.explain())
+    if forced:
         saved = padding.pays
         padding.pays = lambda *args, **kwargs: True
         calls.forget()
         try:
-            C.fill(cupy.nan)
-            autotile.matmul(A, B, out=C)
-            row["forced_error"] = relative_error(C, reference)
-            row["forced"] = median_ms(lambda: autotile.matmul(A, B, out=C))
+            arrays.poison()
+            autotile.matmul(a, b, out=c)
+            row["forced_error"] = arrays.error()
+            row["forced"] = median_ms(lambda: autotile.matmul(a, b, out=c))
         finally:
             padding.pays = saved
             calls.forget()
-        *_, mp, np_, kp = padded_shape
-        Ap = cupy.zeros((*batch, mp, kp), cupy.float32)
-        Bp = cupy.zeros((*batch, kp, np_), cupy.float32)
-        Cp = cupy.empty((*batch, mp, np_), cupy.float32)
-        row["product"] = median_ms(lambda: autotile.matmul(Ap, Bp, out=Cp))
+        ap, bp, cp = arrays.padded(padded_shape)
+        row["product"] = median_ms(lambda: autotile.matmul(ap, bp, out=cp))
     return row
 
 
@@ -99,6 +157,9 @@ def main() -> int:
                         help="also time the padded plan on every shape, and the padded product alone")
     parser.add_argument("--bmm", action="store_true",
                         help="issue 28's random batched shapes (autotile.cli.bench_torch.random_bmm_shapes)")
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"),
+                        help="float32 through CuPy (cuBLAS: cupy.matmul), or a 16-bit type through torch")
+    parser.add_argument("--layout", default="nn", choices=("nn", "nt"), help="nt: B is W.T of a row-major W")
     parser.add_argument("--json", metavar="FILE", help="also write every shape's measurements there")
     args = parser.parse_args()
 
@@ -122,9 +183,9 @@ def main() -> int:
 
         shapes: list[tuple[int, ...]] = list(random_bmm_shapes(args.shapes, args.seed))
     else:
-        shapes = random_shapes(args.shapes, args.seed)
+        shapes = random_shapes(args.shapes, args.seed, args.dtype, args.layout)
     for shape in shapes:
-        row = measure(shape, gen, median_ms, args.all)
+        row = measure(shape, args.dtype, args.layout, gen, median_ms, args.all)
         rows.append({"shape": shape, **row})
         if args.json:
             Path(args.json).write_text(json.dumps(rows, indent=1))

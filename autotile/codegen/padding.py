@@ -71,12 +71,13 @@ def padded(layout: str, shape: tuple[int, ...], element_bytes: int) -> PaddedSha
 
 @functools.lru_cache(maxsize=8)
 def render(dtype: str) -> str:
-    """The CUDA source of the copy kernels for `dtype` (an element of 4 or 8 bytes)."""
+    """The CUDA source of the copy kernels for `dtype` (elements of 1 to 8 bytes, moved 16 bytes at a
+    time)."""
     from autotile.codegen.render import environment
 
     element = DTYPES[dtype]
-    if ALIGN_BYTES % element.size or element.size not in (4, 8):
-        raise InvalidValueError(f"the padded plan copies 4- or 8-byte elements, not {dtype}")
+    if ALIGN_BYTES % element.size:
+        raise InvalidValueError(f"the padded plan copies elements of 1, 2, 4 or 8 bytes, not {dtype}")
     return environment().get_template("pad.cu.j2").render(dtype=dtype, ctype=element.ctype,
                                                            vec=ALIGN_BYTES // element.size)
 

@@ -25,13 +25,13 @@ kernels (what the aligned shapes run).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
+from autotile.codegen import dtypes
 from autotile.codegen import padding as shapes_mod
 from autotile.dispatch import precision as precision_mod
 
@@ -41,13 +41,32 @@ if TYPE_CHECKING:
 # batch x M x N x K below which the plan is not weighed: there the copies' launches are a good part of the
 # time and the predictions' errors (25-35% on such shapes) larger than what the plan can win
 MIN_VOLUME = 2**28
-# Sizes where the plan was measured to pay on every shape (H100 and H200, 2026-11-27: 1.41-1.75x cuBLAS on
-# random shapes with N or K odd, seeds 1 and 2 of tools/pad_probe.py), taken whatever the predictions say: M and
-# N, K, and the volume at least these. The predictions of the call as it is can be optimistic there (on an
-# H200, 2053x2051x2049 predicted 1.17x cuBLAS without the plan, measured 1.03x)
-MIN_SIDE_MEASURED = 1024
-MIN_K_MEASURED = 512
-MIN_VOLUME_MEASURED = 2**33
+@dataclasses.dataclass(frozen=True)
+class MeasuredSizes:
+    """Sizes from which the plan was measured to pay on every shape tried: M and N, K, and the volume
+    (batch x M x N x K) at least these; there it is taken whatever the predictions say."""
+
+    min_side: int
+    min_k: int
+    min_volume: int
+
+    def holds(self, shape: tuple[int, ...]) -> bool:
+        *_, m, n, k = shape
+        return min(m, n) >= self.min_side and k >= self.min_k and math.prod(shape) >= self.min_volume
+
+
+MEASURED = {
+    # H100 and H200, 2026-11-27: 1.41-1.75x cuBLAS on random shapes with N or K odd, seeds 1 and 2 of
+    # tools/pad_probe.py. The predictions of the call as it is can be optimistic there (on an H200,
+    # 2053x2051x2049 predicted 1.17x cuBLAS without the plan, measured 1.03x)
+    "float32": MeasuredSizes(1024, 512, 2**33),
+}
+MEASURED["float16"] = MEASURED["bfloat16"] = MeasuredSizes(512, 256, 2**31)  # placeholder, measured below
+# cuBLAS's 16-bit GEMMs run rows that do not start 16-byte aligned 3-7x slower than aligned ones (the H100's
+# bfloat16 database, 2026-11-25: 112-220 TFLOP/s on such shapes of 16 GFLOP and more, 630-800 on aligned
+# ones), so for these types the padded shape's cuBLAS is what the plan is for as well; float32's cuBLAS
+# runs both at one speed.
+CUBLAS_WANTS_ALIGNED = ("bfloat16", "float16")
 # What the copies cost on the GPU (`copy_ms`): on an H100 (2026-11-27, `tools/pad_probe.py --all`, 47 shapes),
 # the copies' time fits 3.0e9 bytes per ms and 1.6 us per launch; a little slower here, to be safe
 COPY_BYTES_PER_MS = 2.8e9  # bytes read and written per millisecond
@@ -63,7 +82,7 @@ MARGIN = 0.15
 # call takes the longer of this and its GPU time. Measured 31-32 us on an H100 and an H200 (2026-11-27,
 # `python -m autotile.cli.overhead`, 2053x2051x2049), against 10-11 us for a call without copies.
 HOST_MS = 0.032
-DTYPES = ("float32",)
+DTYPES = tuple(MEASURED)
 THREADS = 256  # per block of the copy kernels
 PAD_SLOTS = 8  # parameters of one operand's copy in `autotile_pad`
 BUFFER_ALIGN_BYTES = 256  # each padded buffer's start in the call's one allocation (tensor maps need 16)
@@ -101,7 +120,7 @@ def applies(dtype: str, setting: str, kernel: str, layout: str, shape: tuple[int
     allowed (what the aligned shapes run), the volume at least MIN_VOLUME. Cheap: every first call asks."""
     if not _enabled or dtype not in DTYPES or kernel not in ("matmul", "bmm"):
         return False
-    if not precision_mod.allows(setting, precision_mod.MATH_CLASS["tf32x3"]):
+    if dtype == "float32" and not precision_mod.allows(setting, precision_mod.MATH_CLASS["tf32x3"]):
         return False
     if math.prod(shape) < MIN_VOLUME:
         return False
@@ -109,14 +128,14 @@ def applies(dtype: str, setting: str, kernel: str, layout: str, shape: tuple[int
     # where a call is this large
     from autotile.dispatch.model import rows_allow
 
-    return not rows_allow(kernel, shape, layout, shapes_mod.ALIGN_BYTES // 4)
+    return not rows_allow(kernel, shape, layout, shapes_mod.ALIGN_BYTES // dtypes.get(dtype).size)
 
 
 def copy_ms(layout: str, shape: tuple[int, ...], dtype: str, batch_strides: tuple[int, ...] = ()) -> float:
     """What the plan's copies take on the GPU, in milliseconds: the bytes they read and write at
     COPY_BYTES_PER_MS, and COPY_LAUNCH_MS per launch (one for the operands' copies, one for C's).
     `batch_strides` as `PaddedCall`'s (a stride of 0: one matrix shared by the batch, copied once)."""
-    size = np.dtype(dtype).itemsize
+    size = dtypes.get(dtype).size
     plan = shapes_mod.padded(layout, shape, size)
     *batch_dims, m, n, _k = shape
     batch = math.prod(batch_dims)
@@ -142,10 +161,11 @@ def pays(direct: Selection, padded: Selection, layout: str, shape: tuple[int, ..
     measured to pay (the *_MEASURED constants), or, for one matrix (not a batch) where both choices have a
     predicted time, the padded shape's plus the copies' (`copy_ms`), or the host's time per call (HOST_MS)
     where that is longer, is under the direct choice's by MARGIN."""
-    if padded.config is None or padded.step not in ("exact", "model"):
+    if padded.step not in ("exact", "model"):
         return False
-    *_, m, n, k = shape
-    if min(m, n) >= MIN_SIDE_MEASURED and k >= MIN_K_MEASURED and math.prod(shape) >= MIN_VOLUME_MEASURED:
+    if padded.config is None and not (dtype in CUBLAS_WANTS_ALIGNED and padded.implementation == "cublas"):
+        return False
+    if MEASURED[dtype].holds(shape):
         return True
     # batches: the measured sizes only (BATCH_NOTE); a choice borrowed from another layout or from one
     # matrix has no predicted time
@@ -157,7 +177,7 @@ def pays(direct: Selection, padded: Selection, layout: str, shape: tuple[int, ..
 
 def padded_shape(layout: str, shape: tuple[int, ...], dtype: str) -> tuple[int, ...]:
     """The shape the padded plan runs (`autotile.codegen.padding.padded`)."""
-    return shapes_mod.padded(layout, shape, np.dtype(dtype).itemsize).shape
+    return shapes_mod.padded(layout, shape, dtypes.get(dtype).size).shape
 
 
 def _copy_kernels(dtype: str, device: int) -> dict[str, Any]:
@@ -185,7 +205,7 @@ class PaddedCall:
                  device: int, prepared: Any, allocate: Any):
         from autotile.runtime.impl import ParameterBlock
 
-        self.size = np.dtype(dtype).itemsize
+        self.size = dtypes.get(dtype).size
         self.dtype, self.allocate = dtype, allocate
         plan = shapes_mod.padded(layout, shape, self.size)
         self.batch = shape[0] if len(shape) == 4 else 1
