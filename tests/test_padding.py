@@ -56,6 +56,15 @@ def test_the_padded_product_holds_the_product(layout, shape):
     assert (np_ == n) == (layout[1] == "t") or n % 4 == 0
 
 
+def test_c_aligned_pads_n_in_every_layout():
+    """align_c (the 16-bit types): N padded where B is stored N x K as well, B's added rows zeros."""
+    plan = shapes_mod.padded("nt", (5, 9, 8), 2, align_c=True)
+    assert plan.shape == (5, 16, 8) and plan.b == shapes_mod.Copy(9, 8, 16, 8) and not plan.a.needed
+    assert shapes_mod.padded("nt", (5, 9, 8), 2).shape == (5, 9, 8)
+    assert padding.padded_shape("nt", (5, 9, 8), "bfloat16") == (5, 16, 8)
+    assert padding.padded_shape("nt", (5, 9, 8), "float32") == (5, 9, 8)
+
+
 def test_a_batch_keeps_its_count_and_aligned_shapes_stay():
     plan = shapes_mod.padded("nn", (6, 101, 203, 305), 4)
     assert plan.shape == (6, 101, 204, 308)
@@ -73,6 +82,12 @@ def test_a_batch_keeps_its_count_and_aligned_shapes_stay():
     ("float32", "high", "bmm", "nn", (8, 511, 511, 1023), True),  # a batch's volume
     ("float32", "highest", "matmul", "nn", (4096, 4096, 4095), False),  # no tf32x3: nothing to pad for
     ("float64", "high", "matmul", "nn", (4096, 4096, 4095), False),
+    # the 16-bit types: C's rows count too (cuBLAS runs them 3-7x slower unaligned), whatever the setting
+    ("bfloat16", "highest", "matmul", "nn", (4096, 4096, 4095), True),
+    ("bfloat16", "high", "matmul", "nt", (2049, 3001, 2048), True),  # rows of C: N = 3001
+    ("float16", "high", "matmul", "nt", (2049, 3000, 2048), False),  # every row a multiple of 8 elements
+    ("float16", "high", "bmm", "tt", (4, 2048, 1024, 1020), True),  # rows of K = 1020 in B
+    ("int8", "high", "matmul", "nn", (4096, 4096, 4095), False),  # int8's C is int32: not copied back yet
 ])
 def test_where_the_plan_is_weighed(dtype, setting, kernel, layout, shape, expected):
     assert padding.applies(dtype, setting, kernel, layout, shape) is expected
@@ -143,7 +158,23 @@ def test_the_plan_pays_where_its_predicted_time_beats_the_call_as_it_is():
     assert not padding.pays(faster, _selection(None, "model", 1.0, "cublas"), "nn", (4096, 4096, 4095), "float32")
 
 
-@pytest.mark.parametrize("dtype,arch", [("float32", "sm_90"), ("float32", "sm_80"), ("float64", "sm_80")])
+def test_for_the_16_bit_types_the_padded_shapes_cublas_is_worth_it():
+    """cuBLAS's 16-bit GEMMs want aligned rows: the padded shape's cuBLAS, a choice of the model (its own or
+    borrowed), is what the plan is for; at the sizes measured to pay only (the model's cuBLAS times do not
+    tell aligned rows from others), not onto a default that knows nothing of the shape."""
+    cublas = _selection(None, "model", None, "cublas")
+    for dtype in ("bfloat16", "float16"):
+        assert padding.pays(cublas, cublas, "nt", (1398, 6313, 1452), dtype)
+        assert padding.pays(cublas, cublas, "nn", (2, 600, 700, 800), dtype)  # 2^29.6 multiply-adds
+        assert not padding.pays(cublas, cublas, "nn", (276, 2431, 264), dtype)  # under 2^29
+        assert not padding.pays(cublas, cublas, "nn", (80, 434, 212, 668), dtype)  # sides of 212
+        assert not padding.pays(cublas, _selection(None, "built-in default", None, "cublas"), "nt",
+                                (1398, 6313, 1452), dtype)
+    assert not padding.pays(cublas, cublas, "nt", (1398, 6313, 1452), "float32")
+
+
+@pytest.mark.parametrize("dtype,arch", [("float32", "sm_90"), ("float32", "sm_80"), ("float64", "sm_80"),
+                                        ("bfloat16", "sm_80"), ("float16", "sm_90"), ("int8", "sm_80")])
 def test_the_copy_kernels_compile(dtype, arch):
     result = build.compile(shapes_mod.render(dtype), arch)
     assert {u.function for u in result.usages} == set(shapes_mod.KERNEL_NAMES)
@@ -275,6 +306,39 @@ def test_torch_tensors_through_the_padded_plan(every_shape_padded):
     ref = a.double() @ b.double()
     assert out.dtype == torch.float32 and every_shape_padded
     assert float((out.double() - ref).norm() / ref.norm()) < 1e-5
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_16_bit_torch_tensors_through_the_padded_plan(layout, dtype, every_shape_padded):
+    """Every layout, odd K, odd N (C's rows: N padded in nt and tt too), a batch, specials: the result within
+    1.5x torch's error against float64, the NaN and Inf pattern torch's, the output poisoned before."""
+    torch = pytest.importorskip("torch")
+    import autotile
+
+    kind = getattr(torch, dtype)
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    for shape in ((131, 257, 517), (300, 514, 258), (3, 67, 131, 130), (5, 1025, 336)):
+        *batch, m, n, k = shape
+        a = torch.randn(*batch, k, m, device="cuda", generator=gen).to(kind).transpose(-1, -2) if layout[0] == "t" \
+            else torch.randn(*batch, m, k, device="cuda", generator=gen).to(kind)
+        b = torch.randn(*batch, n, k, device="cuda", generator=gen).to(kind).transpose(-1, -2) if layout[1] == "t" \
+            else torch.randn(*batch, k, n, device="cuda", generator=gen).to(kind)
+        if shape == (300, 514, 258):
+            a[7, 11], a[100, 3] = float("inf"), float("nan")
+            b[5, 200] = -float("inf")
+        out = torch.full((*batch, m, n), float("nan"), dtype=kind, device="cuda")
+        taken = len(every_shape_padded)
+        autotile.matmul(a, b, out=out)
+        assert len(every_shape_padded) == taken + 1, (layout, shape)
+        ref = a.double() @ b.double()
+        theirs = torch.matmul(a, b)
+        assert torch.equal(out.isnan(), theirs.isnan()) and torch.equal(out.isinf(), theirs.isinf())
+        finite = ref.isfinite()
+        err = float((out.double() - ref)[finite].norm() / ref[finite].norm())
+        torch_err = float((theirs.double() - ref)[finite].norm() / ref[finite].norm())
+        assert err <= 1.5 * torch_err + 1e-6, (layout, shape, err, torch_err)
 
 
 @pytest.mark.gpu

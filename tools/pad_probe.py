@@ -1,15 +1,16 @@
 """The padded plan against cuBLAS and against the library without it (needs a GPU).
 
-`python tools/pad_probe.py [--shapes N] [--seed S] [--all] [--bmm] [--json FILE]`: random float32 matmul
-shapes whose N or K is not a multiple of 4 (sides 256-8192; every third shape a batch of 2-80 matrices of
-sides 64-2048; with `--bmm`, issue 28's random batches instead), each timed in one run (CUDA events, L2
-flushed, median): cuBLAS (`cupy.matmul`), `autotile.matmul` with the padded plan turned off
-(`autotile.library.padding.enabled(False)`), and `autotile.matmul` as it is, which takes the padded plan
-where `autotile.library.calls.padded_plan` says so ("padded" column). With `--all`, every shape is also
-timed through the padded plan whatever `padding.pays` says, and the padded product alone on padded arrays:
-what the rule's constants are measured from (the predicted times are recorded next to them in the JSON).
-Prints each shape's ratios to cuBLAS and the result's error against float64, and the geometric means.
-"""
+`python tools/pad_probe.py [--shapes N] [--seed S] [--all] [--bmm] [--dtype D] [--layout L] [--json FILE]`:
+random matmul shapes whose rows do not start 16-byte aligned (`autotile.library.padding.misaligned`; sides
+256-8192; every third shape a batch of 2-80 matrices of sides 64-2048; with `--bmm`, issue 28's random batches
+instead), in float32 through CuPy or a 16-bit type through torch, layout nn or nt (B = W.T), each timed in one
+run (CUDA events, L2 flushed, median): cuBLAS (`cupy.matmul` or `torch.matmul`), `autotile.matmul` with the
+padded plan turned off (`autotile.library.padding.enabled(False)`), and `autotile.matmul` as it is, which
+takes the padded plan where `autotile.library.calls.padded_plan` says so ("padded" column). With `--all`,
+every shape is also timed through the padded plan whatever `padding.pays` says, and the padded product alone
+on padded arrays: what the rule's constants are measured from (the predicted times and both selections are
+recorded next to them in the JSON). Prints each shape's ratios to cuBLAS and the result's error against
+float64, and the geometric means."""
 
 from __future__ import annotations
 
@@ -23,13 +24,10 @@ from typing import Any
 
 
 def random_shapes(count: int, seed: int, dtype: str = "float32", layout: str = "nn") -> list[tuple[int, ...]]:
-    """`count` shapes whose operands' rows in `layout` do not start 16-byte aligned for `dtype` (an N or K
-    that is not a multiple of 16 bytes' elements), at most 2^36 multiply-adds each."""
-    from autotile.codegen import dtypes
-    from autotile.codegen.padding import ALIGN_BYTES
-    from autotile.dispatch.model import rows_allow
+    """`count` shapes whose operands' rows in `layout` (or, for the 16-bit types, C's) do not start 16-byte
+    aligned for `dtype` (`autotile.library.padding.misaligned`), at most 2^36 multiply-adds each."""
+    from autotile.library.padding import misaligned
 
-    width = ALIGN_BYTES // dtypes.get(dtype).size
     rng = random.Random(seed)
     shapes: list[tuple[int, ...]] = []
     while len(shapes) < count:
@@ -39,7 +37,7 @@ def random_shapes(count: int, seed: int, dtype: str = "float32", layout: str = "
         else:
             shape = tuple(int(math.exp(rng.uniform(math.log(256), math.log(8192)))) for _ in range(3))
         kernel = "bmm" if len(shape) == 4 else "matmul"
-        if not rows_allow(kernel, shape, layout, width) and math.prod(shape) <= 2 ** 36:
+        if misaligned(dtype, kernel, layout, shape) and math.prod(shape) <= 2 ** 36:
             shapes.append(shape)
     return shapes
 

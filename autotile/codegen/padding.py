@@ -54,16 +54,17 @@ class PaddedShape:
     b: Copy
 
 
-def padded(layout: str, shape: tuple[int, ...], element_bytes: int) -> PaddedShape:
+def padded(layout: str, shape: tuple[int, ...], element_bytes: int, align_c: bool = False) -> PaddedShape:
     """The padded problem of a matmul of `shape` ((batch,) M, N, K) in `layout` ("nn", "nt", "tn", "tt": A's
-    letter first, "n" row-major as it is, "t" stored transposed)."""
+    letter first, "n" row-major as it is, "t" stored transposed). `align_c`: C's rows aligned as well (N
+    padded where B is stored N x K too, B's added rows zeros), for products that want C aligned."""
     if layout not in ("nn", "nt", "tn", "tt"):
         raise InvalidValueError(f"layout {layout!r} is not one of nn, nt, tn, tt")
     *batch, m, n, k = shape
     a_trans, b_trans = layout[0] == "t", layout[1] == "t"
     kp = aligned_size(k, element_bytes) if (not a_trans or b_trans) else k
     mp = aligned_size(m, element_bytes) if a_trans else m
-    np_ = aligned_size(n, element_bytes) if not b_trans else n
+    np_ = aligned_size(n, element_bytes) if not b_trans or align_c else n
     a = Copy(k, m, kp, mp) if a_trans else Copy(m, k, mp, kp)
     b = Copy(n, k, np_, kp) if b_trans else Copy(k, n, kp, np_)
     return PaddedShape((*batch, mp, np_, kp), a, b)

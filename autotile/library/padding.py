@@ -61,7 +61,11 @@ MEASURED = {
     # 2053x2051x2049 predicted 1.17x cuBLAS without the plan, measured 1.03x)
     "float32": MeasuredSizes(1024, 512, 2**33),
 }
-MEASURED["float16"] = MEASURED["bfloat16"] = MeasuredSizes(512, 256, 2**31)  # placeholder, measured below
+# H100, 2026-11-28, tools/pad_probe.py --dtype bfloat16 --all (nn: 20 shapes, seed 1; nt: 14, seed 2): the
+# plan forced ran 1.21-3.27x torch.matmul on every matrix of sides and K of at least 256 and at least 2^29
+# multiply-adds; below, 0.66-1.01x on batches of small matrices (80x434x212x668) and 1.00x at K = 264. float16
+# runs bfloat16's kernels and cuBLAS's at the same rate.
+MEASURED["float16"] = MEASURED["bfloat16"] = MeasuredSizes(256, 256, 2**29)
 # cuBLAS's 16-bit GEMMs run rows that do not start 16-byte aligned 3-7x slower than aligned ones (the H100's
 # bfloat16 database, 2026-11-25: 112-220 TFLOP/s on such shapes of 16 GFLOP and more, 630-800 on aligned
 # ones), so for these types the padded shape's cuBLAS is what the plan is for as well; float32's cuBLAS
@@ -124,11 +128,24 @@ def applies(dtype: str, setting: str, kernel: str, layout: str, shape: tuple[int
         return False
     if math.prod(shape) < MIN_VOLUME:
         return False
+    return misaligned(dtype, kernel, layout, shape)
+
+
+def misaligned(dtype: str, kernel: str, layout: str, shape: tuple[int, ...]) -> bool:
+    """Whether some operand's rows (for the CUBLAS_WANTS_ALIGNED types, or C's) in `layout` on `shape` do not
+    start 16-byte aligned, the arrays taken to start aligned as allocators give them."""
     # imported here: `import autotile` loads this module, and the model's (the tuning cache's filelock) only
     # where a call is this large
     from autotile.dispatch.model import rows_allow
 
-    return not rows_allow(kernel, shape, layout, shapes_mod.ALIGN_BYTES // dtypes.get(dtype).size)
+    width = shapes_mod.ALIGN_BYTES // dtypes.get(dtype).size
+    return not rows_allow(kernel, shape, layout, width) or (dtype in CUBLAS_WANTS_ALIGNED and shape[-2] % width != 0)
+
+
+def plan(layout: str, shape: tuple[int, ...], dtype: str) -> shapes_mod.PaddedShape:
+    """The padded problem the plan runs (`autotile.codegen.padding.padded`): C's rows aligned too for the
+    CUBLAS_WANTS_ALIGNED types."""
+    return shapes_mod.padded(layout, shape, dtypes.get(dtype).size, align_c=dtype in CUBLAS_WANTS_ALIGNED)
 
 
 def copy_ms(layout: str, shape: tuple[int, ...], dtype: str, batch_strides: tuple[int, ...] = ()) -> float:
@@ -136,16 +153,16 @@ def copy_ms(layout: str, shape: tuple[int, ...], dtype: str, batch_strides: tupl
     COPY_BYTES_PER_MS, and COPY_LAUNCH_MS per launch (one for the operands' copies, one for C's).
     `batch_strides` as `PaddedCall`'s (a stride of 0: one matrix shared by the batch, copied once)."""
     size = dtypes.get(dtype).size
-    plan = shapes_mod.padded(layout, shape, size)
+    padded = plan(layout, shape, dtype)
     *batch_dims, m, n, _k = shape
     batch = math.prod(batch_dims)
     strides = batch_strides or (1, 1)
     moved, launches = 0, 0
-    for copy, stride in ((plan.a, strides[0]), (plan.b, strides[1])):
+    for copy, stride in ((padded.a, strides[0]), (padded.b, strides[1])):
         if copy.needed:
             moved += (batch if stride else 1) * (copy.rows * copy.cols + copy.elements)
             launches = 1  # both operands' copies in one launch
-    *_, mp, np_, _kp = plan.shape
+    *_, mp, np_, _kp = padded.shape
     if (mp, np_) != (m, n):  # C written padded, its columns (or rows) copied back
         moved += batch * (m * np_ + m * n)
         launches += 1
@@ -177,7 +194,7 @@ def pays(direct: Selection, padded: Selection, layout: str, shape: tuple[int, ..
 
 def padded_shape(layout: str, shape: tuple[int, ...], dtype: str) -> tuple[int, ...]:
     """The shape the padded plan runs (`autotile.codegen.padding.padded`)."""
-    return shapes_mod.padded(layout, shape, dtypes.get(dtype).size).shape
+    return plan(layout, shape, dtype).shape
 
 
 def _copy_kernels(dtype: str, device: int) -> dict[str, Any]:
@@ -207,12 +224,12 @@ class PaddedCall:
 
         self.size = dtypes.get(dtype).size
         self.dtype, self.allocate = dtype, allocate
-        plan = shapes_mod.padded(layout, shape, self.size)
+        padded = plan(layout, shape, dtype)
         self.batch = shape[0] if len(shape) == 4 else 1
         strides = batch_strides if len(shape) == 4 else (0, 0)
         kernels = _copy_kernels(dtype, device)
         *_, self.m, self.n, _k = shape
-        *_, self.mp, self.np_, _kp = plan.shape
+        *_, self.mp, self.np_, _kp = padded.shape
         # One allocation per call holds every padded buffer, each at `_place`'s offset (bytes) in it
         self.total_bytes = 0
         # The operands' copies, one launch for both (`autotile_pad`): each job's operand index (0: A, 1: B)
@@ -221,7 +238,7 @@ class PaddedCall:
         parameters = ParameterBlock(("ptr", "ptr", "int32", "int32", "int32", "int32", "int64", "int32") * 2)
         vectors = counts = 0
         padded_strides = []
-        for operand, (copy, stride) in enumerate(((plan.a, strides[0]), (plan.b, strides[1]))):
+        for operand, (copy, stride) in enumerate(((padded.a, strides[0]), (padded.b, strides[1]))):
             if not copy.needed:
                 padded_strides.append(stride)
                 continue
