@@ -165,9 +165,12 @@ def test_for_the_16_bit_types_the_padded_shapes_cublas_is_worth_it():
     cublas = _selection(None, "model", None, "cublas")
     for dtype in ("bfloat16", "float16"):
         assert padding.pays(cublas, cublas, "nt", (1398, 6313, 1452), dtype)
-        assert padding.pays(cublas, cublas, "nn", (2, 600, 700, 800), dtype)  # 2^29.6 multiply-adds
-        assert not padding.pays(cublas, cublas, "nn", (276, 2431, 264), dtype)  # under 2^29
+        assert padding.pays(cublas, cublas, "nn", (2, 900, 900, 800), dtype)  # 2^30.2 multiply-adds
+        assert not padding.pays(cublas, cublas, "nn", (1, 900, 900, 800), dtype)  # under 2^30
         assert not padding.pays(cublas, cublas, "nn", (80, 434, 212, 668), dtype)  # sides of 212
+        # the copies of A, B and C against the product: 160 TFLOP/s at the copies' rate, under 300
+        assert not padding.pays(cublas, cublas, "nt", (737, 4278, 297), dtype)
+        assert padding.pays(cublas, cublas, "nt", (7034, 6836, 311), dtype)
         assert not padding.pays(cublas, _selection(None, "built-in default", None, "cublas"), "nt",
                                 (1398, 6313, 1452), dtype)
     assert not padding.pays(cublas, cublas, "nt", (1398, 6313, 1452), "float32")

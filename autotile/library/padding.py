@@ -43,16 +43,21 @@ if TYPE_CHECKING:
 MIN_VOLUME = 2**28
 @dataclasses.dataclass(frozen=True)
 class MeasuredSizes:
-    """Sizes from which the plan was measured to pay on every shape tried: M and N, K, and the volume
-    (batch x M x N x K) at least these; there it is taken whatever the predictions say."""
+    """Sizes from which the plan was measured to pay on every shape tried: M and N, K, the volume (batch x M x
+    N x K) and the product's flops per byte the copies move (`copies`) at least these; there it is taken
+    whatever the predictions say."""
 
     min_side: int
     min_k: int
     min_volume: int
+    min_flops_per_byte: float = 0.0
 
-    def holds(self, shape: tuple[int, ...]) -> bool:
+    def holds(self, layout: str, shape: tuple[int, ...], dtype: str) -> bool:
         *_, m, n, k = shape
-        return min(m, n) >= self.min_side and k >= self.min_k and math.prod(shape) >= self.min_volume
+        if min(m, n) < self.min_side or k < self.min_k or math.prod(shape) < self.min_volume:
+            return False
+        return not self.min_flops_per_byte or 2 * math.prod(shape) >= self.min_flops_per_byte * copies(
+            layout, shape, dtype)[0]
 
 
 MEASURED = {
@@ -61,11 +66,15 @@ MEASURED = {
     # 2053x2051x2049 predicted 1.17x cuBLAS without the plan, measured 1.03x)
     "float32": MeasuredSizes(1024, 512, 2**33),
 }
-# H100, 2026-11-28, tools/pad_probe.py --dtype bfloat16 --all (nn: 20 shapes, seed 1; nt: 14, seed 2): the
-# plan forced ran 1.21-3.27x torch.matmul on every matrix of sides and K of at least 256 and at least 2^29
-# multiply-adds; below, 0.66-1.01x on batches of small matrices (80x434x212x668) and 1.00x at K = 264. float16
-# runs bfloat16's kernels and cuBLAS's at the same rate.
-MEASURED["float16"] = MEASURED["bfloat16"] = MeasuredSizes(256, 256, 2**29)
+# H100, 2026-11-28, tools/pad_probe.py --dtype bfloat16 --all (nn: 20 shapes, seed 1; nt: 28, seeds 2 and 4)
+# and the random shapes of `python -m autotile.cli.bench_torch --dtype bfloat16 --random 40 --seed 11`: how
+# much the plan wins is how much slower cuBLAS runs the rows as they are (80-300 TFLOP/s, against 600-800
+# aligned) against what the copies cost. Forced on every shape, it ran 1.36-3.27x torch.matmul on every
+# matrix whose product has at least 107 flops per byte copied (300 TFLOP/s at the copies' 2.8 TB/s) and
+# 2^30 multiply-adds; under that it lost on some (737x4278x297 nt 0.89x, 3005x1375x481 nt 0.87x), and on
+# batches of small matrices (24x1209x372x268 0.55x, 80x434x212x668 0.66x). float16 runs bfloat16's kernels
+# and cuBLAS's at the same rate.
+MEASURED["float16"] = MEASURED["bfloat16"] = MeasuredSizes(256, 256, 2**30, min_flops_per_byte=107.0)
 # cuBLAS's 16-bit GEMMs run rows that do not start 16-byte aligned 3-7x slower than aligned ones (the H100's
 # bfloat16 database, 2026-11-25: 112-220 TFLOP/s on such shapes of 16 GFLOP and more, 630-800 on aligned
 # ones), so for these types the padded shape's cuBLAS is what the plan is for as well; float32's cuBLAS
@@ -149,9 +158,15 @@ def plan(layout: str, shape: tuple[int, ...], dtype: str) -> shapes_mod.PaddedSh
 
 
 def copy_ms(layout: str, shape: tuple[int, ...], dtype: str, batch_strides: tuple[int, ...] = ()) -> float:
-    """What the plan's copies take on the GPU, in milliseconds: the bytes they read and write at
-    COPY_BYTES_PER_MS, and COPY_LAUNCH_MS per launch (one for the operands' copies, one for C's).
-    `batch_strides` as `PaddedCall`'s (a stride of 0: one matrix shared by the batch, copied once)."""
+    """What the plan's copies take on the GPU, in milliseconds: the bytes they read and write (`copies`) at
+    COPY_BYTES_PER_MS, and COPY_LAUNCH_MS per launch."""
+    moved, launches = copies(layout, shape, dtype, batch_strides)
+    return moved / COPY_BYTES_PER_MS + launches * COPY_LAUNCH_MS
+
+
+def copies(layout: str, shape: tuple[int, ...], dtype: str, batch_strides: tuple[int, ...] = ()) -> tuple[int, int]:
+    """The bytes the plan's copies read and write, and their launches (one for the operands' copies, one for
+    C's). `batch_strides` as `PaddedCall`'s (a stride of 0: one matrix shared by the batch, copied once)."""
     size = dtypes.get(dtype).size
     padded = plan(layout, shape, dtype)
     *batch_dims, m, n, _k = shape
@@ -166,7 +181,7 @@ def copy_ms(layout: str, shape: tuple[int, ...], dtype: str, batch_strides: tupl
     if (mp, np_) != (m, n):  # C written padded, its columns (or rows) copied back
         moved += batch * (m * np_ + m * n)
         launches += 1
-    return moved * size / COPY_BYTES_PER_MS + launches * COPY_LAUNCH_MS
+    return moved * size, launches
 
 
 def pays(direct: Selection, padded: Selection, layout: str, shape: tuple[int, ...], dtype: str) -> bool:
@@ -182,7 +197,7 @@ def pays(direct: Selection, padded: Selection, layout: str, shape: tuple[int, ..
         return False
     if padded.config is None and not (dtype in CUBLAS_WANTS_ALIGNED and padded.implementation == "cublas"):
         return False
-    if MEASURED[dtype].holds(shape):
+    if MEASURED[dtype].holds(layout, shape, dtype):
         return True
     # batches: the measured sizes only (BATCH_NOTE); a choice borrowed from another layout or from one
     # matrix has no predicted time
@@ -316,5 +331,5 @@ def forget() -> None:
         _kernels.clear()
 
 
-__all__ = ["MARGIN", "MIN_VOLUME", "PaddedCall", "applies", "copy_ms", "enabled", "forget", "on_toggle",
-           "padded_shape", "pays"]
+__all__ = ["CUBLAS_WANTS_ALIGNED", "MARGIN", "MEASURED", "MIN_VOLUME", "MeasuredSizes", "PaddedCall", "applies",
+           "copies", "copy_ms", "enabled", "forget", "misaligned", "on_toggle", "padded_shape", "pays", "plan"]
