@@ -16,6 +16,11 @@ from autotile.codegen.dtypes import DTYPES
 from autotile.errors import InvalidValueError
 
 ALIGN_BYTES = 16  # a row of the padded operands starts at a multiple of this many bytes
+# Elements under this many bytes are copied a warp to a run of a row (each warp access 32 neighbouring
+# elements), wider ones a 16-byte vector per thread: loaded element by element from rows that start
+# anywhere, 8 or 16 loads 16 bytes apart across the lanes ran the 16-bit copies at 0.7-1.4 TB/s (H100,
+# 2026-11-28, tools/pad_probe.py), against 3 for float32's 4.
+SEGMENT_BELOW_BYTES = 4
 KERNEL_NAMES = ("autotile_pad", "autotile_unpad")
 
 
@@ -80,7 +85,19 @@ def render(dtype: str) -> str:
     if ALIGN_BYTES % element.size:
         raise InvalidValueError(f"the padded plan copies elements of 1, 2, 4 or 8 bytes, not {dtype}")
     return environment().get_template("pad.cu.j2").render(dtype=dtype, ctype=element.ctype,
-                                                           vec=ALIGN_BYTES // element.size)
+                                                           vec=ALIGN_BYTES // element.size,
+                                                           segments=element.size < SEGMENT_BELOW_BYTES)
 
 
-__all__ = ["ALIGN_BYTES", "KERNEL_NAMES", "Copy", "PaddedShape", "aligned_size", "padded", "render"]
+def copy_threads(rows: int, cols: int, element_bytes: int) -> int:
+    """Threads of a copy kernel (`render`) over one matrix of `rows` x `cols` elements (the padded one's: `cols`
+    a multiple of 16 bytes): one per 16-byte vector, or, for elements under SEGMENT_BELOW_BYTES, a warp per
+    segment of 32 vectors' elements of a row."""
+    per = ALIGN_BYTES // element_bytes
+    if element_bytes >= SEGMENT_BELOW_BYTES:
+        return rows * (cols // per)
+    return rows * -(-cols // (32 * per)) * 32
+
+
+__all__ = ["ALIGN_BYTES", "KERNEL_NAMES", "SEGMENT_BELOW_BYTES", "Copy", "PaddedShape", "aligned_size",
+           "copy_threads", "padded", "render"]

@@ -251,7 +251,7 @@ class PaddedCall:
         # and its buffer's offset in bytes in the call's allocation
         self.jobs: list[tuple[int, int]] = []
         parameters = ParameterBlock(("ptr", "ptr", "int32", "int32", "int32", "int32", "int64", "int32") * 2)
-        vectors = counts = 0
+        threads = counts = 0  # of the copy kernel, per matrix
         padded_strides = []
         for operand, (copy, stride) in enumerate(((padded.a, strides[0]), (padded.b, strides[1]))):
             if not copy.needed:
@@ -263,10 +263,10 @@ class PaddedCall:
             for slot, value in enumerate(values, first_slot + 2):
                 parameters.set(slot, value)
             self.jobs.append((operand, self._place(count * copy.elements)))
-            vectors = max(vectors, copy.elements * self.size // shapes_mod.ALIGN_BYTES)
+            threads = max(threads, shapes_mod.copy_threads(copy.padded_rows, copy.padded_cols, self.size))
             counts = max(counts, count)
             padded_strides.append(copy.elements if stride else 0)
-        self.pad = (kernels["autotile_pad"], (-(-vectors // THREADS), len(self.jobs), counts), parameters)
+        self.pad = (kernels["autotile_pad"], (-(-threads // THREADS), len(self.jobs), counts), parameters)
         self.padded_strides = tuple(padded_strides) if len(shape) == 4 else ()
         self.c_padded = (self.mp, self.np_) != (self.m, self.n)
         self.out_nbytes = self.batch * self.mp * self.np_ * self.size
@@ -276,8 +276,8 @@ class PaddedCall:
             parameters = ParameterBlock(("ptr", "ptr", "int32", "int32", "int32", "int64"))
             for slot, value in enumerate((self.m, self.n, self.np_, self.mp * self.np_), 2):
                 parameters.set(slot, value)
-            vectors = self.m * self.np_ * self.size // shapes_mod.ALIGN_BYTES
-            self.unpad = (kernels["autotile_unpad"], (-(-vectors // THREADS), 1, self.batch), parameters)
+            threads = shapes_mod.copy_threads(self.m, self.np_, self.size)
+            self.unpad = (kernels["autotile_unpad"], (-(-threads // THREADS), 1, self.batch), parameters)
         runner = prepared.runner
         if prepared.direct is None and hasattr(runner, "bound_launch"):
             self.product = runner.bound_launch(self.padded_strides, self.out_nbytes, dtype, allocate)
