@@ -87,7 +87,9 @@ def test_a_batch_keeps_its_count_and_aligned_shapes_stay():
     ("bfloat16", "high", "matmul", "nt", (2049, 3001, 2048), True),  # rows of C: N = 3001
     ("float16", "high", "matmul", "nt", (2049, 3000, 2048), False),  # every row a multiple of 8 elements
     ("float16", "high", "bmm", "tt", (4, 2048, 1024, 1020), True),  # rows of K = 1020 in B
-    ("int8", "high", "matmul", "nn", (4096, 4096, 4095), False),  # int8's C is int32: not copied back yet
+    ("int8", "high", "matmul", "nt", (4096, 4096, 4088), True),  # rows of K = 4088 bytes
+    ("int8", "high", "matmul", "nt", (4096, 4100, 4096), False),  # int8's C is int32: rows of 16400 bytes
+    ("int8", "high", "matmul", "nn", (4096, 4104, 4096), True),  # B's rows of N = 4104 bytes
 ])
 def test_where_the_plan_is_weighed(dtype, setting, kernel, layout, shape, expected):
     assert padding.applies(dtype, setting, kernel, layout, shape) is expected
@@ -114,6 +116,15 @@ def test_the_copies_cost_their_bytes_and_launches():
         (2 * (70 + 80) + 84 + 96) * 4 * per_byte + launch)
     # N = 9 -> 12: B 8 x 9 -> 8 x 12, and C's 5 x 12 back to 5 x 9
     assert padding.copy_ms("nn", (5, 9, 8), "float32") == pytest.approx((72 + 96 + 60 + 45) * 4 * per_byte + 2 * launch)
+
+
+def test_int8s_copies_count_its_int32_c():
+    """int8: the operands' bytes, and C's columns back at 4 bytes an element."""
+    per_byte, launch = 1 / padding.COPY_BYTES_PER_MS, padding.COPY_LAUNCH_MS
+    # K = 8 -> 16: A 5 x 8 -> 5 x 16; N = 9 -> 16: B 8 x 9 -> 16 x 16; C's 5 x 16 int32 back to 5 x 9
+    assert padding.copies("nn", (5, 9, 8), "int8") == ((40 + 80) + (72 + 256) + 4 * (80 + 45), 2)
+    assert padding.copy_ms("nn", (5, 9, 8), "int8") == pytest.approx(
+        ((40 + 80) + (72 + 256) + 4 * (80 + 45)) * per_byte + 2 * launch)
 
 
 def _selection(config, step: str, predicted_ms, implementation: str = "generated") -> Selection:
@@ -177,7 +188,8 @@ def test_for_the_16_bit_types_the_padded_shapes_cublas_is_worth_it():
 
 
 @pytest.mark.parametrize("dtype,arch", [("float32", "sm_90"), ("float32", "sm_80"), ("float64", "sm_80"),
-                                        ("bfloat16", "sm_80"), ("float16", "sm_90"), ("int8", "sm_80")])
+                                        ("bfloat16", "sm_80"), ("float16", "sm_90"), ("int8", "sm_80"),
+                                        ("int32", "sm_90")])
 def test_the_copy_kernels_compile(dtype, arch):
     result = build.compile(shapes_mod.render(dtype), arch)
     assert {u.function for u in result.usages} == set(shapes_mod.KERNEL_NAMES)
@@ -342,6 +354,31 @@ def test_16_bit_torch_tensors_through_the_padded_plan(layout, dtype, every_shape
         err = float((out.double() - ref)[finite].norm() / ref[finite].norm())
         torch_err = float((theirs.double() - ref)[finite].norm() / ref[finite].norm())
         assert err <= 1.5 * torch_err + 1e-6, (layout, shape, err, torch_err)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_int8_through_the_padded_plan(layout, every_shape_padded):
+    """Every layout, rows of K or N that are not multiples of 16 bytes, a batch: exact int32 sums, C's int32
+    columns copied back, the output poisoned before."""
+    torch = pytest.importorskip("torch")
+    import autotile
+
+    gen = torch.Generator(device="cuda").manual_seed(3)
+
+    def operand(batch, rows, cols, trans):
+        shape = (*batch, cols, rows) if trans else (*batch, rows, cols)
+        x = torch.randint(-128, 128, shape, dtype=torch.int8, device="cuda", generator=gen)
+        return x.transpose(-1, -2) if trans else x
+
+    for shape in ((131, 257, 520), (300, 514, 264), (3, 67, 131, 136), (40, 1025, 344)):
+        *batch, m, n, k = shape
+        a, b = operand(batch, m, k, layout[0] == "t"), operand(batch, k, n, layout[1] == "t")
+        out = torch.full((*batch, m, n), -12345, dtype=torch.int32, device="cuda")
+        taken = len(every_shape_padded)
+        autotile.matmul(a, b, out=out)
+        assert len(every_shape_padded) == taken + 1, (layout, shape)
+        assert torch.equal(out.double(), a.double() @ b.double()), (layout, shape)
 
 
 @pytest.mark.gpu

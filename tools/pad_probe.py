@@ -9,8 +9,9 @@ padded plan turned off (`autotile.library.padding.enabled(False)`), and `autotil
 takes the padded plan where `autotile.library.calls.padded_plan` says so ("padded" column). With `--all`,
 every shape is also timed through the padded plan whatever `padding.pays` says, and the padded product alone
 on padded arrays: what the rule's constants are measured from (the predicted times and both selections are
-recorded next to them in the JSON). Prints each shape's ratios to cuBLAS and the result's error against
-float64, and the geometric means."""
+recorded next to them in the JSON). Prints each shape's ratios to cuBLAS (GPU time, and back to back:
+30 calls enqueued with nothing between, the longer of the host's time and the GPU's) and the result's error
+against float64, and the geometric means."""
 
 from __future__ import annotations
 
@@ -23,20 +24,24 @@ from pathlib import Path
 from typing import Any
 
 
-def random_shapes(count: int, seed: int, dtype: str = "float32", layout: str = "nn") -> list[tuple[int, ...]]:
+def random_shapes(count: int, seed: int, dtype: str = "float32", layout: str = "nn",
+                  max_side: int = 8192) -> list[tuple[int, ...]]:
     """`count` shapes whose operands' rows in `layout` (or, for the 16-bit types, C's) do not start 16-byte
-    aligned for `dtype` (`autotile.library.padding.misaligned`), at most 2^36 multiply-adds each."""
+    aligned for `dtype` (`autotile.library.padding.misaligned`), sides 256 to `max_side`, at most 2^36
+    multiply-adds each."""
     from autotile.library.padding import misaligned
 
     rng = random.Random(seed)
     shapes: list[tuple[int, ...]] = []
     while len(shapes) < count:
-        if len(shapes) % 3 == 2:
+        if len(shapes) % 3 == 2 and dtype != "int8":  # torch._int_mm takes no batches
             shape: tuple[int, ...] = (rng.choice([2, 7, 24, 80]),
                                       *(int(math.exp(rng.uniform(math.log(64), math.log(2048)))) for _ in range(3)))
         else:
-            shape = tuple(int(math.exp(rng.uniform(math.log(256), math.log(8192)))) for _ in range(3))
+            shape = tuple(int(math.exp(rng.uniform(math.log(256), math.log(max_side)))) for _ in range(3))
         kernel = "bmm" if len(shape) == 4 else "matmul"
+        if dtype == "int8":  # torch._int_mm's sides: M over 16, N and K multiples of 8
+            shape = (*shape[:-3], max(shape[-3], 17), -(-shape[-2] // 8) * 8, -(-shape[-1] // 8) * 8)
         if misaligned(dtype, kernel, layout, shape) and math.prod(shape) <= 2 ** 36:
             shapes.append(shape)
     return shapes
@@ -65,11 +70,20 @@ class Arrays:
         import torch
 
         kind = getattr(torch, dtype)
-        a_t, b_t = torch.as_tensor(a, device="cuda").to(kind), torch.as_tensor(b, device="cuda").to(kind)
+        if dtype == "int8":  # every value, torch._int_mm's contract (nt only): int32 C
+            a_t = torch.randint(-128, 128, a.shape, dtype=kind, device="cuda")
+            b_t = torch.randint(-128, 128, b.shape, dtype=kind, device="cuda")
+        else:
+            a_t, b_t = torch.as_tensor(a, device="cuda").to(kind), torch.as_tensor(b, device="cuda").to(kind)
         self.a, self.b = a_t, (b_t.transpose(-1, -2) if layout == "nt" else b_t)
-        self.c = torch.full((*batch, m, n), float("nan"), dtype=kind, device="cuda")
+        out_kind = torch.int32 if dtype == "int8" else kind
+        self.c = torch.full((*batch, m, n), -12345 if dtype == "int8" else float("nan"), dtype=out_kind,
+                            device="cuda")
         self.reference = cupy.asarray(self.a.double()) @ cupy.asarray(self.b.double())
-        self.cublas = lambda: torch.matmul(self.a, self.b, out=self.c)
+        if dtype == "int8":
+            self.cublas = lambda: torch._int_mm(self.a, self.b, out=self.c)
+        else:
+            self.cublas = lambda: torch.matmul(self.a, self.b, out=self.c)
 
     def error(self) -> float:
         """||C - reference|| / ||reference||."""
@@ -81,7 +95,10 @@ class Arrays:
         return relative_error(c, self.reference)
 
     def poison(self) -> None:
-        self.c.fill_(float("nan")) if self.dtype != "float32" else self.c.fill(float("nan"))
+        if self.dtype == "float32":
+            self.c.fill(float("nan"))
+        else:
+            self.c.fill_(-12345 if self.dtype == "int8" else float("nan"))
 
     def padded(self, padded_shape: tuple[int, ...]) -> tuple[Any, Any, Any]:
         """Zero operands and an empty C of the padded shape, as this shape's are stored."""
@@ -98,7 +115,23 @@ class Arrays:
         b = torch.zeros((*batch, np_, kp) if self.layout == "nt" else (*batch, kp, np_), dtype=kind, device="cuda")
         return (torch.zeros((*batch, mp, kp), dtype=kind, device="cuda"),
                 b.transpose(-1, -2) if self.layout == "nt" else b,
-                torch.empty((*batch, mp, np_), dtype=kind, device="cuda"))
+                torch.empty((*batch, mp, np_), dtype=self.c.dtype, device="cuda"))
+
+
+def back_to_back_ms(launch: Callable[[], object], reps: int = 30) -> float:
+    """Milliseconds per call of `reps` calls enqueued back to back (no flush, nothing waited for between):
+    the longer of the host's time per call and the GPU's."""
+    import cupy
+
+    launch()
+    cupy.cuda.Device().synchronize()
+    start, stop = cupy.cuda.Event(), cupy.cuda.Event()
+    start.record()
+    for _ in range(reps):
+        launch()
+    stop.record()
+    stop.synchronize()
+    return float(cupy.cuda.get_elapsed_time(start, stop)) / reps
 
 
 def measure(shape: tuple[int, ...], dtype: str, layout: str, gen: Any,
@@ -124,6 +157,9 @@ def measure(shape: tuple[int, ...], dtype: str, layout: str, gen: Any,
     autotile.matmul(a, b, out=c)
     row["error"] = arrays.error()
     row["library"] = median_ms(lambda: autotile.matmul(a, b, out=c))
+    # as a model's layer runs them: the longer of the host's time per call and the GPU's
+    row["back_to_back"] = {"cublas": back_to_back_ms(arrays.cublas),
+                           "library": back_to_back_ms(lambda: autotile.matmul(a, b, out=c))}
     padded_shape = padding.padded_shape(layout, tuple(shape), dtype)
     device = live_device()
     direct = select(ProblemKey(kernel, dtype, layout, tuple(shape)), device, precision=setting)
@@ -155,9 +191,11 @@ def main() -> int:
                         help="also time the padded plan on every shape, and the padded product alone")
     parser.add_argument("--bmm", action="store_true",
                         help="issue 28's random batched shapes (autotile.cli.bench_torch.random_bmm_shapes)")
-    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"),
-                        help="float32 through CuPy (cuBLAS: cupy.matmul), or a 16-bit type through torch")
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16", "int8"),
+                        help="float32 through CuPy (cuBLAS: cupy.matmul), or a 16-bit type or int8 through torch "
+                             "(int8: layout nt against torch._int_mm, single matrices)")
     parser.add_argument("--layout", default="nn", choices=("nn", "nt"), help="nt: B is W.T of a row-major W")
+    parser.add_argument("--max-side", type=int, default=8192, help="the random sides' largest (from 256)")
     parser.add_argument("--json", metavar="FILE", help="also write every shape's measurements there")
     args = parser.parse_args()
 
@@ -173,6 +211,7 @@ def main() -> int:
 
     gen = cupy.random.default_rng(0)
     print(f"{'shape':>22} {'cublas ms':>9} {'no pad':>9} {'library':>9}  padded  no pad/cuBLAS  library/cuBLAS  "
+          "back to back  "
           "error")
     ratios: list[tuple[float, float]] = []
     rows = []
@@ -181,17 +220,18 @@ def main() -> int:
 
         shapes: list[tuple[int, ...]] = list(random_bmm_shapes(args.shapes, args.seed))
     else:
-        shapes = random_shapes(args.shapes, args.seed, args.dtype, args.layout)
+        shapes = random_shapes(args.shapes, args.seed, args.dtype, args.layout, args.max_side)
     for shape in shapes:
         row = measure(shape, args.dtype, args.layout, gen, median_ms, args.all)
         rows.append({"shape": shape, **row})
         if args.json:
             Path(args.json).write_text(json.dumps(rows, indent=1))
         ratios.append((row["cublas"] / row["plain"], row["cublas"] / row["library"]))
+        b2b = row["back_to_back"]
         print(f"{'x'.join(map(str, shape)):>22} {row['cublas']:9.4f} {row['plain']:9.4f} {row['library']:9.4f}  "
               f"{'yes' if row['takes'] else 'no':>6}  {ratios[-1][0]:13.2f}  {ratios[-1][1]:14.2f}  "
-              f"{row['error']:.1e}" + (f"  forced {row['cublas'] / row['forced']:.2f}x" if "forced" in row else ""),
-              flush=True)
+              f"{b2b['cublas'] / b2b['library']:12.2f}  {row['error']:.1e}"
+              + (f"  forced {row['cublas'] / row['forced']:.2f}x" if "forced" in row else ""), flush=True)
 
     def geomean(values: list[float]) -> float:
         return math.exp(sum(map(math.log, values)) / len(values))

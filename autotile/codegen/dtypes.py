@@ -112,6 +112,11 @@ def itemsize(storage: str) -> int:
     return get(storage).size
 
 
+def ctype(name: str) -> str:
+    """The kernels' C type of an input's or an output's type (by name: "int32" as well as the DTYPES)."""
+    return _OUTPUT_ONLY[name][1] if name in _OUTPUT_ONLY else get(name).ctype
+
+
 def output_ctype(name: str) -> str:
     """The kernels' C type of `name`'s results."""
     output = get(name).output_name
@@ -192,4 +197,4 @@ def _array_module(values: Any) -> Any:
 
 __all__ = ["DTYPES", "DTYPE_NAMES", "DTYPE_SIZES", "Dtype", "FLOAT8_DTYPES", "HALF_DTYPES", "TENSOR_CORE_DTYPES",
            "float8_values", "from_float32", "get",
-           "itemsize", "main_layout", "output_ctype", "output_storage", "to_float32"]
+           "ctype", "itemsize", "main_layout", "output_ctype", "output_storage", "to_float32"]

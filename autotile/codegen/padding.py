@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 
-from autotile.codegen.dtypes import DTYPES
+from autotile.codegen.dtypes import ctype, itemsize
 from autotile.errors import InvalidValueError
 
 ALIGN_BYTES = 16  # a row of the padded operands starts at a multiple of this many bytes
@@ -77,16 +77,15 @@ def padded(layout: str, shape: tuple[int, ...], element_bytes: int, align_c: boo
 
 @functools.lru_cache(maxsize=8)
 def render(dtype: str) -> str:
-    """The CUDA source of the copy kernels for `dtype` (elements of 1 to 8 bytes, moved 16 bytes at a
-    time)."""
+    """The CUDA source of the copy kernels for `dtype` (an input's type or an output's, such as int8's
+    int32: elements of 1 to 8 bytes, moved 16 bytes at a time)."""
     from autotile.codegen.render import environment
 
-    element = DTYPES[dtype]
-    if ALIGN_BYTES % element.size:
+    size = itemsize(dtype)
+    if ALIGN_BYTES % size:
         raise InvalidValueError(f"the padded plan copies elements of 1, 2, 4 or 8 bytes, not {dtype}")
-    return environment().get_template("pad.cu.j2").render(dtype=dtype, ctype=element.ctype,
-                                                           vec=ALIGN_BYTES // element.size,
-                                                           segments=element.size < SEGMENT_BELOW_BYTES)
+    return environment().get_template("pad.cu.j2").render(dtype=dtype, ctype=ctype(dtype), vec=ALIGN_BYTES // size,
+                                                           segments=size < SEGMENT_BELOW_BYTES)
 
 
 def copy_threads(rows: int, cols: int, element_bytes: int) -> int:

@@ -75,6 +75,7 @@ MEASURED = {
 # batches of small matrices (24x1209x372x268 0.55x, 80x434x212x668 0.66x). float16 runs bfloat16's kernels
 # and cuBLAS's at the same rate.
 MEASURED["float16"] = MEASURED["bfloat16"] = MeasuredSizes(256, 256, 2**30, min_flops_per_byte=107.0)
+MEASURED["int8"] = MeasuredSizes(256, 256, 2**30, min_flops_per_byte=107.0)  # provisional: being measured
 # cuBLAS's 16-bit GEMMs run rows that do not start 16-byte aligned 3-7x slower than aligned ones (the H100's
 # bfloat16 database, 2026-11-25: 112-220 TFLOP/s on such shapes of 16 GFLOP and more, 630-800 on aligned
 # ones), so for these types the padded shape's cuBLAS is what the plan is for as well; float32's cuBLAS
@@ -167,7 +168,7 @@ def copy_ms(layout: str, shape: tuple[int, ...], dtype: str, batch_strides: tupl
 def copies(layout: str, shape: tuple[int, ...], dtype: str, batch_strides: tuple[int, ...] = ()) -> tuple[int, int]:
     """The bytes the plan's copies read and write, and their launches (one for the operands' copies, one for
     C's). `batch_strides` as `PaddedCall`'s (a stride of 0: one matrix shared by the batch, copied once)."""
-    size = dtypes.get(dtype).size
+    size, out_size = dtypes.get(dtype).size, dtypes.itemsize(dtypes.get(dtype).output_name)
     padded = plan(layout, shape, dtype)
     *batch_dims, m, n, _k = shape
     batch = math.prod(batch_dims)
@@ -175,13 +176,13 @@ def copies(layout: str, shape: tuple[int, ...], dtype: str, batch_strides: tuple
     moved, launches = 0, 0
     for copy, stride in ((padded.a, strides[0]), (padded.b, strides[1])):
         if copy.needed:
-            moved += (batch if stride else 1) * (copy.rows * copy.cols + copy.elements)
+            moved += (batch if stride else 1) * (copy.rows * copy.cols + copy.elements) * size
             launches = 1  # both operands' copies in one launch
     *_, mp, np_, _kp = padded.shape
     if (mp, np_) != (m, n):  # C written padded, its columns (or rows) copied back
-        moved += batch * (m * np_ + m * n)
+        moved += batch * (m * np_ + m * n) * out_size
         launches += 1
-    return moved * size, launches
+    return moved, launches
 
 
 def pays(direct: Selection, padded: Selection, layout: str, shape: tuple[int, ...], dtype: str) -> bool:
@@ -238,6 +239,8 @@ class PaddedCall:
         from autotile.runtime.impl import ParameterBlock
 
         self.size = dtypes.get(dtype).size
+        out_dtype = dtypes.get(dtype).output_name  # int8's products are int32
+        self.out_size = dtypes.itemsize(out_dtype)
         self.dtype, self.allocate = dtype, allocate
         padded = plan(layout, shape, dtype)
         self.batch = shape[0] if len(shape) == 4 else 1
@@ -262,22 +265,23 @@ class PaddedCall:
             values = (copy.rows, copy.cols, copy.padded_rows, copy.padded_cols, stride, count)
             for slot, value in enumerate(values, first_slot + 2):
                 parameters.set(slot, value)
-            self.jobs.append((operand, self._place(count * copy.elements)))
+            self.jobs.append((operand, self._place(count * copy.elements * self.size)))
             threads = max(threads, shapes_mod.copy_threads(copy.padded_rows, copy.padded_cols, self.size))
             counts = max(counts, count)
             padded_strides.append(copy.elements if stride else 0)
         self.pad = (kernels["autotile_pad"], (-(-threads // THREADS), len(self.jobs), counts), parameters)
         self.padded_strides = tuple(padded_strides) if len(shape) == 4 else ()
         self.c_padded = (self.mp, self.np_) != (self.m, self.n)
-        self.out_nbytes = self.batch * self.mp * self.np_ * self.size
-        self.c_offset = self._place(self.batch * self.mp * self.np_) if self.c_padded else 0
+        self.out_nbytes = self.batch * self.mp * self.np_ * self.out_size
+        self.c_offset = self._place(self.out_nbytes) if self.c_padded else 0
         self.unpad: tuple[Any, tuple[int, int, int], Any] | None = None
         if self.np_ != self.n:  # C's rows grew: each matrix's first m rows, the first n of each row's np_
             parameters = ParameterBlock(("ptr", "ptr", "int32", "int32", "int32", "int64"))
             for slot, value in enumerate((self.m, self.n, self.np_, self.mp * self.np_), 2):
                 parameters.set(slot, value)
-            threads = shapes_mod.copy_threads(self.m, self.np_, self.size)
-            self.unpad = (kernels["autotile_unpad"], (-(-threads // THREADS), 1, self.batch), parameters)
+            threads = shapes_mod.copy_threads(self.m, self.np_, self.out_size)
+            unpad = _copy_kernels(out_dtype, device)["autotile_unpad"]
+            self.unpad = (unpad, (-(-threads // THREADS), 1, self.batch), parameters)
         runner = prepared.runner
         if prepared.direct is None and hasattr(runner, "bound_launch"):
             self.product = runner.bound_launch(self.padded_strides, self.out_nbytes, dtype, allocate)
@@ -287,10 +291,10 @@ class PaddedCall:
                                        self.padded_strides)
             self.product = product
 
-    def _place(self, elements: int) -> int:
-        """A buffer of `elements` in the call's allocation: its offset in bytes (a multiple of 256)."""
+    def _place(self, nbytes: int) -> int:
+        """A buffer of `nbytes` bytes in the call's allocation: its offset in bytes (a multiple of 256)."""
         offset = -(-self.total_bytes // BUFFER_ALIGN_BYTES) * BUFFER_ALIGN_BYTES
-        self.total_bytes = offset + elements * self.size
+        self.total_bytes = offset + nbytes
         return offset
 
     def __call__(self, a_ptr: int, b_ptr: int, c_ptr: int, stream_ptr: int) -> None:
@@ -319,8 +323,8 @@ class PaddedCall:
         elif self.c_padded:  # only M grew (A stored K x M): each matrix's first m rows are its first m n elements
             import cupy
 
-            row = self.m * self.n * self.size
-            cupy.cuda.runtime.memcpy2DAsync(c_ptr, row, int(out), self.mp * self.n * self.size, row, self.batch,
+            row = self.m * self.n * self.out_size
+            cupy.cuda.runtime.memcpy2DAsync(c_ptr, row, int(out), self.mp * self.n * self.out_size, row, self.batch,
                                             cupy.cuda.runtime.memcpyDeviceToDevice, stream_ptr)
         del owner  # back to the framework's pool on this stream: later work on it is ordered after ours
 
