@@ -327,3 +327,19 @@ def test_a_gpu_without_its_own_database_reads_a_same_architecture_ones():
     assert own.source.startswith("model") and " on " not in own.source, own.explain()
     assert "on NVIDIA H100" not in select(ProblemKey("matmul", "int8", "nt", (8192, 8192, 1024)), PROFILES["a100"],
                                           cache).source  # another architecture: no
+
+
+def test_wgmma_direct_candidates_learn_from_rows_of_the_querys_alignment():
+    """A wgmma_direct config copies with tensor maps where rows are 16-byte aligned and through registers
+    elsewhere (several times slower for int8): the model predicts it from shapes of the query's kind only.
+    Learning from the nearest of either kind, it picked direct8-128 for 24x696x920 nt, which ran 0.13x
+    torch._int_mm on an H100 (2026-11-28)."""
+    from autotile.dispatch.cache import TuningCache
+    from autotile.dispatch.model import copy_width
+    from autotile.dispatch.select import select
+
+    assert copy_width(SPACE.named("direct8-128"), 1) == 16
+    assert copy_width(SPACE.named("direct-128x256"), 2) == 8
+    for shape in ((24, 696, 920), (24, 88, 888)):  # K % 16 == 8: no tensor map for A or B
+        found = select(ProblemKey("matmul", "int8", "nt", shape), PROFILES["h100"], TuningCache(None))
+        assert found.config is None or found.config["MATH"] != "wgmma_direct", found.explain()

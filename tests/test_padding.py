@@ -170,20 +170,24 @@ def test_the_plan_pays_where_its_predicted_time_beats_the_call_as_it_is():
 
 
 def test_for_the_16_bit_types_the_padded_shapes_cublas_is_worth_it():
-    """cuBLAS's 16-bit GEMMs want aligned rows: the padded shape's cuBLAS, a choice of the model (its own or
-    borrowed), is what the plan is for; at the sizes measured to pay only (the model's cuBLAS times do not
-    tell aligned rows from others), not onto a default that knows nothing of the shape."""
+    """cuBLAS's 16-bit and int8 GEMMs want aligned rows: the padded shape's cuBLAS, a choice of the model (its
+    own or borrowed), is what the plan is for; at the sizes measured to pay only (the model's cuBLAS times do
+    not tell aligned rows from others), not onto a default that knows nothing of the shape."""
     cublas = _selection(None, "model", None, "cublas")
     for dtype in ("bfloat16", "float16"):
         assert padding.pays(cublas, cublas, "nt", (1398, 6313, 1452), dtype)
-        assert padding.pays(cublas, cublas, "nn", (2, 900, 900, 800), dtype)  # 2^30.2 multiply-adds
-        assert not padding.pays(cublas, cublas, "nn", (1, 900, 900, 800), dtype)  # under 2^30
+        assert padding.pays(cublas, cublas, "nn", (3, 900, 900, 900), dtype)  # 2^31.03 multiply-adds
+        assert not padding.pays(cublas, cublas, "nn", (1200, 1300, 1300), dtype)  # 2^30.9: under 2^31
         assert not padding.pays(cublas, cublas, "nn", (80, 434, 212, 668), dtype)  # sides of 212
         # the copies of A, B and C against the product: 160 TFLOP/s at the copies' rate, under 300
         assert not padding.pays(cublas, cublas, "nt", (737, 4278, 297), dtype)
         assert padding.pays(cublas, cublas, "nt", (7034, 6836, 311), dtype)
         assert not padding.pays(cublas, _selection(None, "built-in default", None, "cublas"), "nt",
                                 (1398, 6313, 1452), dtype)
+    # int8: K of at least 512, 1000 flops per byte copied
+    assert padding.pays(cublas, cublas, "nt", (1459, 7704, 3704), "int8")
+    assert not padding.pays(cublas, cublas, "nt", (2448, 3944, 360), "int8")  # K under 512
+    assert not padding.pays(cublas, cublas, "nt", (487, 7984, 5048), "int8")  # 459 flops per byte
     assert not padding.pays(cublas, cublas, "nt", (1398, 6313, 1452), "float32")
 
 

@@ -74,13 +74,26 @@ MEASURED = {
 # 2^30 multiply-adds; under that it lost on some (737x4278x297 nt 0.89x, 3005x1375x481 nt 0.87x), and on
 # batches of small matrices (24x1209x372x268 0.55x, 80x434x212x668 0.66x). float16 runs bfloat16's kernels
 # and cuBLAS's at the same rate.
-MEASURED["float16"] = MEASURED["bfloat16"] = MeasuredSizes(256, 256, 2**30, min_flops_per_byte=107.0)
-MEASURED["int8"] = MeasuredSizes(256, 256, 2**30, min_flops_per_byte=107.0)  # provisional: being measured
+# Back to back (a model's layer: the longer of the host's time per call and the GPU's), the padded call's
+# 30-32 us of host time lost on the smaller of those (bfloat16 1332x1414x701 nt 0.94x, 729x1720x955 0.76x
+# torch.matmul, while 1.85x and 1.80x on the GPU; tools/pad_probe.py --max-side 2048, seed 6): from 2^31
+# multiply-adds, 1.01-1.35x back to back as well.
+MEASURED["float16"] = MEASURED["bfloat16"] = MeasuredSizes(256, 256, 2**31, min_flops_per_byte=107.0)
+# int8 (H100, 2026-11-28, tools/pad_probe.py --dtype int8 --all, 16 nt shapes with K or N an odd multiple of 8,
+# against torch._int_mm): cuBLAS's int8 GEMM runs rows that are not 16-byte aligned up to 3x slower too
+# (3120x568x6776: 133 us, 40 on the padded shape). Forced, the plan ran 1.35-1.61x on every shape of K at
+# least 512 and at least 1000 flops per byte copied; under that 0.81-1.66x (487x7984x5048 0.84x, 1258x704x280
+# 0.81x), and 0.96x at K = 360 (2448x3944x360).
+MEASURED["int8"] = MeasuredSizes(256, 512, 2**31, min_flops_per_byte=1000.0)
 # cuBLAS's 16-bit GEMMs run rows that do not start 16-byte aligned 3-7x slower than aligned ones (the H100's
 # bfloat16 database, 2026-11-25: 112-220 TFLOP/s on such shapes of 16 GFLOP and more, 630-800 on aligned
-# ones), so for these types the padded shape's cuBLAS is what the plan is for as well; float32's cuBLAS
-# runs both at one speed.
-CUBLAS_WANTS_ALIGNED = ("bfloat16", "float16")
+# ones), its int8 GEMM up to 3x, so for these types the padded shape's cuBLAS is what the plan is for as
+# well; float32's cuBLAS runs both at one speed.
+CUBLAS_WANTS_ALIGNED = ("bfloat16", "float16", "int8")
+# The types whose C's rows are padded to 16 bytes too (cuBLAS's 16-bit GEMMs run unaligned rows of C slowly
+# as well: 83-200 TFLOP/s on nt shapes of an odd N). int8's C is int32: rows of a multiple of 8 elements, the
+# sizes torch._int_mm takes, are aligned already, and cuBLAS takes no other.
+ALIGNED_C = ("bfloat16", "float16")
 # What the copies cost on the GPU (`copy_ms`): on an H100 (2026-11-27, `tools/pad_probe.py --all`, 47 shapes),
 # the copies' time fits 3.0e9 bytes per ms and 1.6 us per launch; a little slower here, to be safe
 COPY_BYTES_PER_MS = 2.8e9  # bytes read and written per millisecond
@@ -142,20 +155,20 @@ def applies(dtype: str, setting: str, kernel: str, layout: str, shape: tuple[int
 
 
 def misaligned(dtype: str, kernel: str, layout: str, shape: tuple[int, ...]) -> bool:
-    """Whether some operand's rows (for the CUBLAS_WANTS_ALIGNED types, or C's) in `layout` on `shape` do not
-    start 16-byte aligned, the arrays taken to start aligned as allocators give them."""
+    """Whether some operand's rows (or, for the ALIGNED_C types, C's) in `layout` on `shape` do not start
+    16-byte aligned, the arrays taken to start aligned as allocators give them."""
     # imported here: `import autotile` loads this module, and the model's (the tuning cache's filelock) only
     # where a call is this large
     from autotile.dispatch.model import rows_allow
 
     width = shapes_mod.ALIGN_BYTES // dtypes.get(dtype).size
-    return not rows_allow(kernel, shape, layout, width) or (dtype in CUBLAS_WANTS_ALIGNED and shape[-2] % width != 0)
+    return not rows_allow(kernel, shape, layout, width) or (dtype in ALIGNED_C and shape[-2] % width != 0)
 
 
 def plan(layout: str, shape: tuple[int, ...], dtype: str) -> shapes_mod.PaddedShape:
     """The padded problem the plan runs (`autotile.codegen.padding.padded`): C's rows aligned too for the
-    CUBLAS_WANTS_ALIGNED types."""
-    return shapes_mod.padded(layout, shape, dtypes.get(dtype).size, align_c=dtype in CUBLAS_WANTS_ALIGNED)
+    ALIGNED_C types."""
+    return shapes_mod.padded(layout, shape, dtypes.get(dtype).size, align_c=dtype in ALIGNED_C)
 
 
 def copy_ms(layout: str, shape: tuple[int, ...], dtype: str, batch_strides: tuple[int, ...] = ()) -> float:
@@ -335,5 +348,6 @@ def forget() -> None:
         _kernels.clear()
 
 
-__all__ = ["CUBLAS_WANTS_ALIGNED", "MARGIN", "MEASURED", "MIN_VOLUME", "MeasuredSizes", "PaddedCall", "applies",
-           "copies", "copy_ms", "enabled", "forget", "misaligned", "on_toggle", "padded_shape", "pays", "plan"]
+__all__ = ["ALIGNED_C", "CUBLAS_WANTS_ALIGNED", "MARGIN", "MEASURED", "MIN_VOLUME", "MeasuredSizes", "PaddedCall",
+           "applies", "copies", "copy_ms", "enabled", "forget", "misaligned", "on_toggle", "padded_shape", "pays",
+           "plan"]
