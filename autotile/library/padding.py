@@ -1,6 +1,8 @@
-"""The padded plan: a large float32 matmul whose operands' rows do not start 16-byte aligned (an odd K or N:
-most sizes that are not multiples of 4) computed on zero-padded copies whose rows do, so that it runs the
-kernels of aligned rows (TMA wgmma, 16-byte copies) instead of copies of one element at a time or cuBLAS.
+"""The padded plan: a large float32, bfloat16, float16 or int8 matmul whose operands' rows do not start 16-byte
+aligned (an odd K or N: most sizes that are not multiples of 16 bytes' elements; for the 16-bit types, C's
+rows too) computed on zero-padded copies whose rows do, so that it runs the kernels of aligned rows (TMA
+wgmma, 16-byte copies) instead of copies of one element at a time, or, for the 16-bit types and int8, cuBLAS
+on aligned rows (it runs theirs several times slower unaligned).
 
 A call copies A and B into buffers of the padded shape (`autotile.codegen.padding`: each operand's contiguous
 dimension rounded up to 16 bytes, K the same for both, zeros in what was added), runs the library's choice
@@ -12,15 +14,15 @@ back), their parameters packed once.
 Where it pays (`applies`, then `pays`): the copies read and write A, B and C once more, so the padded shape's
 product must be faster by more than they cost. Every first call of an unaligned problem of at least MIN_VOLUME
 multiply-adds weighs the two selections (`autotile.library.calls.padded_plan`). The plan runs where the
-problem is as large as where it was measured to pay on every shape (the *_MEASURED sizes), and, for one
+problem is as large as where it was measured to pay on every shape (MEASURED, per dtype), and, for one
 matrix, where the padded shape's predicted time (its tuned record's, or the shape database's model's) plus
 the copies' (`copy_ms`: their bytes at the bandwidth they reach) is under the predicted time of what the call
 runs as it is by MARGIN. On an H100 (2026-11-27, `tools/pad_probe.py --all`, every shape also timed through
 the plan; the constants were set on these runs), on 48 random matmul shapes with N or K odd (seeds 1 and 2),
 the rule took 20 and reached a geomean of 1.180x cuBLAS against 1.188 for the better of the two on every
 shape (1.040 without the plan); on an H200, 1.120 against 1.125 (1.033 without) on 24 held-out shapes.
-Batches take it at the measured sizes only (see BATCH_NOTE). Only where the setting allows the tf32x3
-kernels (what the aligned shapes run).
+Batches take it at the measured sizes only (see BATCH_NOTE). float32 only where the setting allows the
+tf32x3 kernels (what its aligned shapes run). The 16-bit types' and int8's rules: MEASURED's notes.
 """
 
 from __future__ import annotations
@@ -41,6 +43,8 @@ if TYPE_CHECKING:
 # batch x M x N x K below which the plan is not weighed: there the copies' launches are a good part of the
 # time and the predictions' errors (25-35% on such shapes) larger than what the plan can win
 MIN_VOLUME = 2**28
+
+
 @dataclasses.dataclass(frozen=True)
 class MeasuredSizes:
     """Sizes from which the plan was measured to pay on every shape tried: M and N, K, the volume (batch x M x
@@ -143,8 +147,9 @@ def enabled(on: bool | None = None) -> bool:
 
 def applies(dtype: str, setting: str, kernel: str, layout: str, shape: tuple[int, ...]) -> bool:
     """Whether the padded plan is weighed for a matmul ("matmul" or "bmm") of `shape` ((batch,) M, N, K) in
-    `layout`, `dtype`, under the precision `setting`: some operand's rows not 16-byte aligned, tf32x3
-    allowed (what the aligned shapes run), the volume at least MIN_VOLUME. Cheap: every first call asks."""
+    `layout`, `dtype` (one of DTYPES), under the precision `setting`: some rows not 16-byte aligned
+    (`misaligned`), for float32 tf32x3 allowed (what its aligned shapes run), the volume at least
+    MIN_VOLUME. Cheap: every first call asks."""
     if not _enabled or dtype not in DTYPES or kernel not in ("matmul", "bmm"):
         return False
     if dtype == "float32" and not precision_mod.allows(setting, precision_mod.MATH_CLASS["tf32x3"]):
