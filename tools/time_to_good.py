@@ -190,7 +190,7 @@ LABEL_KEYS = {
     "tf32x3": ("BM", "BN", "WM", "WN", "BK", "STAGES", "SPLIT_K"),
     "dmma": ("BM", "BN", "WM", "WN", "MMA_K", "BK", "STAGES", "SPLIT_K"),
     "wgmma": ("BM", "BN", "BK", "STAGES", "PRODUCERS", "LOADER", "SPLIT_K"),
-    "wgmma_direct": ("BM", "BN", "BK", "STAGES", "CLUSTER_M", "PERSISTENT", "SPLIT_K"),
+    "wgmma_direct": ("BM", "BN", "BK", "STAGES", "CLUSTER_M", "PERSISTENT", "PINGPONG", "STORE", "SPLIT_K"),
     "skinny": ("BM", "BN", "TN", "THREADS_K", "STEPS", "SPLIT_K"),
 }
 MATVEC_LABEL_KEYS = ("ROWS", "THREADS_K", "VEC", "UNROLL", "SPLIT_K")
