@@ -50,7 +50,7 @@ def random_shapes(count: int, seed: int, dtype: str = "float32", layout: str = "
 class Arrays:
     """The operands, C and the reference of one shape, and the reference call (cuBLAS): CuPy arrays and
     `cupy.matmul` for float32, torch tensors and `torch.matmul` for the 16-bit types (CuPy has no
-    bfloat16). B of layout nt is a row-major N x K matrix, transposed (x @ W.T)."""
+    bfloat16), torch._int_mm for int8. B of layout nt is a row-major N x K matrix, transposed (x @ W.T)."""
 
     def __init__(self, shape: tuple[int, ...], dtype: str, layout: str, gen: Any):
         import cupy
@@ -59,8 +59,10 @@ class Arrays:
 
         *batch, m, n, k = shape
         self.dtype, self.layout = dtype, layout
-        a = gen.standard_normal((*batch, m, k), dtype=cupy.float32)
-        b = gen.standard_normal((*batch, n, k) if layout == "nt" else (*batch, k, n), dtype=cupy.float32)
+        a_shape, b_shape = (*batch, m, k), ((*batch, n, k) if layout == "nt" else (*batch, k, n))
+        if dtype != "int8":  # int8 draws its own values below
+            a = gen.standard_normal(a_shape, dtype=cupy.float32)
+            b = gen.standard_normal(b_shape, dtype=cupy.float32)
         if dtype == "float32":
             self.a, self.b = a, (b.swapaxes(-1, -2) if layout == "nt" else b)
             self.c = cupy.full((*batch, m, n), cupy.nan, cupy.float32)
@@ -71,8 +73,8 @@ class Arrays:
 
         kind = getattr(torch, dtype)
         if dtype == "int8":  # every value, torch._int_mm's contract (nt only): int32 C
-            a_t = torch.randint(-128, 128, a.shape, dtype=kind, device="cuda")
-            b_t = torch.randint(-128, 128, b.shape, dtype=kind, device="cuda")
+            a_t = torch.randint(-128, 128, a_shape, dtype=kind, device="cuda")
+            b_t = torch.randint(-128, 128, b_shape, dtype=kind, device="cuda")
         else:
             a_t, b_t = torch.as_tensor(a, device="cuda").to(kind), torch.as_tensor(b, device="cuda").to(kind)
         self.a, self.b = a_t, (b_t.transpose(-1, -2) if layout == "nt" else b_t)

@@ -207,11 +207,11 @@ def pays(direct: Selection, padded: Selection, layout: str, shape: tuple[int, ..
     """Whether the padded plan is faster than the call as it is, from the two problems' selections
     (`autotile.dispatch.select.Selection`): `direct`, what the call of `shape` would run, and `padded`, what
     the padded shape runs. The padded shape's choice must be what the padding is for (a generated kernel its
-    tuned record or the shape database's model picked, its own or borrowed from another layout; not cuBLAS,
-    nor a fallback that knows nothing of the shape); then either the problem is as large as the sizes
-    measured to pay (the *_MEASURED constants), or, for one matrix (not a batch) where both choices have a
-    predicted time, the padded shape's plus the copies' (`copy_ms`), or the host's time per call (HOST_MS)
-    where that is longer, is under the direct choice's by MARGIN."""
+    tuned record or the shape database's model picked, its own or borrowed from another layout; cuBLAS only
+    for the CUBLAS_WANTS_ALIGNED types; never a fallback that knows nothing of the shape); then either the
+    problem is as large as the sizes measured to pay (MEASURED[dtype]), or, for one matrix (not a batch)
+    where both choices have a predicted time, the padded shape's plus the copies' (`copy_ms`), or the host's
+    time per call (HOST_MS) where that is longer, is under the direct choice's by MARGIN."""
     if padded.step not in ("exact", "model"):
         return False
     if padded.config is None and not (dtype in CUBLAS_WANTS_ALIGNED and padded.implementation == "cublas"):
