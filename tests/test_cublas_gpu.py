@@ -329,3 +329,58 @@ def test_torch_calls_that_select_cublas_take_torchs_own_call_while_it_is_ieee(mo
             torch.backends.cuda.matmul.fp32_precision = "ieee"
         torch.backends.cuda.matmul.allow_tf32 = allowed
         calls.forget()
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "int8"])
+def test_reduced_precision_calls_that_select_cublas_take_torchs_own_call(monkeypatch, dtype):
+    # bfloat16 and float16 with cuBLAS selected: the repeated call on torch tensors is torch's own op (its
+    # reduced-precision-reduction switches allow at most what autotile's handle allows), except float16
+    # while torch sums float16 products in float16 (allow_fp16_accumulation, torch 2.7+). int8 keeps
+    # autotile's cublasGemmEx call (torch._int_mm runs cuBLASLt's other kernels).
+    torch = pytest.importorskip("torch")
+    from autotile.dispatch import select as select_mod
+    from autotile.library import calls
+    from autotile.runtime import cublas as cublas_mod
+
+    calls.forget()
+    monkeypatch.setattr(select_mod, "select", lambda key, device, cache=None, precision=None: select_mod.Selection(
+        None, "exact", None, None, "cublas", precision=precision))
+    ours = []
+    original = cublas_mod.CublasCall.__call__
+    monkeypatch.setattr(cublas_mod.CublasCall, "__call__",
+                        lambda self, *args, **kwargs: ours.append(self) or original(self, *args, **kwargs))
+    natives = []
+    for name in ("mm", "bmm", "mv", "matmul"):
+        op = getattr(torch, name)
+        monkeypatch.setattr(torch, name, lambda *args, _op=op, _name=name, **kwargs: natives.append(_name) or _op(
+            *args, **kwargs))
+    generator = torch.Generator(device="cuda").manual_seed(9)
+    torch_dtype = getattr(torch, dtype)
+
+    def rand(*shape):
+        if dtype == "int8":
+            return torch.randint(-128, 128, shape, device="cuda", generator=generator, dtype=torch.int8)
+        return (torch.rand(*shape, device="cuda", generator=generator) - 0.5).to(torch_dtype)
+
+    a, w = rand(40, 264), rand(72, 264)  # x @ W.T, sizes torch._int_mm takes too
+    ref = a.double() @ w.double().T
+    accumulation = getattr(torch.backends.cuda.matmul, "allow_fp16_accumulation", None)
+    switches = [False, True] if dtype == "float16" and accumulation is not None else [False]
+    try:
+        for fp16_sums in switches:
+            if accumulation is not None:
+                torch.backends.cuda.matmul.allow_fp16_accumulation = fp16_sums
+            for _ in range(3):  # the first call prepares; the repeated ones take the short path
+                ours.clear()
+                natives.clear()
+                got = calls.matmul_no_autograd(a, w.T)
+            if dtype == "int8":
+                assert torch.equal(got.double(), ref)
+            else:
+                assert float((got.double() - ref).norm() / ref.norm()) < 1e-2
+            expect_native = dtype != "int8" and not fp16_sums
+            assert (natives, len(ours)) == ((["mm"], 0) if expect_native else ([], 1)), (dtype, fp16_sums)
+    finally:
+        if accumulation is not None:
+            torch.backends.cuda.matmul.allow_fp16_accumulation = accumulation
+        calls.forget()

@@ -287,6 +287,36 @@ def test_unaligned_batched_and_special_operands(dtype):
         assert cupy.array_equal(cupy.sign(ours[cupy.isinf(ours)]), cupy.sign(theirs[cupy.isinf(theirs)]))
 
 
+@pytest.mark.gpu
+def test_bound_launch_rewrites_tensor_maps_only_when_the_inputs_move():
+    """The library's repeated call of a tensor-map kernel writes the maps into its parameter block only when
+    the inputs' addresses change: alternating between two pairs of inputs (and one aligned, one not), each
+    result is its own inputs' product."""
+    require_hopper()
+    import cupy
+
+    from autotile.runtime.impl import Generated
+    from autotile.runtime.timing import relative_error
+
+    key = ProblemKey("matmul", "bfloat16", "nt", (200, 136, 264))
+    spec = kernels.get("matmul")
+    runner = Generated(SPACE.named("direct-128x256")).prepare(key)
+    run = runner.bound_launch(out_nbytes=200 * 136 * 2, dtype="bfloat16")
+    rng = cupy.random.default_rng(3)
+    pairs = [spec.make_inputs(key.shape, "bfloat16", "nt", rng, cupy) for _ in range(2)]
+    a, b = spec.make_inputs(key.shape, "bfloat16", "nt", rng, cupy)
+    shifted = cupy.concatenate([cupy.zeros(1, a.dtype), a.reshape(-1)])[1:].reshape(a.shape)  # misaligned
+    pairs.append((shifted, b))
+    stream = cupy.cuda.get_current_stream().ptr
+    for a, b in pairs * 2 + pairs[::-1]:
+        out = cupy.empty(spec.output_shape(key.shape), dtype=dtypes.get("bfloat16").storage)
+        kernels.poison(out)
+        run(int(a.data.ptr), int(b.data.ptr), int(out.data.ptr), stream)
+        assert relative_error(out, spec.reference((a, b))) <= kernels.tolerance("bfloat16", 264)
+    assert runner.uses_tensor_maps((int(pairs[0][0].data.ptr), int(pairs[0][1].data.ptr)))
+    assert not runner.uses_tensor_maps((int(shifted.data.ptr), int(b.data.ptr)))
+
+
 def test_float16_borrows_bfloat16s_database():
     """float16 runs bfloat16's kernels at the same tensor-core rate: without a database of its own it takes
     bfloat16's choices (a generated kernel where bfloat16's database chose one)."""

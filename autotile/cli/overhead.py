@@ -55,22 +55,26 @@ def _time(calls: dict[str, Callable[[], Any]], sync: Callable[[], None], n: int,
 Case = tuple[str, Callable[[], Any], Callable[[], Any], tuple[str, str, tuple[int, ...]]]
 
 
-def cases(torch: Any, cupy: Any, autotile: Any) -> list[Case]:
-    """(name, the other call, autotile's call, what autotile runs) for every entry point."""
+# the element types the benchmark takes; CuPy has no bfloat16, so that type's CuPy rows are left out
+DTYPES = ("float32", "float64", "bfloat16", "float16")
+CUPY_DTYPES = ("float32", "float64", "float16")
+
+
+def cases(torch: Any, cupy: Any, autotile: Any, dtype: str = "float32") -> list[Case]:
+    """(name, the other call, autotile's call, what autotile runs) for every entry point, on arrays of
+    `dtype` (one of `DTYPES`)."""
     def t(*shape: int) -> Any:
-        return torch.rand(*shape, device="cuda") - 0.5
+        return (torch.rand(*shape, device="cuda") - 0.5).to(getattr(torch, dtype))
 
     def c(*shape: int) -> Any:
-        return cupy.random.random(shape, dtype=cupy.float32) - 0.5
+        return (cupy.random.random(shape, dtype=cupy.float32) - 0.5).astype(dtype)
 
     a, b, x = t(64, 64), t(64, 64), t(64)
     a3, b3 = t(8, 64, 64), t(8, 64, 64)
     w, xs = t(4096, 4096), t(16, 4096)
     gemv_a, gemv_x = t(3000, 3000).T, t(3000)  # column-major A: about 9 million elements
     odd_a, odd_b = t(2053, 2049), t(2049, 2051)  # rows not 16-byte aligned: the padded plan's copies
-    ca, cb, cx = c(64, 64), c(64, 64), c(64)
-    out = {"mm": torch.empty(64, 64, device="cuda"), "cmm": cupy.empty((64, 64), dtype=cupy.float32),
-           "odd": torch.empty(2053, 2051, device="cuda")}
+    out = {"mm": t(64, 64), "odd": t(2053, 2051)}
     found: list[Case] = [
         ("torch matmul 64x64x64", lambda: torch.matmul(a, b), lambda: autotile.matmul(a, b),
          ("matmul", "nn", (64, 64, 64))),
@@ -87,10 +91,15 @@ def cases(torch: Any, cupy: Any, autotile: Any) -> list[Case]:
          lambda: autotile.matmul(odd_a, odd_b, out=out["odd"]), ("matmul", "nn", (2053, 2051, 2049))),
         ("torch gemv column-major 3000x3000", lambda: torch.mv(gemv_a, gemv_x),
          lambda: autotile.matvec(gemv_a, gemv_x), ("matvec", "col", (3000, 3000))),
+    ]
+    if dtype not in CUPY_DTYPES:
+        return found
+    ca, cb, cx, c_out = c(64, 64), c(64, 64), c(64), c(64, 64)
+    found += [
         ("cupy matmul 64x64x64", lambda: cupy.matmul(ca, cb), lambda: autotile.matmul(ca, cb),
          ("matmul", "nn", (64, 64, 64))),
-        ("cupy matmul 64x64x64, out=", lambda: cupy.matmul(ca, cb, out=out["cmm"]),
-         lambda: autotile.matmul(ca, cb, out=out["cmm"]), ("matmul", "nn", (64, 64, 64))),
+        ("cupy matmul 64x64x64, out=", lambda: cupy.matmul(ca, cb, out=c_out),
+         lambda: autotile.matmul(ca, cb, out=c_out), ("matmul", "nn", (64, 64, 64))),
         ("cupy matvec 64x64", lambda: cupy.matmul(ca, cx), lambda: autotile.matvec(ca, cx),
          ("matvec", "row", (64, 64))),
     ]
@@ -130,10 +139,11 @@ def random_small_calls(n: int, seed: int) -> list[tuple[str, tuple[int, ...]]]:
     return found
 
 
-def _small_call(torch: Any, autotile: Any, kind: str, shape: tuple[int, ...]) -> tuple[Any, Any]:
-    """(torch's call, autotile's call) of one small problem, on random torch tensors."""
+def _small_call(torch: Any, autotile: Any, kind: str, shape: tuple[int, ...], dtype: str = "float32"
+                ) -> tuple[Any, Any]:
+    """(torch's call, autotile's call) of one small problem, on random torch tensors of `dtype`."""
     def t(*dims: int) -> Any:
-        return torch.rand(*dims, device="cuda") - 0.5
+        return (torch.rand(*dims, device="cuda") - 0.5).to(getattr(torch, dtype))
 
     if kind == "matmul":
         m, n, k = shape
@@ -153,32 +163,33 @@ def _small_call(torch: Any, autotile: Any, kind: str, shape: tuple[int, ...]) ->
     return (lambda: torch.bmm(a3, b3)), (lambda: autotile.matmul(a3, b3))
 
 
-def random_small(torch: Any, autotile: Any, n: int, seed: int, rounds: int) -> list[dict[str, Any]]:
+def random_small(torch: Any, autotile: Any, n: int, seed: int, rounds: int, dtype: str = "float32"
+                 ) -> list[dict[str, Any]]:
     """Back-to-back microseconds per call of torch's call and autotile's on `random_small_calls(n, seed)`,
     and what autotile runs for each."""
     rows = []
     for kind, shape in random_small_calls(n, seed):
-        theirs, mine = _small_call(torch, autotile, kind, shape)
+        theirs, mine = _small_call(torch, autotile, kind, shape, dtype)
         timed = _time({"theirs": theirs, "mine": mine}, torch.cuda.synchronize, 50, rounds)
         kernel, layout = SMALL_PROBLEMS[kind]
         rows.append({"kind": kind, "shape": list(shape), "torch_us": timed["theirs"][1],
                      "autotile_us": timed["mine"][1], "torch_enqueue_us": timed["theirs"][0],
                      "autotile_enqueue_us": timed["mine"][0], "ratio": timed["theirs"][1] / timed["mine"][1],
-                     "autotile_runs": _runs((kernel, layout, shape))})
+                     "autotile_runs": _runs((kernel, layout, shape), dtype)})
     return rows
 
 
-def _runs(problem: tuple[str, str, tuple[int, ...]]) -> str:
+def _runs(problem: tuple[str, str, tuple[int, ...]], dtype: str = "float32") -> str:
     """What the library runs for a problem: cuBLAS, or a generated config (and the selection step), or the
     padded plan."""
     from autotile.dispatch import precision
     from autotile.library.calls import padded_plan, selection_for
 
     kernel, layout, shape = problem
-    padded = padded_plan(kernel, "float32", layout, shape, precision.resolve(None))
+    padded = padded_plan(kernel, dtype, layout, shape, precision.resolve(None))
     if padded is not None:
         return f"the padded plan ({padded.selection.source})"
-    selection = selection_for(kernel, "float32", layout, shape)
+    selection = selection_for(kernel, dtype, layout, shape)
     return "cuBLAS" if selection.implementation == "cublas" else f"generated ({selection.source})"
 
 
@@ -190,6 +201,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", default=None, metavar="PATH", help="write the numbers as JSON")
     parser.add_argument("--random", type=int, default=0, metavar="N", help="also N random small problems")
     parser.add_argument("--seed", type=int, default=1, help="the random problems' seed (default 1)")
+    parser.add_argument("--dtype", default="float32", choices=DTYPES,
+                        help="the arrays' element type (default float32; bfloat16 has no CuPy rows)")
     args = parser.parse_args(argv)
     if args.calls < 1 or args.rounds < 1:
         print(f"{parser.prog}: error: --calls and --rounds must be at least 1", file=sys.stderr)
@@ -207,15 +220,15 @@ def main(argv: list[str] | None = None) -> int:
     sync_torch, sync_cupy = torch.cuda.synchronize, cupy.cuda.runtime.deviceSynchronize
     empty = cupy.RawKernel('extern "C" __global__ void empty() {}', "empty")
     floor = _time({"empty": lambda: empty((1,), (32,), ())}, sync_cupy, args.calls, args.rounds)["empty"][0]
-    for name, theirs, mine, problem in cases(torch, cupy, autotile):
+    for name, theirs, mine, problem in cases(torch, cupy, autotile, args.dtype):
         sync = sync_torch if name.startswith("torch") else sync_cupy
         timed = _time({"theirs": theirs, "mine": mine}, sync, args.calls, args.rounds)
         (their_enqueue, their_total), (my_enqueue, my_total) = timed["theirs"], timed["mine"]
         rows.append({"case": name, "other_enqueue_us": their_enqueue, "autotile_enqueue_us": my_enqueue,
                      "other_us": their_total, "autotile_us": my_total, "ratio": their_total / my_total,
-                     "autotile_runs": _runs(problem)})
+                     "autotile_runs": _runs(problem, args.dtype)})
     device = torch.cuda.get_device_name()
-    print(f"## Host cost per call, {device}, {time.strftime('%Y-%m-%d')} (torch {torch.__version__}, "
+    print(f"## Host cost per call, {args.dtype}, {device}, {time.strftime('%Y-%m-%d')} (torch {torch.__version__}, "
           f"CuPy {cupy.__version__}, TF32 off)\n")
     print(f"An empty kernel launched through CuPy: {floor:.1f} us to enqueue.\n")
     print("| call | autotile runs | enqueue: theirs us | autotile us | back to back: theirs us | autotile us | ratio |")
@@ -223,7 +236,8 @@ def main(argv: list[str] | None = None) -> int:
     for r in rows:
         print(f"| {r['case']} | {r['autotile_runs']} | {r['other_enqueue_us']:.1f} | {r['autotile_enqueue_us']:.1f} | "
               f"{r['other_us']:.1f} | {r['autotile_us']:.1f} | {r['ratio']:.2f} |")
-    small = random_small(torch, autotile, args.random, args.seed, max(3, args.rounds // 3)) if args.random else []
+    small = (random_small(torch, autotile, args.random, args.seed, max(3, args.rounds // 3), args.dtype)
+             if args.random else [])
     if small:
         print(f"\n{len(small)} random small problems (seed {args.seed}), back to back, ratio = torch's time / "
               "autotile's:\n")
@@ -243,7 +257,8 @@ def main(argv: list[str] | None = None) -> int:
                                       f"{r['autotile_runs'].split(' (')[0]})" for r in worst))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"device": device, "empty_kernel_us": floor, "rows": rows, "random_small": small}, f, indent=1)
+            json.dump({"device": device, "dtype": args.dtype, "empty_kernel_us": floor, "rows": rows,
+                       "random_small": small}, f, indent=1)
     return 0
 
 

@@ -172,6 +172,7 @@ class KernelRunner:
         # Batched kernels take a batch's matrices at offsets a 2-D map cannot follow: registers there.
         self._tensor_maps = TensorMapCache(launch.tensor_maps) if launch.tensor_maps and not batched else None
         self.parameters = ParameterBlock(types)
+        self._maps_written_for: tuple[int, ...] | None = None  # the inputs whose maps the block holds
         for i, size in enumerate(sizes):
             self.parameters.set(inputs + 1 + i, int(size))
         self._first_stride = inputs + 1 + len(sizes)
@@ -206,10 +207,7 @@ class KernelRunner:
                 parameters.set(slot, buffers[1])
                 parameters.set(slot + 1, buffers[2])
             if launch.tensor_maps:
-                maps = self._tensor_maps.maps(pointers) if self._tensor_maps is not None else None
-                parameters.set(self._first_map, maps is not None)
-                for i, tensor_map in enumerate(maps or ()):
-                    parameters.set_bytes(self._first_map + 1 + i, tensor_map)
+                self._write_maps(pointers)
             self.kernel.launch_packed(launch.grid, launch.block, launch.dynamic_smem_bytes, stream_ptr, parameters)
 
     def bound_launch(self, batch_strides: tuple[int, ...] = (), out_nbytes: int = 0, dtype: str = "float32",
@@ -218,15 +216,14 @@ class KernelRunner:
         everything else bound once: the library's repeated call of one signature. A split-K kernel that adds
         into its output zeroes it first (`out_nbytes` bytes); one that sums by its last block takes the
         workspace kept for the stream (the first call on a stream goes through `launch`, which makes it); a
-        kernel that copies with tensor maps goes through `launch` (the maps follow the pointers)."""
+        kernel that copies with tensor maps writes them only when the inputs' addresses differ from the
+        last launch's (a model's weights and buffers come back at the same addresses call after call)."""
         assert self._first_stride >= 3
 
         def general(a_ptr: int, b_ptr: int, out_ptr: int, stream_ptr: int) -> None:
             self.launch((a_ptr, b_ptr), out_ptr, out_nbytes, dtype, stream_ptr, batch_strides, allocate)
 
         launch, parameters = self.geometry, self.parameters
-        if launch.tensor_maps:
-            return general
         import cupy
 
         words = parameters.words
@@ -238,6 +235,7 @@ class KernelRunner:
         (gx, gy, gz), (bx, by, bz), smem, address = launch.grid, launch.block, launch.dynamic_smem_bytes, \
             parameters.address
         memset, zero, buffers = cupy.cuda.runtime.memsetAsync, launch.zero_output, self._buffers
+        maps = bool(launch.tensor_maps)
 
         def run(a_ptr: int, b_ptr: int, out_ptr: int, stream_ptr: int) -> None:
             if zero:  # the splits add into the output: it starts at zero, on the launch's stream
@@ -251,9 +249,22 @@ class KernelRunner:
                     word.value = stride
                 if workspace_words is not None:
                     _, workspace_words[0].value, workspace_words[1].value = buffers[stream_ptr]
+                if maps and self._maps_written_for != (a_ptr, b_ptr):
+                    self._write_maps((a_ptr, b_ptr))
                 go(function, gx, gy, gz, bx, by, bz, smem, stream_ptr, address, 0)
 
         return run
+
+    def _write_maps(self, pointers: tuple[int, ...]) -> None:
+        """The flag and the tensor maps for the inputs at `pointers` into the parameter block, unless it
+        holds them already (call with the block's lock held)."""
+        if self._maps_written_for == pointers:
+            return
+        maps = self._tensor_maps.maps(pointers) if self._tensor_maps is not None else None
+        self.parameters.set(self._first_map, maps is not None)
+        for i, tensor_map in enumerate(maps or ()):
+            self.parameters.set_bytes(self._first_map + 1 + i, tensor_map)
+        self._maps_written_for = pointers
 
     def uses_tensor_maps(self, pointers: tuple[int, ...]) -> bool:
         """Whether a launch with the inputs at `pointers` copies its tiles with tensor maps (LOADER=tma and

@@ -219,15 +219,22 @@ class TorchFramework(Framework):
 
     def native_product(self, kernel: str, dtype: str, dims: tuple[int, int]) -> NativeProduct | None:
         # torch.mm/bmm/mv/matmul enqueue cuBLAS from C++: measured on an H100 host (2026-11-27), 2-5 us per
-        # call less than autotile's cuBLAS call through ctypes (strided batched: 5-10 us). Its float32 GEMM
-        # is autotile's (IEEE FP32) only while torch's TF32 switch is off, read per call (0.1 us); float64 has
-        # no such switch. The 16-bit types are left to autotile's call: torch's cuBLAS may reduce split-K
-        # partial sums in 16 bits by default (its reduced-precision-reduction switches).
+        # call less than autotile's cuBLAS call through ctypes (strided batched: 5-10 us). A switch of torch's
+        # that would change the arithmetic is read per call (0.1 us): float32's GEMM is autotile's (IEEE
+        # FP32) only while torch's TF32 switch is off; float16's sums are float32 only while torch's
+        # fp16-accumulation switch (torch 2.7+) is off. float64 and bfloat16 have no such switch. The 16-bit
+        # types' other switches, torch's reduced-precision reductions, allow at most what autotile's own
+        # handle allows (cuBLAS's default math mode, `autotile.runtime.cublas`): with them on (torch's
+        # default) the call is the same, with them off it only forbids more. int8 is left to autotile's
+        # call: torch._int_mm runs cuBLASLt, whose kernels differ (faster on some shapes, slower on others).
         torch = self.torch
-        if dtype == "float64":
-            tf32_allowed: Callable[[], bool] = lambda: False  # noqa: E731
+        never: Callable[[], bool] = lambda: False  # noqa: E731
+        if dtype in ("float64", "bfloat16"):
+            changes_arithmetic = never
         elif dtype == "float32" and callable(getattr(torch._C, "_get_cublas_allow_tf32", None)):
-            tf32_allowed = torch._C._get_cublas_allow_tf32
+            changes_arithmetic = torch._C._get_cublas_allow_tf32
+        elif dtype == "float16":
+            changes_arithmetic = getattr(torch._C, "_get_cublas_allow_fp16_accumulation", never)
         else:
             return None
         if kernel == "matvec":
@@ -239,7 +246,7 @@ class TorchFramework(Framework):
 
         def product(a: Any, b: Any, out: Any) -> Any:
             try:
-                if tf32_allowed():
+                if changes_arithmetic():
                     return None
             except RuntimeError:  # torch 2.9+ refuses this legacy read once its new `fp32_precision` API set TF32
                 return None
