@@ -203,6 +203,20 @@ def test_a_gpu_time_hidden_behind_the_host_lowers_the_floor():
     assert strict is not None and strict.config is None
 
 
+def test_a_hidden_gpu_time_needs_every_neighbour_over_the_floor():
+    """On the 5 us problem, a config 0.95x cuBLAS on average but 0.8x at its nearest neighbour stays out:
+    `host_bound_floor` bounds the worst neighbour, not the mean (a bound on the mean let a prediction of
+    0.95x run 0.55x on the GPU)."""
+    small = (100, 90, 110)
+    db = _synthetic_db(speedup_small=0.95, speedup_big=0.95)
+    nearest = int(np.argmin(np.abs(np.log2(np.asarray(db.shapes, dtype=float) / small)).sum(axis=1)))
+    rows = [list(r) for r in db.times_ms]
+    assert model.Model(db, H100).choose(small).candidate.name == "fast"
+    rows[nearest][1] = rows[nearest][0] / 0.8
+    uneven = model.Model(dataclasses.replace(db, times_ms=tuple(tuple(r) for r in rows)), H100)
+    assert uneven.choose(small).config is None
+
+
 def test_a_neighbour_under_the_floor_is_forgiven_where_the_host_still_makes_the_margin():
     """A config predicted faster on the GPU, slower than cuBLAS at one neighbour: counting only the GPU,
     that neighbour vetoes it; counting the host, it runs where even at that neighbour's speed-up it is
