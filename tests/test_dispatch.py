@@ -423,6 +423,24 @@ def test_portfolio_is_feasible_unique_and_has_splits_and_short_rows():
     assert any(c["MATH"] == "dmma" for _, c in f64)  # the FP64 tensor cores compete
 
 
+def test_survey_add_extends_a_database_with_named_portfolio_candidates_only():
+    from autotile.dispatch import database
+    from autotile.errors import InvalidValueError
+
+    shipped = database.load(TuningCache(root="/nonexistent-autotile"), "NVIDIA-H100-80GB-HBM3_sm_90", "matmul",
+                            "bfloat16", "nn")
+    assert shipped is not None
+    offered = survey.portfolio("matmul", "bfloat16", "nn", H100, TuningCache(root="/nonexistent-autotile"))
+    kept = [c.name for c in shipped.candidates if c.implementation == "generated"]
+    new = next(n for n, _ in offered if n not in kept)
+    chosen = survey.extension(shipped, offered, [new, kept[0]])
+    assert [n for n, _ in chosen] == kept + [new]  # the database's own, then the new one, once each
+    with pytest.raises(InvalidValueError, match="not in the portfolio"):
+        survey.extension(shipped, offered, ["no-such-config"])
+    with pytest.raises(InvalidValueError, match="there is none"):
+        survey.extension(None, offered, [new])
+
+
 # -- tuning at first call -------------------------------------------------------------------------------
 
 def test_first_call_switch(monkeypatch):

@@ -13,8 +13,9 @@ more than a generated kernel's), so that on a problem of a few microseconds a ge
 no slower than `floor` x cuBLAS on the GPU runs rather than cuBLAS, and one launch rather than two; where a
 candidate's GPU time stays under its own host time even at its worst neighbour's speed-up, the host hides
 it back to back and a lower floor (`host_bound_floor`), which every neighbour must clear, bounds what a CUDA
-graph, which has no host time, would lose; and a candidate predicted no slower than cuBLAS is forgiven a neighbour down to that floor where
-even at that neighbour's speed-up it stays `margin` faster back to back. Only
+graph, which has no host time, would lose; and a candidate predicted no slower than cuBLAS is forgiven a
+neighbour down to that floor where even at that neighbour's speed-up it stays `margin` faster back to back.
+Only
 candidates the float32 matmul precision setting allows compete (`autotile.dispatch.precision`: under
 "highest", no tf32x3 config); cuBLAS is allowed under every one. The parameters are fitted by
 leave-one-out on the database itself (`fit`), and `cross_validate` reports what that held-out check
@@ -264,8 +265,9 @@ class Model:
             # no slower than `floor` on the GPU either; or, where even the worst neighbour's speed-up leaves
             # the GPU time under the candidate's own host time (hidden behind the host back to back), no
             # neighbour slower than `host_bound_floor` (a bound on the mean let predictions of 0.95x run
-            # 0.55x on the GPU: H100, float16 84x218x193, 2026-11-28); or, predicted no slower than cuBLAS and no neighbour under
-            # `host_bound_floor`, still `margin` faster back to back at the worst neighbour's speed-up
+            # 0.55x on the GPU: H100, float16 84x218x193, 2026-11-28); or, predicted no slower than cuBLAS
+            # and no neighbour under `host_bound_floor`, still `margin` faster back to back at the worst
+            # neighbour's speed-up
             with np.errstate(over="ignore"):
                 hidden = cublas_ms * np.exp2(-worst) <= self._host_usable
             on_the_gpu = ((on_the_gpu & (predicted >= math.log2(params.floor)))

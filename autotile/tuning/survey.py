@@ -221,6 +221,32 @@ def portfolio(kernel: str, dtype: str, layout: str, device: DeviceLimits,
     return [(name, config) for config, name in found.items()]
 
 
+def extension(previous: ShapeDatabase | None, configs: list[tuple[str, Config]], names: list[str]
+              ) -> list[tuple[str, Config]]:
+    """The candidates of a survey that extends `previous` by the portfolio entries `names` only: previous's
+    generated candidates as they are (kept, not timed again), then those of `configs` (the portfolio) named.
+    Raises `InvalidValueError` for a name the portfolio lacks, or where there is no database to extend."""
+    from autotile.errors import InvalidValueError
+
+    if previous is None:
+        raise InvalidValueError("--add extends a shape database, and there is none for this problem family yet: "
+                                "run the survey without --add first")
+    offered = dict(configs)
+    missing = [n for n in names if n not in offered]
+    if missing:
+        raise InvalidValueError(f"--add: {', '.join(missing)} not in the portfolio; it has {', '.join(offered)}")
+    space = kernels.get(previous.kernel).space
+    kept: list[tuple[str, Config]] = []
+    for c in previous.candidates:
+        if c.implementation == "generated" and c.config is not None:
+            try:
+                kept.append((c.name, space.config(c.config)))
+            except AutotileError:  # a parameter or value this space no longer has: not a candidate now
+                continue
+    have = {name for name, _ in kept}
+    return kept + [(n, offered[n]) for n in names if n not in have]
+
+
 def lent_matvec_config(space: Space, config: Config, tuned_dtype: str, dtype: str) -> Config | None:
     """A matvec config tuned for `tuned_dtype`, as `dtype` would run it: the same bytes per load (VEC scaled
     by the ratio of the element sizes), and K splits summed by the last block, as the 16-bit types must (their
@@ -465,6 +491,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="stop each kernel's survey after this long (it resumes on the next run)")
     parser.add_argument("--random-shapes", type=int, default=None, metavar="N",
                         help="random shapes besides the grid (default 80 matmul, 40 matvec)")
+    parser.add_argument("--add", default=None, metavar="NAMES",
+                        help="extend the existing database (yours, else the shipped one) with these portfolio "
+                             "candidates only (comma-separated names, such as mma-32,mma-64/split4): its columns "
+                             "are kept, the new ones timed with cuBLAS again")
     parser.add_argument("--check", action="store_true",
                         help="only print the model's leave-one-out check of the databases there are")
     parser.add_argument("--device", default=None,
@@ -510,6 +540,10 @@ def run(args: argparse.Namespace) -> int:
                         print(check_report(previous, device))
                     continue
                 configs = portfolio(kernel, args.dtype, layout, device, cache)
+                if args.add:
+                    base = previous or database.load(cache, device.fingerprint, kernel, args.dtype, layout)
+                    configs = extension(base, configs, [n.strip() for n in args.add.split(",") if n.strip()])
+                    previous = previous or base
                 shapes = grid(kernel, random_shapes=args.random_shapes, layout=layout, dtype=args.dtype)
                 db = survey(kernel, args.dtype, layout, device, shapes,
                             configs, previous=previous, save=lambda d: database.save(cache, d),
