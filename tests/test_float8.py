@@ -108,16 +108,33 @@ def test_compiles_for_sm90a_without_spills(compiled, case):
 
 # -- what runs ----------------------------------------------------------------------------------------------
 
-def test_selection_borrows_int8s_choices_and_never_cublas():
+def test_selection_borrows_int8s_choices_weighed_against_torch_scaled_mm():
+    """An 8-bit float problem borrows int8's database; where torch._scaled_mm takes the problem (layout nt, K
+    and N multiples of 16) the choices are weighed against int8's cuBLAS column, which stands for it, and the
+    vendor's call ("cublas": torch._scaled_mm) runs where none is predicted safely faster; elsewhere a
+    generated kernel always runs."""
     from autotile.dispatch.cache import TuningCache
-    from autotile.dispatch.select import borrowed_keys, select
+    from autotile.dispatch.select import borrowed_keys, scaled_mm_takes, select
 
     key = ProblemKey("matmul", "float8_e4m3fn", "nt", (4096, 4096, 4096))
     assert [(k.dtype, k.layout) for k in borrowed_keys(key)] == [("int8", "nt")]
+    assert scaled_mm_takes(key)
+    assert not scaled_mm_takes(ProblemKey("matmul", "float8_e4m3fn", "nn", (4096, 4096, 4096)))
+    assert not scaled_mm_takes(ProblemKey("matmul", "float8_e4m3fn", "nt", (4096, 4104, 4096)))  # N % 16
+    assert not scaled_mm_takes(ProblemKey("matmul", "float8_e4m3fn", "nt", (4096, 4096, 4104)))  # K % 16
+    assert scaled_mm_takes(ProblemKey("matmul", "float8_e4m3fn", "nt", (33, 4096, 4096)))  # any M
+    assert not scaled_mm_takes(ProblemKey("matmul", "float8_e5m2", "nt", (4096, 4096, 4096)))  # refused by torch
     for shape in ((4096, 4096, 4096), (33, 4096, 4096), (1, 5000, 300)):
-        for layout in ("nt", "nn", "tt"):
-            found = select(ProblemKey("matmul", "float8_e5m2", layout, shape), PROFILES["h100"], TuningCache(None))
-            assert found.implementation == "generated" and found.config is not None, found.explain()
+        for layout, dtype in (("nt", "float8_e4m3fn"), ("nt", "float8_e5m2"), ("nn", "float8_e4m3fn"),
+                              ("tt", "float8_e4m3fn")):
+            problem = ProblemKey("matmul", dtype, layout, shape)
+            found = select(problem, PROFILES["h100"], TuningCache(None))
+            if scaled_mm_takes(problem):
+                assert found.implementation in ("cublas", "generated"), found.explain()
+            else:
+                assert found.implementation == "generated" and found.config is not None, found.explain()
+    # at 4096^3 nt int8's database has nothing safely faster than cuBLAS: torch._scaled_mm runs
+    assert select(key, PROFILES["h100"], TuningCache(None)).implementation == "cublas"
     with pytest.raises(ArgumentError, match="float8_e4m3fn matmul 64x64x64 .* NVIDIA A100.*no generated kernel"):
         select(ProblemKey("matmul", "float8_e4m3fn", "nt", (64, 64, 64)), PROFILES["a100"], TuningCache(None))
 
@@ -217,6 +234,24 @@ def test_library_scaled_matmul_on_torch_tensors():
         assert err <= kernels.tolerance("float8_e4m3fn", 1000), err
         again = autotile.scaled_matmul(a, B, sa, sb)  # the repeated call's path
         assert torch.equal(again, c)
+    # a problem torch._scaled_mm takes, where the selection finds nothing faster: its own call runs (the same
+    # bits), with out= and on a stream of the caller's too
+    from autotile.library import calls
+
+    a16 = (torch.randn(256, 4096, device="cuda") * 2).to(torch.float8_e4m3fn)
+    w16 = (torch.randn(4096, 4096, device="cuda") * 2).to(torch.float8_e4m3fn)
+    assert calls.selection_for("matmul", "float8_e4m3fn", "nt", (256, 4096, 4096)).implementation == "cublas"
+    theirs = torch._scaled_mm(a16, w16.T, scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16)
+    out = torch.full((256, 4096), float("nan"), device="cuda", dtype=torch.bfloat16)
+    stream = torch.cuda.Stream()
+    for _ in range(2):  # the first call prepares; the repeated one takes the short path
+        assert torch.equal(autotile.scaled_matmul(a16, w16.T, sa, sb), theirs)
+        out.fill_(float("nan"))
+        assert autotile.scaled_matmul(a16, w16.T, sa, sb, out=out) is out and torch.equal(out, theirs)
+        with torch.cuda.stream(stream):
+            on_stream = autotile.scaled_matmul(a16, w16.T, sa, sb, stream=stream)
+        stream.synchronize()
+        assert torch.equal(on_stream, theirs)
     with pytest.raises(ArgumentError, match="come with scales"):
         autotile.matmul(a, w.T)
     with pytest.raises(ArgumentError, match="scale_b must be a one-element float32 tensor"):

@@ -191,8 +191,8 @@ def model(ctx: Context) -> Selection | None:
     db = database.find(ctx.cache, ctx.device.fingerprint, *_key_parts(ctx.key))
     if db is None or not db.shapes or not db.covers(ctx.key.shape):
         return None
-    # where cuBLAS cannot run the problem (int8 shapes it refuses; any 8-bit float problem, even one that
-    # borrows int8's database), the candidates are weighed against a generated reference, which runs where
+    # where the vendor's call cannot run the problem (int8 shapes cuBLAS refuses; an 8-bit float problem
+    # torch._scaled_mm refuses), the candidates are weighed against a generated reference, which runs where
     # none is predicted safely faster (against cuBLAS's column they would be unknown where it was not timed)
     cublas_runs = not _cublas_cannot(ctx.key) and not (ctx.serves is not None and _cublas_cannot(ctx.serves))
     choice = model_for(db, ctx.device, cublas_runs).choose(ctx.key.shape, params_of(db), setting=ctx.precision)
@@ -374,11 +374,29 @@ def borrowed(found: Selection, lender: ProblemKey, key: ProblemKey, device: Devi
 
 
 def _cublas_cannot(key: ProblemKey) -> bool:
-    """Whether cuBLAS cannot compute `key` (int8 outside layout nt, or with leading dimensions that are not
-    multiples of 4)."""
+    """Whether the vendor's call cannot compute `key`: cuBLAS for int8 outside layout nt, or with leading
+    dimensions that are not multiples of 4; for the 8-bit floats, whose vendor call is torch._scaled_mm
+    (cuBLASLt: `SCALED_MM_MULTIPLE`), a problem it refuses. An 8-bit float problem borrows int8's database,
+    whose cuBLAS column stands for torch._scaled_mm's speed (cuBLAS's int8 GEMM and cuBLASLt's 8-bit float
+    GEMM run at the same tensor-core rate)."""
+    if dtypes.get(key.dtype).scaled:
+        return not scaled_mm_takes(key)
     from autotile.runtime.cublas import unsupported_reason
 
     return unsupported_reason(key) is not None
+
+
+# torch._scaled_mm (per-tensor scales) takes A row-major and B column-major (layout nt), K and N multiples of
+# 16, and not two float8_e5m2 operands (torch 2.11)
+SCALED_MM_MULTIPLE = 16
+
+
+def scaled_mm_takes(key: ProblemKey) -> bool:
+    """Whether torch._scaled_mm computes the 8-bit float problem `key` (both operands of `key.dtype`)."""
+    if key.kernel != "matmul" or key.layout != "nt" or key.dtype != "float8_e4m3fn":
+        return False
+    _, N, K = key.shape
+    return N % SCALED_MM_MULTIPLE == 0 and K % SCALED_MM_MULTIPLE == 0
 
 
 def fewer_splits_for_batch(config: Config, shape: tuple[int, ...], batch: int) -> Config:
@@ -444,8 +462,7 @@ def explain(key: ProblemKey, device: DeviceLimits, cache: Any = None, precision:
     return select(key, device, cache, precision).explain()
 
 
-__all__ = ["MIN_K_PER_RAISED_SPLIT", "RECORD_STEPS", "Selection", "allowed", "borrowed", "borrowed_keys",
-           "builtin_default", "lending_layouts",
-           "counts", "device_default", "fewer_splits_for_batch",
+__all__ = ["MIN_K_PER_RAISED_SPLIT", "RECORD_STEPS", "SCALED_MM_MULTIPLE", "Selection", "allowed", "borrowed",
+           "borrowed_keys", "builtin_default", "lending_layouts", "counts", "device_default", "fewer_splits_for_batch",
            "exact", "explain", "is_current", "keep_grid_filled", "log_distance", "model", "nearest", "record_options",
-           "runs_here", "same_compiler", "select", "tuned_with"]
+           "runs_here", "same_compiler", "scaled_mm_takes", "select", "tuned_with"]

@@ -141,8 +141,9 @@ def _prepare(kernel: str, dtype: str, layout: str, shape: tuple[int, ...], setti
     if launch is not None and launch.grid[2] > MAX_GRID_Z:
         raise ArgumentError(f"a batch of {shape[0]} matrices times {launch.grid[2] // shape[0]} K split(s) exceeds "
                             f"CUDA's {MAX_GRID_Z} blocks along grid z; split the batch")
-    prepared = _Prepared(runner, selection,
-                         direct=CublasCall(key, device_id) if isinstance(runner, CublasRunner) else None)
+    # the 8-bit floats' vendor call is torch._scaled_mm, which `scaled_matmul` makes itself
+    vendor = isinstance(runner, CublasRunner) and not dtypes_mod.get(dtype).scaled
+    prepared = _Prepared(runner, selection, direct=CublasCall(key, device_id) if vendor else None)
     with _lock:
         _prepared[memo_key] = prepared
     return prepared
@@ -524,7 +525,9 @@ def matvec(A: Any, x: Any, out: Any = None, precision: str | None = None, stream
     return y.obj
 
 
-_scaled_calls: dict[tuple[Any, ...], _Call] = {}
+# (A, B, scale_a, scale_b, out, stream) -> C: a signature's repeated call of `scaled_matmul`
+ScaledRepeat = Callable[[Any, Any, Any, Any, Any, Any], Any]
+_scaled_calls: dict[tuple[Any, ...], ScaledRepeat] = {}
 
 
 def scaled_matmul(A: Any, B: Any, scale_a: Any, scale_b: Any, out: Any = None, stream: Any = None) -> Any:
@@ -533,8 +536,8 @@ def scaled_matmul(A: Any, B: Any, scale_a: Any, scale_b: Any, out: Any = None, s
     contract with per-tensor scales, float32 sums and C rounded once to bfloat16 (the 8-bit floats have no
     CuPy or NumPy type). A is M x K, B is K x N, each row- or column-major (torch._scaled_mm takes only A
     row-major and B column-major; here every layout runs, the other three by transposing 8-bit tiles on
-    their way to the tensor cores). Runs generated kernels (sm_90), never cuBLAS. `out`, `stream`: as
-    `matmul`'s."""
+    their way to the tensor cores). Runs a generated kernel (sm_90) where the selection predicts one faster,
+    else torch._scaled_mm itself (where it takes the problem). `out`, `stream`: as `matmul`'s."""
     framework = framework_by_type(A, B)
     if framework.name != "torch":
         raise ArgumentError("scaled_matmul takes torch tensors (CuPy and NumPy have no 8-bit float type)")
@@ -542,7 +545,7 @@ def scaled_matmul(A: Any, B: Any, scale_a: Any, scale_b: Any, out: Any = None, s
                  framework.signature(scale_b), None if out is None else framework.signature(out))
     known = _scaled_calls.get(signature)
     if known is not None:  # checked and prepared by the signature's first call
-        return known.run(framework, (A, B, scale_a, scale_b), out, stream)
+        return known(A, B, scale_a, scale_b, out, stream)
     a, b = as_framework(framework, A, "A"), as_framework(framework, B, "B")
     dtype = _check_dtypes("AB", a, b)
     if not dtypes_mod.get(dtype).scaled:
@@ -567,11 +570,34 @@ def scaled_matmul(A: Any, B: Any, scale_a: Any, scale_b: Any, out: Any = None, s
     with _device_of(a.device):
         prepared = _prepare(plan.kernel, dtype, plan.layout, plan.shape, None, a.device)
     call = _Call(prepared, plan.out_shape, _nbytes(c), out_dtype, a.device, ())
-    result = call.run(framework, (a.obj, b.obj, *scales), c.obj, stream)
+    run = _scaled_repeat(torch, framework, prepared, call)
+    result = run(a.obj, b.obj, scales[0], scales[1], c.obj, stream)
     if not copied and None not in signature[:4] and (out is None or signature[4] is not None):
         with _lock:
-            _scaled_calls[signature] = call
+            _scaled_calls[signature] = run
     return result
+
+
+def _scaled_repeat(torch: Any, framework: Framework, prepared: _Prepared, call: _Call) -> ScaledRepeat:
+    """A `scaled_matmul` signature's call: the generated kernel, or where the selection chose the vendor's
+    call (nothing predicted faster), torch._scaled_mm itself."""
+    if prepared.selection.implementation == "cublas":
+        return lambda a, b, scale_a, scale_b, out, stream: _scaled_mm(torch, a, b, scale_a, scale_b, out, stream)
+    return lambda a, b, scale_a, scale_b, out, stream: call.run(framework, (a, b, scale_a, scale_b), out, stream)
+
+
+def _scaled_mm(torch: Any, a: Any, b: Any, scale_a: Any, scale_b: Any, out: Any, stream: Any) -> Any:
+    """torch._scaled_mm with per-tensor scales and a bfloat16 C (float32 sums), into `out` where given, on
+    `stream` where given (else torch's current stream)."""
+    def product() -> Any:
+        if out is None:
+            return torch._scaled_mm(a, b, scale_a=scale_a, scale_b=scale_b, out_dtype=torch.bfloat16)
+        return torch._scaled_mm(a, b, scale_a=scale_a, scale_b=scale_b, out_dtype=torch.bfloat16, out=out)
+
+    if stream is None:
+        return product()
+    with torch.cuda.stream(torch.cuda.ExternalStream(stream_pointer(stream), device=a.device)):
+        return product()
 
 
 def padded_plan(kernel: str, dtype: str, layout: str, shape: tuple[int, ...], setting: str,
