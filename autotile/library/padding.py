@@ -14,7 +14,7 @@ back), their parameters packed once.
 Where it pays (`applies`, then `pays`): the copies read and write A, B and C once more, so the padded shape's
 product must be faster by more than they cost. Every first call of an unaligned problem of at least MIN_VOLUME
 multiply-adds weighs the two selections (`autotile.library.calls.padded_plan`). The plan runs where the
-problem is as large as where it was measured to pay on every shape (MEASURED, per dtype), and, for one
+problem is as large as where it was measured to pay on every shape (RULES, per dtype), and, for one
 matrix, where the padded shape's predicted time (its tuned record's, or the shape database's model's) plus
 the copies' (`copy_ms`: their bytes at the bandwidth they reach) is under the predicted time of what the call
 runs as it is by MARGIN. On an H100 (2026-11-27, `tools/pad_probe.py --all`, every shape also timed through
@@ -22,7 +22,7 @@ the plan; the constants were set on these runs), on 48 random matmul shapes with
 the rule took 20 and reached a geomean of 1.180x cuBLAS against 1.188 for the better of the two on every
 shape (1.040 without the plan); on an H200, 1.120 against 1.125 (1.033 without) on 24 held-out shapes.
 Batches take it at the measured sizes only (see BATCH_NOTE). float32 only where the setting allows the
-tf32x3 kernels (what its aligned shapes run). The 16-bit types' and int8's rules: MEASURED's notes.
+tf32x3 kernels (what its aligned shapes run). Each type's rule and where it was measured: RULES's notes.
 """
 
 from __future__ import annotations
@@ -64,48 +64,54 @@ class MeasuredSizes:
             layout, shape, dtype)[0]
 
 
-MEASURED = {
-    # H100 and H200, 2026-11-27: 1.41-1.75x cuBLAS on random shapes with N or K odd, seeds 1 and 2 of
-    # tools/pad_probe.py. The predictions of the call as it is can be optimistic there (on an H200,
-    # 2053x2051x2049 predicted 1.17x cuBLAS without the plan, measured 1.03x)
-    "float32": MeasuredSizes(1024, 512, 2**33),
-}
-# H100, 2026-11-28, tools/pad_probe.py --dtype bfloat16 --all (nn: 20 shapes, seed 1; nt: 28, seeds 2 and 4)
-# and the random shapes of `python -m autotile.cli.bench_torch --dtype bfloat16 --random 40 --seed 11`: how
-# much the plan wins is how much slower cuBLAS runs the rows as they are (80-300 TFLOP/s, against 600-800
-# aligned) against what the copies cost. Forced on every shape, it ran 1.36-3.27x torch.matmul on every
-# matrix whose product has at least 107 flops per byte copied (300 TFLOP/s at the copies' 2.8 TB/s) and
-# 2^30 multiply-adds; under that it lost on some (737x4278x297 nt 0.89x, 3005x1375x481 nt 0.87x), and on
-# batches of small matrices (24x1209x372x268 0.55x, 80x434x212x668 0.66x). float16 runs bfloat16's kernels
-# and cuBLAS's at the same rate.
-# Back to back (a model's layer: the longer of the host's time per call and the GPU's), the padded call's
-# 30-32 us of host time lost on the smaller of those (bfloat16 1332x1414x701 nt 0.94x, 729x1720x955 0.76x
-# torch.matmul, while 1.85x and 1.80x on the GPU; tools/pad_probe.py --max-side 2048, seed 6): from 2^31
-# multiply-adds, 1.01-1.35x back to back as well.
-MEASURED["float16"] = MEASURED["bfloat16"] = MeasuredSizes(256, 256, 2**31, min_flops_per_byte=107.0)
+@dataclasses.dataclass(frozen=True)
+class DtypeRule:
+    """What the plan knows of one element type: where it was measured to pay whatever the predictions say
+    (`measured`); whether the padded shape's cuBLAS is itself worth padding for (`cublas_wants_aligned`:
+    cuBLAS runs rows that do not start 16-byte aligned several times slower); whether C's rows are padded
+    too (`align_c`)."""
+
+    measured: MeasuredSizes
+    cublas_wants_aligned: bool = False
+    align_c: bool = False
+
+
+# float32: H100 and H200, 2026-11-27: 1.41-1.75x cuBLAS on random shapes with N or K odd, seeds 1 and 2 of
+# tools/pad_probe.py. The predictions of the call as it is can be optimistic there (on an H200, 2053x2051x2049
+# predicted 1.17x cuBLAS without the plan, measured 1.03x). cuBLAS's SGEMM runs unaligned rows at the aligned
+# speed.
+_FLOAT32 = DtypeRule(MeasuredSizes(1024, 512, 2**33))
+# The 16-bit types: H100, 2026-11-28, tools/pad_probe.py --dtype bfloat16 --all (nn: 20 shapes, seed 1; nt: 28,
+# seeds 2 and 4) and the random shapes of `python -m autotile.cli.bench_torch --dtype bfloat16 --random 40
+# --seed 11`: how much the plan wins is how much slower cuBLAS runs the rows as they are (80-300 TFLOP/s,
+# against 600-800 aligned; the H100's bfloat16 database, 2026-11-25: 112-220 TFLOP/s on such shapes of 16 GFLOP
+# and more) against what the copies cost. Forced on every shape, it ran 1.36-3.27x torch.matmul on every
+# matrix whose product has at least 107 flops per byte copied (300 TFLOP/s at the copies' 2.8 TB/s) and 2^30
+# multiply-adds; under that it lost on some (737x4278x297 nt 0.89x, 3005x1375x481 nt 0.87x), and on batches of
+# small matrices (24x1209x372x268 0.55x, 80x434x212x668 0.66x). float16 runs bfloat16's kernels and cuBLAS's at
+# the same rate. Back to back (a model's layer: the longer of the host's time per call and the GPU's), the
+# padded call's 30-32 us of host time lost on the smaller of those (bfloat16 1332x1414x701 nt 0.94x,
+# 729x1720x955 0.76x torch.matmul, while 1.85x and 1.80x on the GPU; tools/pad_probe.py --max-side 2048, seed
+# 6): from 2^31 multiply-adds, 1.01-1.35x back to back as well. C's rows are padded too: cuBLAS's 16-bit GEMMs
+# run unaligned rows of C slowly as well (83-200 TFLOP/s on nt shapes of an odd N).
+_SIXTEEN_BIT = DtypeRule(MeasuredSizes(256, 256, 2**31, min_flops_per_byte=107.0), cublas_wants_aligned=True,
+                         align_c=True)
 # int8 (H100, 2026-11-28, tools/pad_probe.py --dtype int8 --all, 16 nt shapes with K or N an odd multiple of 8,
 # against torch._int_mm): cuBLAS's int8 GEMM runs rows that are not 16-byte aligned up to 3x slower too
 # (3120x568x6776: 133 us, 40 on the padded shape). Forced, the plan ran 1.35-1.61x on every shape of K at
 # least 512 and at least 1000 flops per byte copied; under that 0.81-1.66x (487x7984x5048 0.84x, 1258x704x280
-# 0.81x), and 0.96x at K = 360 (2448x3944x360).
-MEASURED["int8"] = MeasuredSizes(256, 512, 2**31, min_flops_per_byte=1000.0)
-# cuBLAS's 16-bit GEMMs run rows that do not start 16-byte aligned 3-7x slower than aligned ones (the H100's
-# bfloat16 database, 2026-11-25: 112-220 TFLOP/s on such shapes of 16 GFLOP and more, 630-800 on aligned
-# ones), its int8 GEMM up to 3x, so for these types the padded shape's cuBLAS is what the plan is for as
-# well; float32's cuBLAS runs both at one speed.
-CUBLAS_WANTS_ALIGNED = ("bfloat16", "float16", "int8")
-# The types whose C's rows are padded to 16 bytes too (cuBLAS's 16-bit GEMMs run unaligned rows of C slowly
-# as well: 83-200 TFLOP/s on nt shapes of an odd N). int8's C is int32: rows of a multiple of 8 elements, the
-# sizes torch._int_mm takes, are aligned already, and cuBLAS takes no other.
-ALIGNED_C = ("bfloat16", "float16")
+# 0.81x), and 0.96x at K = 360 (2448x3944x360). C is int32: rows of a multiple of 8 elements, the sizes
+# torch._int_mm takes, are aligned already, and cuBLAS takes no other.
+_INT8 = DtypeRule(MeasuredSizes(256, 512, 2**31, min_flops_per_byte=1000.0), cublas_wants_aligned=True)
+RULES = {"float32": _FLOAT32, "bfloat16": _SIXTEEN_BIT, "float16": _SIXTEEN_BIT, "int8": _INT8}
 # What the copies cost on the GPU (`copy_ms`): on an H100 (2026-11-27, `tools/pad_probe.py --all`, 47 shapes),
 # the copies' time fits 3.0e9 bytes per ms and 1.6 us per launch; a little slower here, to be safe
 COPY_BYTES_PER_MS = 2.8e9  # bytes read and written per millisecond
 COPY_LAUNCH_MS = 0.0025  # each copy kernel's launch and tail
-# BATCH_NOTE: batches take the plan at the *_MEASURED sizes only. On 120 random batches of issue 28 (H100 and
-# H200, 2026-11-27) the predictions took 4, two of them at 0.80x and 0.92x cuBLAS (small padded batches ran
-# 1.35-1.5x slower than the model predicted: 2x924x416x1264 47 us predicted, 72 measured), the others at 1.11x
-# and 1.17x: there the copies cost 30-60% of the padded product.
+# BATCH_NOTE: batches take the plan at the measured sizes (`DtypeRule.measured`) only. On 120 random batches of
+# issue 28 (H100 and H200, 2026-11-27) the predictions took 4, two of them at 0.80x and 0.92x cuBLAS (small
+# padded batches ran 1.35-1.5x slower than the model predicted: 2x924x416x1264 47 us predicted, 72 measured),
+# the others at 1.11x and 1.17x: there the copies cost 30-60% of the padded product.
 # The plan's predicted time must be this much shorter than the call's as it is (on the runs above, 0.1 and
 # 0.15 reach the same geomean on single matrices, within 0.001; 0.2 and more leave winners out).
 MARGIN = 0.15
@@ -113,7 +119,7 @@ MARGIN = 0.15
 # call takes the longer of this and its GPU time. Measured 31-32 us on an H100 and an H200 (2026-11-27,
 # `python -m autotile.cli.overhead`, 2053x2051x2049), against 10-11 us for a call without copies.
 HOST_MS = 0.032
-DTYPES = tuple(MEASURED)
+DTYPES = tuple(RULES)
 THREADS = 256  # per block of the copy kernels
 PAD_SLOTS = 8  # parameters of one operand's copy in `autotile_pad`
 BUFFER_ALIGN_BYTES = 256  # each padded buffer's start in the call's one allocation (tensor maps need 16)
@@ -160,20 +166,20 @@ def applies(dtype: str, setting: str, kernel: str, layout: str, shape: tuple[int
 
 
 def misaligned(dtype: str, kernel: str, layout: str, shape: tuple[int, ...]) -> bool:
-    """Whether some operand's rows (or, for the ALIGNED_C types, C's) in `layout` on `shape` do not start
+    """Whether some operand's rows (or, for the types whose rule aligns C, C's) in `layout` on `shape` do not start
     16-byte aligned, the arrays taken to start aligned as allocators give them."""
     # imported here: `import autotile` loads this module, and the model's (the tuning cache's filelock) only
     # where a call is this large
     from autotile.dispatch.model import rows_allow
 
     width = shapes_mod.ALIGN_BYTES // dtypes.get(dtype).size
-    return not rows_allow(kernel, shape, layout, width) or (dtype in ALIGNED_C and shape[-2] % width != 0)
+    return not rows_allow(kernel, shape, layout, width) or (RULES[dtype].align_c and shape[-2] % width != 0)
 
 
 def plan(layout: str, shape: tuple[int, ...], dtype: str) -> shapes_mod.PaddedShape:
-    """The padded problem the plan runs (`autotile.codegen.padding.padded`): C's rows aligned too for the
-    ALIGNED_C types."""
-    return shapes_mod.padded(layout, shape, dtypes.get(dtype).size, align_c=dtype in ALIGNED_C)
+    """The padded problem the plan runs (`autotile.codegen.padding.padded`): C's rows aligned too where the
+    type's rule says so (`DtypeRule.align_c`)."""
+    return shapes_mod.padded(layout, shape, dtypes.get(dtype).size, align_c=RULES[dtype].align_c)
 
 
 def copy_ms(layout: str, shape: tuple[int, ...], dtype: str, batch_strides: tuple[int, ...] = ()) -> float:
@@ -208,15 +214,17 @@ def pays(direct: Selection, padded: Selection, layout: str, shape: tuple[int, ..
     (`autotile.dispatch.select.Selection`): `direct`, what the call of `shape` would run, and `padded`, what
     the padded shape runs. The padded shape's choice must be what the padding is for (a generated kernel its
     tuned record or the shape database's model picked, its own or borrowed from another layout; cuBLAS only
-    for the CUBLAS_WANTS_ALIGNED types; never a fallback that knows nothing of the shape); then either the
-    problem is as large as the sizes measured to pay (MEASURED[dtype]), or, for one matrix (not a batch)
+    for the types whose rule says cuBLAS wants aligned rows; never a fallback that knows nothing of the
+    shape); then either the problem is as large as the sizes measured to pay (`RULES[dtype].measured`), or,
+    for one matrix (not a batch)
     where both choices have a predicted time, the padded shape's plus the copies' (`copy_ms`), or the host's
     time per call (HOST_MS) where that is longer, is under the direct choice's by MARGIN."""
     if padded.step not in ("exact", "model"):
         return False
-    if padded.config is None and not (dtype in CUBLAS_WANTS_ALIGNED and padded.implementation == "cublas"):
+    rule = RULES[dtype]
+    if padded.config is None and not (rule.cublas_wants_aligned and padded.implementation == "cublas"):
         return False
-    if MEASURED[dtype].holds(layout, shape, dtype):
+    if rule.measured.holds(layout, shape, dtype):
         return True
     # batches: the measured sizes only (BATCH_NOTE); a choice borrowed from another layout or from one
     # matrix has no predicted time
@@ -353,6 +361,6 @@ def forget() -> None:
         _kernels.clear()
 
 
-__all__ = ["ALIGNED_C", "CUBLAS_WANTS_ALIGNED", "MARGIN", "MEASURED", "MIN_VOLUME", "MeasuredSizes", "PaddedCall",
+__all__ = ["DtypeRule", "MARGIN", "MIN_VOLUME", "MeasuredSizes", "PaddedCall", "RULES",
            "applies", "copies", "copy_ms", "enabled", "forget", "misaligned", "on_toggle", "padded_shape", "pays",
            "plan"]
