@@ -251,11 +251,9 @@ def test_library_cublas_calls_are_captured_into_a_graph_on_a_new_stream(monkeypa
         calls.forget()
 
 
-def test_torch_calls_that_select_cublas_take_torchs_own_call_while_it_is_ieee(monkeypatch):
-    # cuBLAS selected for every problem: a repeated call on torch tensors runs torch's own op (torch.mm,
-    # torch.bmm, torch.mv; cuBLAS enqueued from C++), and autotile's own cuBLAS call where torch's TF32 switch
-    # is on (torch's GEMM would then round to TF32) or where a stream is named. The results stay IEEE FP32.
-    torch = pytest.importorskip("torch")
+def _cublas_selected_and_spied(monkeypatch, torch):
+    """cuBLAS selected for every problem (memoized calls forgotten), and two lists that record each call of
+    autotile's own cuBLAS routine (`CublasCall`) and the name of each torch op called (mm, bmm, mv, matmul)."""
     from autotile.dispatch import select as select_mod
     from autotile.library import calls
     from autotile.runtime import cublas as cublas_mod
@@ -263,19 +261,26 @@ def test_torch_calls_that_select_cublas_take_torchs_own_call_while_it_is_ieee(mo
     calls.forget()
     monkeypatch.setattr(select_mod, "select", lambda key, device, cache=None, precision=None: select_mod.Selection(
         None, "exact", None, None, "cublas", precision=precision))
-    ours = []
+    ours: list = []
     original = cublas_mod.CublasCall.__call__
-
-    def spy(self, *args, **kwargs):
-        ours.append(self)
-        return original(self, *args, **kwargs)
-
-    monkeypatch.setattr(cublas_mod.CublasCall, "__call__", spy)
-    torch_ops = {name: getattr(torch, name) for name in ("mm", "bmm", "mv", "matmul")}
-    natives = []
-    for name, op in torch_ops.items():
+    monkeypatch.setattr(cublas_mod.CublasCall, "__call__",
+                        lambda self, *args, **kwargs: ours.append(self) or original(self, *args, **kwargs))
+    natives: list = []
+    for name in ("mm", "bmm", "mv", "matmul"):
+        op = getattr(torch, name)
         monkeypatch.setattr(torch, name, lambda *args, _op=op, _name=name, **kwargs: natives.append(_name) or _op(
             *args, **kwargs))
+    return ours, natives
+
+
+def test_torch_calls_that_select_cublas_take_torchs_own_call_while_it_is_ieee(monkeypatch):
+    # cuBLAS selected for every problem: a repeated call on torch tensors runs torch's own op (torch.mm,
+    # torch.bmm, torch.mv; cuBLAS enqueued from C++), and autotile's own cuBLAS call where torch's TF32 switch
+    # is on (torch's GEMM would then round to TF32) or where a stream is named. The results stay IEEE FP32.
+    torch = pytest.importorskip("torch")
+    from autotile.library import calls
+
+    ours, natives = _cublas_selected_and_spied(monkeypatch, torch)
     allowed = torch.backends.cuda.matmul.allow_tf32
     generator = torch.Generator(device="cuda").manual_seed(5)
 
@@ -338,22 +343,9 @@ def test_reduced_precision_calls_that_select_cublas_take_torchs_own_call(monkeyp
     # while torch sums float16 products in float16 (allow_fp16_accumulation, torch 2.7+). int8 keeps
     # autotile's cublasGemmEx call (torch._int_mm runs cuBLASLt's other kernels).
     torch = pytest.importorskip("torch")
-    from autotile.dispatch import select as select_mod
     from autotile.library import calls
-    from autotile.runtime import cublas as cublas_mod
 
-    calls.forget()
-    monkeypatch.setattr(select_mod, "select", lambda key, device, cache=None, precision=None: select_mod.Selection(
-        None, "exact", None, None, "cublas", precision=precision))
-    ours = []
-    original = cublas_mod.CublasCall.__call__
-    monkeypatch.setattr(cublas_mod.CublasCall, "__call__",
-                        lambda self, *args, **kwargs: ours.append(self) or original(self, *args, **kwargs))
-    natives = []
-    for name in ("mm", "bmm", "mv", "matmul"):
-        op = getattr(torch, name)
-        monkeypatch.setattr(torch, name, lambda *args, _op=op, _name=name, **kwargs: natives.append(_name) or _op(
-            *args, **kwargs))
+    ours, natives = _cublas_selected_and_spied(monkeypatch, torch)
     generator = torch.Generator(device="cuda").manual_seed(9)
     torch_dtype = getattr(torch, dtype)
 
