@@ -22,6 +22,9 @@ and B column-major only, so layout nt; sides multiples of 16: the random sides a
 batches.
 
 Times: CUDA events around the launch alone, L2 flushed before each repetition, median (`autotile.runtime.timing`).
+Random `x @ W.T` shapes of under `BACK_TO_BACK_BELOW_MS` of torch's GPU time are also timed back to back (as a
+model's layer makes them: `BACK_TO_BACK_CALLS` calls enqueued with nothing between, the host's time per call
+included: `autotile.cli.overhead`), where the host decides what a call costs and the GPU time alone does not.
 Writes torch.md and torch.json to --out. Needs a GPU, CuPy and torch.
 """
 
@@ -44,6 +47,10 @@ from autotile.runtime.timing import L2Flusher, relative_error, time_launch
 from autotile.tuning import survey
 
 NT_SHAPES = bench.MATMUL_SHAPES
+# random problems under this much of torch's GPU time (ms) are also timed back to back, in rounds of this many
+# calls (the median of BACK_TO_BACK_ROUNDS): above it the GPU's time decides back to back too
+BACK_TO_BACK_BELOW_MS = 0.05
+BACK_TO_BACK_CALLS, BACK_TO_BACK_ROUNDS = 30, 7
 BMM_SHAPES = [(64, 512, 512, 512), (8, 2048, 2048, 2048), (32, 1024, 1024, 64), (128, 256, 256, 256)]
 QUICK_NT = [(4096, 4096, 4096), (4095, 4095, 4095), (1000, 3000, 500)]
 
@@ -129,8 +136,11 @@ def _reference(torch: Any, dtype: Any, a: Any, b: Any) -> Any:
     return ref * math.prod(SCALES) if _scaled(dtype) else ref
 
 
-def _matmul_row(shape: tuple[int, ...], layout: str, dtype: Any, flush: Any, profile: bool) -> dict[str, Any] | None:
-    """One shape's row; None where PyTorch has no call for it (torch._int_mm refuses the shape)."""
+def _matmul_row(shape: tuple[int, ...], layout: str, dtype: Any, flush: Any, profile: bool,
+                back_to_back: bool = False) -> dict[str, Any] | None:
+    """One shape's row; None where PyTorch has no call for it (torch._int_mm refuses the shape). With
+    `back_to_back`, a problem of under BACK_TO_BACK_BELOW_MS of torch's GPU time is also timed back to back
+    (the row's "back_to_back": torch's time per call over autotile's)."""
     import torch
 
     M, N, K = shape
@@ -151,6 +161,12 @@ def _matmul_row(shape: tuple[int, ...], layout: str, dtype: Any, flush: Any, pro
            "torch_ms": torch_ms, "autotile_ms": mine_ms, "ratio": torch_ms / mine_ms,
            "error": relative_error(out_m.double(), ref), "torch_error": relative_error(out_t.double(), ref),
            "runs": ops.selection_for("matmul", _name(dtype), layout, shape).explain()}
+    if back_to_back and torch_ms < BACK_TO_BACK_BELOW_MS:
+        from autotile.cli.overhead import _time
+
+        timed = _time({"torch": lambda: reference_call(x, b, out_t), "autotile": lambda: mine(x, b, out_m)},
+                      torch.cuda.synchronize, BACK_TO_BACK_CALLS, BACK_TO_BACK_ROUNDS)
+        row["back_to_back"] = timed["torch"][1] / timed["autotile"][1]
     if profile:
         row["kernels"] = _kernels_launched(lambda: mine(x, b, out_m))
     return row
@@ -245,6 +261,14 @@ def _markdown(rows: list[dict[str, Any]], random_rows: list[dict[str, Any]], ove
                   f"{q[0]:.2f}, median {statistics.median(ratios):.2f}, geomean {geomean:.2f}, p90 {q[-1]:.2f}, "
                   f"max {ratios[-1]:.2f}; at or above 1.0: {sum(r >= 1.0 for r in ratios)}, below 0.97: "
                   f"{sum(r < 0.97 for r in ratios)}."]
+        chained = sorted(r["back_to_back"] for r in group if "back_to_back" in r)
+        if chained:
+            mean = math.exp(sum(math.log(r) for r in chained) / len(chained))
+            lines += ["", f"Back to back ({BACK_TO_BACK_CALLS} calls enqueued with nothing between, the host's time "
+                      f"included), the {len(chained)} of them under {BACK_TO_BACK_BELOW_MS * 1000:.0f} us of torch's "
+                      f"GPU time: ratio min {chained[0]:.2f}, median {statistics.median(chained):.2f}, geomean "
+                      f"{mean:.2f}; at or above 1.0: {sum(r >= 1.0 for r in chained)}, below 0.97: "
+                      f"{sum(r < 0.97 for r in chained)}."]
     if overhead:
         lines += ["", "Host time per call (64x64x64, no synchronisation): "
                   + "; ".join(f"{name} {us:.1f} us" for name, us in overhead.items()) + "."]
@@ -329,15 +353,16 @@ def main(argv: list[str] | None = None) -> int:
     # random sides are rounded up to them
     multiple = 16 if _scaled(dtype) else 8 if integer else 1
     for random_shape in bench.random_shapes("matmul", args.random, args.seed, multiple) if args.random else []:
-        found = _matmul_row(random_shape, "nt", dtype, flush, profile=False)
+        found = _matmul_row(random_shape, "nt", dtype, flush, profile=False, back_to_back=True)
         if found is not None:
             random_rows.append(found)
-            print(f"random nt {random_shape}: {found['ratio']:.2f}x  {found['runs']}", flush=True)
+            chained = f" (back to back {found['back_to_back']:.2f}x)" if "back_to_back" in found else ""
+            print(f"random nt {random_shape}: {found['ratio']:.2f}x{chained}  {found['runs']}", flush=True)
     for batch_shape in () if integer else random_bmm_shapes(args.random_bmm, args.seed):
         random_rows.append(_bmm_row(batch_shape, dtype, flush))
         print(f"random bmm {batch_shape}: {random_rows[-1]['ratio']:.2f}x  {random_rows[-1]['runs']}", flush=True)
     for i, shape in enumerate(random_decode_shapes(args.random_decode, args.seed)):
-        found = _matmul_row(shape, ("nt", "nn")[i % 2], dtype, flush, profile=False)
+        found = _matmul_row(shape, ("nt", "nn")[i % 2], dtype, flush, profile=False, back_to_back=True)
         if found is None:
             continue
         row = {**found, "group": "decode"}

@@ -1,0 +1,26 @@
+"""The PyTorch benchmark's report (autotile/cli/bench_torch.py), without a GPU or torch: the random shapes'
+distribution and, for those timed back to back, theirs."""
+
+from __future__ import annotations
+
+from autotile.cli import bench_torch
+
+
+def _row(ratio: float, torch_ms: float, back_to_back: float | None = None) -> dict:
+    row = {"case": "x @ W.T", "layout": "nt", "shape": [64, 64, 64], "torch_ms": torch_ms,
+           "autotile_ms": torch_ms / ratio, "ratio": ratio, "error": 1e-3, "torch_error": 1e-3, "runs": "-"}
+    if back_to_back is not None:
+        row["back_to_back"] = back_to_back
+    return row
+
+
+def test_the_report_gives_the_back_to_back_distribution_of_the_small_problems():
+    random_rows = [_row(0.8, 0.006, 1.3), _row(1.0, 0.010, 0.9), _row(2.0, 0.5)]
+    env = {"gpu": "a GPU", "date": "2026-11-28", "torch": "2.11", "cupy": "14.2", "seed": 3}
+    text = bench_torch._markdown([], random_rows, {}, env)
+    assert "`x @ W.T` on 3 random shapes" in text and "geomean 1.17" in text  # (0.8 x 1.0 x 2.0)^(1/3)
+    line = next(x for x in text.splitlines() if x.startswith("Back to back"))
+    assert "the 2 of them under 50 us" in line and "min 0.90" in line and "below 0.97: 1." in line
+    assert "geomean 1.08" in line  # (1.3 x 0.9)^(1/2)
+    # no back-to-back line where no problem was timed so
+    assert "Back to back" not in bench_torch._markdown([], [_row(1.0, 0.5)], {}, env)
