@@ -28,7 +28,7 @@ import time
 from typing import Any, Callable
 
 
-def _time(calls: dict[str, Callable[[], Any]], sync: Callable[[], None], n: int, rounds: int
+def time_calls(calls: dict[str, Callable[[], Any]], sync: Callable[[], None], n: int, rounds: int
           ) -> dict[str, tuple[float, float]]:
     """Per call: (enqueue, back-to-back) microseconds, medians over `rounds` rounds of `n` calls each. The
     calls take turns round by round, so a host that speeds up or slows down during the run (a shared
@@ -170,7 +170,7 @@ def random_small(torch: Any, autotile: Any, n: int, seed: int, rounds: int, dtyp
     rows = []
     for kind, shape in random_small_calls(n, seed):
         theirs, mine = _small_call(torch, autotile, kind, shape, dtype)
-        timed = _time({"theirs": theirs, "mine": mine}, torch.cuda.synchronize, 50, rounds)
+        timed = time_calls({"theirs": theirs, "mine": mine}, torch.cuda.synchronize, 50, rounds)
         kernel, layout = SMALL_PROBLEMS[kind]
         rows.append({"kind": kind, "shape": list(shape), "torch_us": timed["theirs"][1],
                      "autotile_us": timed["mine"][1], "torch_enqueue_us": timed["theirs"][0],
@@ -219,10 +219,10 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     sync_torch, sync_cupy = torch.cuda.synchronize, cupy.cuda.runtime.deviceSynchronize
     empty = cupy.RawKernel('extern "C" __global__ void empty() {}', "empty")
-    floor = _time({"empty": lambda: empty((1,), (32,), ())}, sync_cupy, args.calls, args.rounds)["empty"][0]
+    floor = time_calls({"empty": lambda: empty((1,), (32,), ())}, sync_cupy, args.calls, args.rounds)["empty"][0]
     for name, theirs, mine, problem in cases(torch, cupy, autotile, args.dtype):
         sync = sync_torch if name.startswith("torch") else sync_cupy
-        timed = _time({"theirs": theirs, "mine": mine}, sync, args.calls, args.rounds)
+        timed = time_calls({"theirs": theirs, "mine": mine}, sync, args.calls, args.rounds)
         (their_enqueue, their_total), (my_enqueue, my_total) = timed["theirs"], timed["mine"]
         rows.append({"case": name, "other_enqueue_us": their_enqueue, "autotile_enqueue_us": my_enqueue,
                      "other_us": their_total, "autotile_us": my_total, "ratio": their_total / my_total,
