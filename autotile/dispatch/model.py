@@ -131,8 +131,9 @@ class Model:
     """A database prepared for one device: usable candidates, log shapes, log speed-ups over the reference
     (cuBLAS; where cuBLAS cannot run the database's problems at all, int8 outside layout nt, or cannot run the
     problem the model is asked about, `cublas_runs` False: an int8 shape cuBLAS refuses, an 8-bit float
-    problem borrowing int8's database, the generated candidate timed on the most shapes, which is then also
-    what runs where no other is predicted faster)."""
+    problem torch._scaled_mm refuses (one it takes borrows int8's database, whose cuBLAS column stands for
+    it), the generated candidate timed on the most shapes, which is then also what runs where no other is
+    predicted faster)."""
 
     def __init__(self, db: ShapeDatabase, device: DeviceLimits, cublas_runs: bool = True):
         self.db, self.device = db, device
