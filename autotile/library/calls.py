@@ -589,15 +589,12 @@ def _scaled_repeat(torch: Any, framework: Framework, prepared: _Prepared, call: 
 def _scaled_mm(torch: Any, a: Any, b: Any, scale_a: Any, scale_b: Any, out: Any, stream: Any) -> Any:
     """torch._scaled_mm with per-tensor scales and a bfloat16 C (float32 sums), into `out` where given, on
     `stream` where given (else torch's current stream)."""
-    def product() -> Any:
-        if out is None:
-            return torch._scaled_mm(a, b, scale_a=scale_a, scale_b=scale_b, out_dtype=torch.bfloat16)
-        return torch._scaled_mm(a, b, scale_a=scale_a, scale_b=scale_b, out_dtype=torch.bfloat16, out=out)
-
-    if stream is None:
-        return product()
-    with torch.cuda.stream(torch.cuda.ExternalStream(stream_pointer(stream), device=a.device)):
-        return product()
+    if stream is not None:
+        with torch.cuda.stream(torch.cuda.ExternalStream(stream_pointer(stream), device=a.device)):
+            return _scaled_mm(torch, a, b, scale_a, scale_b, out, None)
+    if out is None:
+        return torch._scaled_mm(a, b, scale_a=scale_a, scale_b=scale_b, out_dtype=torch.bfloat16)
+    return torch._scaled_mm(a, b, scale_a=scale_a, scale_b=scale_b, out_dtype=torch.bfloat16, out=out)
 
 
 def padded_plan(kernel: str, dtype: str, layout: str, shape: tuple[int, ...], setting: str,
