@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from autotile.cli import bench
+from autotile.cli.overhead import time_calls
 from autotile.codegen import dtypes
 from autotile.codegen.dtypes import DTYPE_NAMES
 from autotile.library import calls as ops
@@ -162,8 +163,6 @@ def _matmul_row(shape: tuple[int, ...], layout: str, dtype: Any, flush: Any, pro
            "error": relative_error(out_m.double(), ref), "torch_error": relative_error(out_t.double(), ref),
            "runs": ops.selection_for("matmul", _name(dtype), layout, shape).explain()}
     if back_to_back and torch_ms < BACK_TO_BACK_BELOW_MS:
-        from autotile.cli.overhead import time_calls
-
         timed = time_calls({"torch": lambda: reference_call(x, b, out_t), "autotile": lambda: mine(x, b, out_m)},
                       torch.cuda.synchronize, BACK_TO_BACK_CALLS, BACK_TO_BACK_ROUNDS)
         row["back_to_back"] = timed["torch"][1] / timed["autotile"][1]

@@ -15,8 +15,7 @@ candidate's GPU time stays under its own host time even at its worst neighbour's
 it back to back and a lower floor (`host_bound_floor`), which every neighbour must clear, bounds what a CUDA
 graph, which has no host time, would lose; and a candidate predicted no slower than cuBLAS is forgiven a
 neighbour down to that floor where even at that neighbour's speed-up it stays `margin` faster back to back.
-Only
-candidates the float32 matmul precision setting allows compete (`autotile.dispatch.precision`: under
+Only candidates the float32 matmul precision setting allows compete (`autotile.dispatch.precision`: under
 "highest", no tf32x3 config); cuBLAS is allowed under every one. The parameters are fitted by
 leave-one-out on the database itself (`fit`), and `cross_validate` reports what that held-out check
 measured.

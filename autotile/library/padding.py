@@ -216,9 +216,9 @@ def pays(direct: Selection, padded: Selection, layout: str, shape: tuple[int, ..
     tuned record or the shape database's model picked, its own or borrowed from another layout; cuBLAS only
     for the types whose rule says cuBLAS wants aligned rows; never a fallback that knows nothing of the
     shape); then either the problem is as large as the sizes measured to pay (`RULES[dtype].measured`), or,
-    for one matrix (not a batch)
-    where both choices have a predicted time, the padded shape's plus the copies' (`copy_ms`), or the host's
-    time per call (HOST_MS) where that is longer, is under the direct choice's by MARGIN."""
+    for one matrix (not a batch) where both choices have a predicted time, the padded shape's plus the
+    copies' (`copy_ms`), or the host's time per call (HOST_MS) where that is longer, is under the direct
+    choice's by MARGIN."""
     if padded.step not in ("exact", "model"):
         return False
     rule = RULES[dtype]

@@ -540,10 +540,9 @@ def run(args: argparse.Namespace) -> int:
                         print(check_report(previous, device))
                     continue
                 configs = portfolio(kernel, args.dtype, layout, device, cache)
-                if args.add:
-                    base = previous or database.load(cache, device.fingerprint, kernel, args.dtype, layout)
-                    configs = extension(base, configs, [n.strip() for n in args.add.split(",") if n.strip()])
-                    previous = previous or base
+                if args.add:  # your database, else the shipped one
+                    previous = previous or database.load(cache, device.fingerprint, kernel, args.dtype, layout)
+                    configs = extension(previous, configs, [n.strip() for n in args.add.split(",") if n.strip()])
                 shapes = grid(kernel, random_shapes=args.random_shapes, layout=layout, dtype=args.dtype)
                 db = survey(kernel, args.dtype, layout, device, shapes,
                             configs, previous=previous, save=lambda d: database.save(cache, d),
