@@ -40,7 +40,7 @@ def calls(monkeypatch):
 
     def recorder(name):
         def routine(*args):
-            made.append((name, args))
+            made.append((name, _as_passed(name, args)))
             return 0
         return routine
 
@@ -51,18 +51,29 @@ def calls(monkeypatch):
     return made
 
 
+def _as_passed(name: str, args: tuple) -> tuple[int, ...]:
+    """The values of a call of the untyped routine `name`, each checked to reach it as its declared type
+    does: a 32-bit int as a Python int that fits, anything else as a ctypes object of exactly that type
+    (a Python int would be passed as a C int, cutting a pointer to 32 bits)."""
+    argtypes = (ctypes.c_void_p, *cublas_mod._SIGNATURES[name])  # the handle, then the routine's own
+    assert len(args) == len(argtypes), name
+    values = []
+    for value, argtype in zip(args, argtypes, strict=True):
+        if argtype is ctypes.c_int:
+            assert type(value) is int and -(1 << 31) <= value < 1 << 31, (name, value)
+            values.append(value)
+        else:
+            assert type(value) is argtype, (name, value, argtype)
+            values.append(value.value or 0)  # a null c_void_p reads None
+    return tuple(values)
+
+
 def _call(made, key: ProblemKey, strides: tuple[int, ...] = ()) -> tuple[str, tuple[int, ...]]:
-    """The one routine call `key`'s CublasCall makes, checked against the routine's declared signature."""
+    """The one routine call `key`'s CublasCall makes, its arguments checked against the routine's declared
+    signature (`_as_passed`)."""
     cublas_mod.CublasCall(key, 0)((A_PTR, B_PTR), OUT_PTR, STREAM, strides)
     assert len(made) == 1
-    name, args = made[0]
-    argtypes = cublas_mod._SIGNATURES[name]
-    assert len(args) == 1 + len(argtypes), name
-    for value, argtype in zip(args[1:], argtypes, strict=True):  # each value survives its ctypes type
-        assert isinstance(value, int)
-        converted = argtype(value).value
-        assert converted == value or (argtype is ctypes.c_void_p and value == 0 and converted is None), name
-    return name, args
+    return made[0]
 
 
 def _scalars(alpha: int, beta: int) -> tuple[float, float]:
@@ -142,6 +153,40 @@ def test_float32_and_float64_keep_the_typed_routines(calls, key, strides, expect
     assert name == routine and args[0] == HANDLE and args[1:1 + n_head] == head
     assert args[2 + n_head:2 + n_head + len(operands)] == operands  # after alpha
     assert args[-len(output):] == output  # after beta
+
+
+def test_only_the_routines_a_call_makes_go_untyped(calls):
+    """The handle's own routines (create, stream, workspace) are called with Python ints for pointers:
+    declared types keep those 64 bits; only the routines a CublasCall makes, on prepared ctypes objects,
+    may go without."""
+    keys = [ProblemKey(kernel, dtype, layout, shape) for dtype in ("float32", "float64", *HALF)
+            for kernel, layout, shape in (("matmul", "nt", (8, 8, 8)), ("bmm", "nn", (2, 8, 8, 8)),
+                                          ("matvec", "row", (8, 8)))]
+    made_by_calls = set()
+    for key in keys:
+        calls.clear()
+        _call(calls, key, (64, 64) if key.kernel == "bmm" else ())
+        made_by_calls.add(calls[0][0])
+
+    class Routine:
+        argtypes = None
+        restype = None
+
+    library = cublas_mod._Library(_Routines(Routine))
+    untyped = {name for name, routine in library.routines.items() if routine.argtypes is None}
+    assert untyped == made_by_calls
+    for name in ("cublasCreate_v2", "cublasSetStream_v2", "cublasGetStream_v2", "cublasSetWorkspace_v2"):
+        assert library.routines[name].argtypes[0] in (ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p))
+
+
+class _Routines:
+    """Stands for a ctypes.CDLL: a fresh routine object per name, as `CDLL.__getitem__` gives."""
+
+    def __init__(self, kind: type) -> None:
+        self.kind = kind
+
+    def __getitem__(self, name: str):
+        return self.kind()
 
 
 def test_stream_is_set_only_when_it_changes(calls):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import types
+
 import numpy as np
 import pytest
 
@@ -168,29 +170,61 @@ def test_a_matmul_tuned_on_its_very_shape_is_not_turned_into_a_matvec(monkeypatc
     assert calls._matvec_plan("matmul", "float32", "nt", (2, 97, 133), "high", 0) is None
 
 
-def test_where_cublas_won_the_frameworks_own_call_comes_first_unless_it_declines_or_a_stream_is_named():
+def test_where_cublas_won_the_framework_is_asked_for_its_own_call():
     from autotile.library import calls
     from autotile.runtime.operands import Framework
 
-    made = []
+    asked = []
 
-    class Native(Framework):  # a framework whose own call declines while its switch says so
-        switch_on = False
+    class Native(Framework):
+        def native_first(self, kernel, dtype, dims, run):
+            asked.append((kernel, dtype, dims))
+            return ("native first", run)
 
-        def native_product(self, kernel, dtype, dims):
-            made.append((kernel, dtype, dims))
-            return lambda a, b, out: None if self.switch_on else ("native", a, b, out)
-
-    framework = Native()
     fallback = lambda a, b, out, stream: ("ours", a, b, out, stream)  # noqa: E731
     direct = calls._Prepared(runner=None, selection=None, direct=object())  # type: ignore[arg-type]
     call = calls._Call(direct, (3, 4), 48, "float32", 0, ())
-    run = calls._native_first(framework, call, "matmul", (2, 2), fallback)
-    assert made == [("matmul", "float32", (2, 2))]
-    assert run("A", "B", None, None) == ("native", "A", "B", None)
-    assert run("A", "B", "C", "s") == ("ours", "A", "B", "C", "s")  # a named stream: autotile's own call
-    framework.switch_on = True
-    assert run("A", "B", "C", None) == ("ours", "A", "B", "C", None)
+    assert calls._native_first(Native(), call, "matmul", (2, 2), fallback) == ("native first", fallback)
+    assert asked == [("matmul", "float32", (2, 2))]  # the user's call: kernel and dimensions
     generated = calls._Call(calls._Prepared(runner=None, selection=None), (3, 4), 48, "float32", 0, ())  # type: ignore[arg-type]
-    assert calls._native_first(framework, generated, "matmul", (2, 2), fallback) is fallback  # not cuBLAS: ours
+    assert calls._native_first(Native(), generated, "matmul", (2, 2), fallback) is fallback  # not cuBLAS: ours
+    assert asked == [("matmul", "float32", (2, 2))]
     assert calls._native_first(Framework(), call, "matvec", (2, 1), fallback) is fallback  # no native call
+
+
+def _fake_torch(switches: dict[str, bool], made: list) -> types.SimpleNamespace:
+    """What TorchFramework reads of torch: its dtypes, the switches that change cuBLAS's arithmetic, and
+    mm/bmm/mv/matmul recording their calls."""
+    def op(name):
+        return lambda a, b, out=None: made.append((name, a, b, out)) or name
+
+    def switch(name):
+        return lambda: switches[name]
+
+    c_module = types.SimpleNamespace(_get_cublas_allow_tf32=switch("tf32"),
+                                     _get_cublas_allow_fp16_accumulation=switch("fp16"))
+    names = ("float32", "float64", "bfloat16", "float16", "int8", "int32")
+    return types.SimpleNamespace(_C=c_module, **{n: object() for n in names},
+                                 **{n: op(n) for n in ("mm", "bmm", "mv", "matmul")})
+
+
+@pytest.mark.parametrize("dtype,kernel,dims,op,switch", [
+    ("float32", "matmul", (2, 2), "mm", "tf32"), ("float16", "matmul", (3, 3), "bmm", "fp16"),
+    ("bfloat16", "matmul", (3, 2), "matmul", None), ("float64", "matvec", (2, 1), "mv", None)])
+def test_torch_runs_its_own_call_unless_a_stream_is_named_or_a_switch_changes_the_arithmetic(dtype, kernel, dims,
+                                                                                           op, switch):
+    from autotile.runtime.operands import TorchFramework
+
+    made: list = []
+    switches = {"tf32": False, "fp16": False}
+    framework = TorchFramework(_fake_torch(switches, made))
+    ours = lambda a, b, out, stream: ("ours", stream)  # noqa: E731
+    run = framework.native_first(kernel, dtype, dims, ours)
+    assert run("A", "B", None, None) == op and made == [(op, "A", "B", None)]
+    assert run("A", "B", "C", None) == op and made[-1] == (op, "A", "B", "C")
+    assert run("A", "B", None, "s") == ("ours", "s")  # a named stream: autotile's own call
+    if switch is not None:
+        switches[switch] = True  # read per call
+        assert run("A", "B", None, None) == ("ours", None)
+    assert len(made) == 2
+    assert framework.native_first(kernel, "int8", dims, ours) is ours  # torch._int_mm is another kernel

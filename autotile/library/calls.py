@@ -49,7 +49,15 @@ from autotile.library import padding
 from autotile.library.plan import matrix_order, plan_matmul
 from autotile.runtime.cublas import CublasCall
 from autotile.runtime.impl import CublasRunner, Runner
-from autotile.runtime.operands import Framework, Operand, as_framework, framework_by_type, stream_pointer
+from autotile.runtime.operands import (
+    Framework,
+    Operand,
+    Repeat,
+    as_framework,
+    framework_by_type,
+    known_framework,
+    stream_pointer,
+)
 
 if TYPE_CHECKING:  # the selection chain reads the cache (filelock, platformdirs): imported on first call
     from autotile.dispatch.select import Selection
@@ -251,9 +259,6 @@ class _Call:
         return c
 
 
-Repeat = Callable[[Any, Any, Any, Any], Any]  # (A, B or x, out, stream) -> the result
-
-
 def _repeat(framework: Framework, call: _Call) -> Repeat:
     """A signature's repeated call as one function with everything but the arrays and the stream bound:
     the output allocated (where no `out` is given), three pointers read, one launch. Where the current
@@ -290,23 +295,11 @@ def _repeat(framework: Framework, call: _Call) -> Repeat:
 
 def _native_first(framework: Framework, call: _Call, kernel: str, dims: tuple[int, int], run: Repeat) -> Repeat:
     """`run`, preceded where cuBLAS won by the framework's own call of the same product
-    (`Framework.native_product`: torch.mm and friends, cuBLAS enqueued from C++ at less host cost than
-    autotile's call through ctypes), which computes what `run` would. `kernel` and `dims` are the user's
-    call's ("matmul" or "matvec", its operands' dimensions): a one-row matmul that runs as a matvec
-    (`as_matvec`) is still the user's matmul to torch. A call on a stream of its own, or made while the
-    framework's switches would change the arithmetic, takes `run`."""
-    native = framework.native_product(kernel, call.dtype, dims) if call.prepared.direct is not None else None
-    if native is None:
-        return run
-
-    def run_native(a: Any, b: Any, out: Any, stream: Any) -> Any:
-        if stream is None:
-            c = native(a, b, out)
-            if c is not None:
-                return c
-        return run(a, b, out, stream)
-
-    return run_native
+    (`Framework.native_first`: torch.mm and friends, cuBLAS enqueued from C++ at less host cost than
+    autotile's own call), which computes what `run` would. `kernel` and `dims` are the user's call's
+    ("matmul" or "matvec", its operands' dimensions): a one-row matmul that runs as a matvec (`as_matvec`)
+    is still the user's matmul to torch."""
+    return framework.native_first(kernel, call.dtype, dims, run) if call.prepared.direct is not None else run
 
 
 def _repeat_padded(framework: Framework, run: Callable[[int, int, int, int], None], out_shape: tuple[int, ...],
@@ -362,15 +355,28 @@ def _swapped(run: Repeat) -> Repeat:
     return lambda a, b, out, stream: run(b, a, out, stream)
 
 
+def repeated_matmul(A: Any, B: Any, out: Any, precision: str | None) -> Repeat | None:
+    """The per-call path of `autotile.matmul`: the call memoized for these arrays' signature (one read of
+    each array, one lookup), or None where the general path must run (a first call, an array of a type not
+    seen yet, a tensor that needs a gradient, a precision that is not a setting's name)."""
+    framework = known_framework(A, B)
+    if framework is None:
+        return None
+    pair = framework.pair_signature(A, B)
+    if pair is None or pair[-1]:  # pair[-1]: autograd must see the call
+        return None
+    setting = precision_mod.get_float32_matmul_precision() if precision is None else precision
+    return _calls.get((pair, None if out is None else framework.signature(out), setting))
+
+
 def matmul_no_autograd(A: Any, B: Any, out: Any = None, precision: str | None = None, stream: Any = None) -> Any:
     """`autotile.matmul` without the autograd check (`autotile.library.api.matmul` says what it takes): what
     the PyTorch operator runs."""
     setting = precision_mod.resolve(precision)  # checked first: a bad value is an error whatever the arrays
     framework = framework_by_type(A, B)
-    # The per-call path: a repeated call of a known signature reads its arrays' signatures and pointers and
-    # launches; everything else was checked and prepared by its first call.
-    signature = (framework.signature(A), framework.signature(B), None if out is None else framework.signature(out),
-                 setting)
+    # A repeated call of a known signature reads its arrays' signatures and pointers and launches;
+    # everything else was checked and prepared by its first call (`repeated_matmul` is the same lookup).
+    signature = (framework.pair_signature(A, B), None if out is None else framework.signature(out), setting)
     known = _calls.get(signature)
     if known is not None:
         return known(A, B, out, stream)
@@ -392,7 +398,7 @@ def matmul_no_autograd(A: Any, B: Any, out: Any = None, precision: str | None = 
                 emulation.run_batch(framework, a, b, c, plan.layout, plan.shape, plan.batch_strides, stream_ptr,
                                     _int8_gemm(framework, a.device))
             return c.obj
-    memoize = not copied and None not in signature[:2] and (out is None or signature[2] is not None)
+    memoize = not copied and signature[0] is not None and (out is None or signature[1] is not None)
     vector = _matvec_plan(plan.kernel, dtype, plan.layout, plan.shape, setting, a.device)
     if vector is not None:
         layout, shape, swapped = vector
@@ -486,14 +492,19 @@ def matvec(A: Any, x: Any, out: Any = None, precision: str | None = None, stream
     tensors; returns y (M) in their framework. `out` and `stream` as `matmul`'s.
 
     `precision` is checked as `matmul`'s is, and changes nothing: every matvec kernel is IEEE."""
+    framework = known_framework(A, x)
+    # The per-call path, as matmul's: a repeated call of a known signature reads pointers and launches.
+    # (Whether a tensor needs a gradient is part of the signature and changes nothing here.)
+    if framework is not None:
+        setting = precision_mod.get_float32_matmul_precision() if precision is None else precision
+        known = _calls.get(("matvec", framework.pair_signature(A, x),
+                            None if out is None else framework.signature(out), setting))
+        if known is not None:
+            return known(A, x, out, stream)
     setting = precision_mod.resolve(precision)
     framework = framework_by_type(A, x)
-    # The per-call path, as matmul's: a repeated call of a known signature reads pointers and launches.
-    signature = ("matvec", framework.signature(A), framework.signature(x),
-                 None if out is None else framework.signature(out), setting)
-    known = _calls.get(signature)
-    if known is not None:
-        return known(A, x, out, stream)
+    signature = ("matvec", framework.pair_signature(A, x), None if out is None else framework.signature(out),
+                 setting)
     a, v = as_framework(framework, A, "A"), as_framework(framework, x, "x")
     if len(a.shape) != 2 or len(v.shape) != 1:
         raise ArgumentError(f"matvec takes a 2-D A and a 1-D x; got {len(a.shape)}-D and {len(v.shape)}-D")
@@ -517,7 +528,7 @@ def matvec(A: Any, x: Any, out: Any = None, precision: str | None = None, stream
     with _device_of(a.device):
         prepared = _prepare("matvec", dtype, "row" if order == "n" else "col", (M, K), setting, a.device)
     _launch_on(a.device, prepared, framework, (a.obj, v.obj), y.obj, _nbytes(y), dtype, stream_ptr)
-    if not copied and None not in signature[1:3] and (out is None or signature[3] is not None):
+    if not copied and signature[1] is not None and (out is None or signature[2] is not None):
         call = _Call(prepared, (M,), _nbytes(y), dtype, a.device, ())
         run = _native_first(framework, call, "matvec", (2, 1), _repeat(framework, call))
         with _lock:  # only signatures of the framework's own arrays that needed no copy

@@ -45,6 +45,13 @@ class Framework:
         array of this framework; None for anything else (which the full path reads and converts)."""
         raise NotImplementedError
 
+    def pair_signature(self, a: Any, b: Any) -> tuple[Any, ...] | None:
+        """`signature` of two arrays in one flat tuple (the per-call path's one read of its operands),
+        ending with whether autograd must see the call (a torch tensor that needs a gradient, with
+        gradients on); None where either array is not this framework's."""
+        first, second = self.signature(a), self.signature(b)
+        return None if first is None or second is None else (*first, *second, False)
+
     def current_stream(self, device: int) -> int:
         """The framework's current CUDA stream on `device`, as a pointer."""
         raise NotImplementedError
@@ -87,16 +94,17 @@ class Framework:
         """`pointer` as the cheapest function the framework has (one call per array and call)."""
         return self.pointer
 
-    def native_product(self, kernel: str, dtype: str, dims: tuple[int, int]) -> NativeProduct | None:
-        """The framework's own call of a product that autotile runs on cuBLAS (`kernel` "matmul" or
-        "matvec", operands of `dims` dimensions), where it calls the same cuBLAS with the same arithmetic:
-        a function (A, B, out) -> the result, or None where the framework's switches, read per call, would
-        change the arithmetic (autotile's own cuBLAS call runs then). None: there is no such call."""
-        return None
+    def native_first(self, kernel: str, dtype: str, dims: tuple[int, int], run: Repeat) -> Repeat:
+        """The repeated call `run` of a product that autotile runs on cuBLAS (`kernel` "matmul" or "matvec",
+        operands of `dims` dimensions), preceded by the framework's own call of it where that calls the
+        same cuBLAS with the same arithmetic: the framework's call on its current stream, unless its
+        switches, read per call, would change the arithmetic; `run` on a stream the caller names. `run`
+        itself where the framework has no such call."""
+        return run
 
 
-# (A, B or x, out or None) -> the result, or None where the call must not be made now
-NativeProduct = Callable[[Any, Any, Any], Any]
+# (A, B or x, out or None, stream or None) -> the result: a signature's repeated call
+Repeat = Callable[[Any, Any, Any, Any], Any]
 
 _DTYPES = DTYPE_NAMES
 
@@ -117,6 +125,12 @@ class CupyFramework(Framework):
         if not isinstance(x, self.cupy.ndarray):
             return None
         return x.shape, x.strides, x.dtype, x.device.id
+
+    def pair_signature(self, a: Any, b: Any) -> tuple[Any, ...] | None:
+        array = self.cupy.ndarray
+        if not (isinstance(a, array) and isinstance(b, array)):
+            return None
+        return a.shape, a.strides, a.dtype, a.device.id, b.shape, b.strides, b.dtype, b.device.id, False
 
     def current_stream(self, device: int) -> int:
         return self.cupy.cuda.get_current_stream(device).ptr
@@ -186,6 +200,14 @@ class TorchFramework(Framework):
             return None
         return x.shape, x.stride(), x.dtype, x.get_device()  # get_device: no torch.device object made
 
+    def pair_signature(self, a: Any, b: Any) -> tuple[Any, ...] | None:
+        tensor = self.torch.Tensor
+        if not (isinstance(a, tensor) and isinstance(b, tensor)):
+            return None
+        needs_grad = (a.requires_grad or b.requires_grad) and self.torch.is_grad_enabled()
+        return (a.shape, a.stride(), a.dtype, a.get_device(), b.shape, b.stride(), b.dtype, b.get_device(),
+                needs_grad)
+
     def current_stream(self, device: int) -> int:
         if self._raw_stream is not None:
             return int(self._raw_stream(device))
@@ -217,16 +239,17 @@ class TorchFramework(Framework):
     def pointer(self, x: Any) -> int:
         return int(x.data_ptr())
 
-    def native_product(self, kernel: str, dtype: str, dims: tuple[int, int]) -> NativeProduct | None:
-        # torch.mm/bmm/mv/matmul enqueue cuBLAS from C++: measured on an H100 host (2026-11-27), 2-5 us per
-        # call less than autotile's cuBLAS call through ctypes (strided batched: 5-10 us). A switch of torch's
-        # that would change the arithmetic is read per call (0.1 us): float32's GEMM is autotile's (IEEE
-        # FP32) only while torch's TF32 switch is off; float16's sums are float32 only while torch's
-        # fp16-accumulation switch (torch 2.7+) is off. float64 and bfloat16 have no such switch. The 16-bit
-        # types' other switches, torch's reduced-precision reductions, allow at most what autotile's own
-        # handle allows (cuBLAS's default math mode, `autotile.runtime.cublas`): with them on (torch's
-        # default) the call is the same, with them off it only forbids more. int8 is left to autotile's
-        # call: torch._int_mm runs cuBLASLt, whose kernels differ (faster on some shapes, slower on others).
+    def native_first(self, kernel: str, dtype: str, dims: tuple[int, int], run: Repeat) -> Repeat:
+        # torch.mm/bmm/mv/matmul enqueue cuBLAS from C++: measured on an H100 host (2026-11-28), 2-5 us per
+        # call less than autotile's own cuBLAS call with its Python around it (the allocation, the pointers,
+        # the handle's stream; `autotile.runtime.cublas`). A switch of torch's that would change the
+        # arithmetic is read per call (0.1 us): float32's GEMM is autotile's (IEEE FP32) only while torch's
+        # TF32 switch is off; float16's sums are float32 only while torch's fp16-accumulation switch (torch
+        # 2.7+) is off. float64 and bfloat16 have no such switch. The 16-bit types' other switches, torch's
+        # reduced-precision reductions, allow at most what autotile's own handle allows (cuBLAS's default
+        # math mode): with them on (torch's default) the call is the same, with them off it only forbids
+        # more. int8 is left to autotile's call: torch._int_mm runs cuBLASLt, whose kernels differ (faster
+        # on some shapes, slower on others).
         torch = self.torch
         never: Callable[[], bool] = lambda: False  # noqa: E731
         if dtype in ("float64", "bfloat16"):
@@ -236,23 +259,25 @@ class TorchFramework(Framework):
         elif dtype == "float16":
             changes_arithmetic = getattr(torch._C, "_get_cublas_allow_fp16_accumulation", never)
         else:
-            return None
+            return run
         if kernel == "matvec":
             op = torch.mv
         elif kernel == "matmul":
             op = {(2, 2): torch.mm, (3, 3): torch.bmm}.get(dims, torch.matmul)
         else:
-            return None
+            return run
 
-        def product(a: Any, b: Any, out: Any) -> Any:
-            try:
-                if changes_arithmetic():
-                    return None
-            except RuntimeError:  # torch 2.9+ refuses this legacy read once its new `fp32_precision` API set TF32
-                return None
-            return op(a, b) if out is None else op(a, b, out=out)
+        def run_native(a: Any, b: Any, out: Any, stream: Any) -> Any:
+            if stream is None:
+                try:
+                    changed = changes_arithmetic()
+                except RuntimeError:  # torch 2.9+ refuses this legacy read once its `fp32_precision` API set TF32
+                    changed = True
+                if not changed:
+                    return op(a, b) if out is None else op(a, b, out=out)
+            return run(a, b, out, stream)
 
-        return product
+        return run_native
 
     def _device(self, index: int) -> Any:
         device = self._devices.get(index)
@@ -317,19 +342,25 @@ def framework_of(*arrays: Any) -> Framework:
     return found
 
 
-_by_type: dict[type, Framework] = {}
+_by_type: dict[type, Framework] = {}  # an array's type -> `framework_of` one array of that type
 
 
 def framework_by_type(a: Any, b: Any) -> Framework:
-    """`framework_of(a, b)`, remembered by the arrays' type where both have the same (a call's common case:
-    one dictionary lookup)."""
-    kind = type(a)
-    if kind is type(b):
-        found = _by_type.get(kind)
-        if found is None:
-            found = _by_type[kind] = framework_of(a, b)
-        return found
-    return framework_of(a, b)
+    """`framework_of(a, b)`, through each array's type (a call's common case: two dictionary lookups; a torch
+    tensor and an nn.Parameter are both torch's)."""
+    found_a, found_b = _by_type.get(type(a)), _by_type.get(type(b))
+    if found_a is None:
+        found_a = _by_type[type(a)] = framework_of(a)
+    if found_b is None:
+        found_b = _by_type[type(b)] = framework_of(b)
+    return found_a if found_a is found_b else framework_of(a, b)
+
+
+def known_framework(a: Any, b: Any) -> Framework | None:
+    """The framework of `a` and `b` where an earlier call has seen both their types and they agree; None
+    otherwise (the general path, `framework_by_type`, then decides)."""
+    found = _by_type.get(type(a))
+    return found if found is not None and _by_type.get(type(b)) is found else None
 
 
 def as_cupy(cupy: Any, value: Any, name: str) -> Any:

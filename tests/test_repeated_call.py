@@ -1,0 +1,80 @@
+"""The library's per-call path (`autotile.library.calls.repeated_matmul`): a repeated call of a known
+signature found with one read of each array and one lookup, and every call that must not take it sent to
+the general path. Without a GPU: a stand-in framework and memoized calls."""
+
+from __future__ import annotations
+
+import pytest
+
+import autotile
+from autotile.dispatch import precision as precision_mod
+from autotile.library import calls
+from autotile.runtime import operands
+from autotile.runtime.operands import Framework
+
+
+class Array:
+    def __init__(self, shape: tuple[int, ...], needs_grad: bool = False) -> None:
+        self.shape, self.needs_grad = shape, needs_grad
+
+
+class Parameter(Array):
+    """A subclass of the framework's array type, as nn.Parameter is of torch.Tensor."""
+
+
+class Stand(Framework):
+    name = "stand-in"
+
+    def signature(self, x):
+        return (x.shape,) if isinstance(x, Array) else None
+
+    def pair_signature(self, a, b):
+        if not (isinstance(a, Array) and isinstance(b, Array)):
+            return None
+        return (a.shape, b.shape, a.needs_grad or b.needs_grad)
+
+
+@pytest.fixture
+def stand(monkeypatch):
+    framework = Stand()
+    monkeypatch.setattr(operands, "_by_type", {})
+    monkeypatch.setattr(operands, "framework_of", lambda *arrays: framework)
+    monkeypatch.setattr(calls, "_calls", {})
+    monkeypatch.setattr(precision_mod, "_setting", "high")
+    return framework
+
+
+def test_a_memoized_signature_is_found_once_both_types_are_known(stand):
+    a, b = Array((3, 4)), Parameter((4, 5))
+    calls._calls[(((3, 4), (4, 5), False), None, "high")] = lambda *args: ("memoized", args)
+    assert calls.repeated_matmul(a, b, None, None) is None  # types not seen yet: the general path
+    assert operands.framework_by_type(a, b) is stand  # the general path's lookup registers both types
+    found = calls.repeated_matmul(a, b, None, None)
+    assert found is not None and found(a, b, None, None) == ("memoized", (a, b, None, None))
+    assert autotile.matmul(a, b) == ("memoized", (a, b, None, None))  # the entry point takes it first
+
+
+def test_the_key_holds_the_setting_and_the_outputs_signature(stand):
+    a, b, out = Array((3, 4)), Array((4, 5)), Array((3, 5))
+    operands.framework_by_type(a, b)
+    calls._calls[(((3, 4), (4, 5), False), ((3, 5),), "highest")] = "with out, highest"
+    assert calls.repeated_matmul(a, b, out, "highest") == "with out, highest"
+    assert calls.repeated_matmul(a, b, out, None) is None  # the process-wide setting is "high"
+    assert calls.repeated_matmul(a, b, None, "highest") is None
+    assert calls.repeated_matmul(a, b, Array((3, 6)), "highest") is None
+
+
+def test_a_call_that_autograd_must_see_never_takes_the_memoized_call(stand):
+    a, b = Array((3, 4), needs_grad=True), Array((4, 5))
+    operands.framework_by_type(a, b)
+    # memoized by the differentiable operator's own forward (`matmul_no_autograd`): not for the entry point
+    calls._calls[(((3, 4), (4, 5), True), None, "high")] = "no autograd"
+    assert calls.repeated_matmul(a, b, None, None) is None
+
+
+def test_arrays_of_two_frameworks_take_the_general_path(stand, monkeypatch):
+    other = Stand()
+    monkeypatch.setattr(operands, "framework_of", lambda *arrays: other if isinstance(arrays[0], str) else stand)
+    operands.framework_by_type("host data", Array((1,)))
+    assert operands.known_framework("host data", Array((1,))) is None
+    assert operands.known_framework(Array((1,)), Array((2,))) is stand
