@@ -244,6 +244,7 @@ def test_cupy_graph_capture_and_replay():
         graph = stream.end_capture()
     x[...] = cupy.random.random((300, 200), dtype=cupy.float32) - 0.5
     out.fill(cupy.nan)
+    cupy.cuda.runtime.deviceSynchronize()  # written on the current stream, which a non-blocking one does not wait for
     graph.launch(stream)
     stream.synchronize()
     ref = x.astype(cupy.float64) @ w.T.astype(cupy.float64)

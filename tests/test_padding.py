@@ -286,8 +286,8 @@ def test_a_repeated_call_runs_the_padded_plan_again_on_new_values(every_shape_pa
     assert len(every_shape_padded) == 1 and len(calls._calls) == 1
     stream = cupy.cuda.Stream(non_blocking=True)
     for scale in (2.0, -3.0):
-        a2, b2 = a * scale, b + 1
-        with stream:
+        with stream:  # the new values made on the call's stream: a non-blocking stream waits for no other
+            a2, b2 = a * scale, b + 1
             out = autotile.matmul(a2, b2)
         stream.synchronize()
         ref = kernels.to_float64(a2) @ kernels.to_float64(b2)
