@@ -45,11 +45,12 @@ MIN_K_PER_SPLIT = 32  # elements of K per split below which a K split is not wor
 MAX_SPLIT_WORKSPACE = 1 << 25  # elements of a last_block workspace (SPLIT_K x the output): 128 MiB of float32
 FILL_WEIGHT = 1.0  # how much a difference of one octave in blocks per wave counts against closeness
 # The host's time per repeated call, in ms, by what runs, the output allocated (`python -m
-# autotile.cli.overhead --random`, H100, 2026-11-27: a generated kernel's call 10-18 us; cuBLAS's, through
-# ctypes, 16-18 us for a GEMV and 22-40 us for a GEMM or a batched GEMM, of which about 10 us are cuBLAS's own),
-# and each extra launch (the zeroing before a split-K kernel whose splits add atomically into C). Back to back,
-# a call takes the longer of this and its GPU time: `host_ms`.
-HOST_MS = {"generated": 0.012, "cublas": 0.027, "cublas matvec": 0.018}
+# autotile.cli.overhead`, H100 host, 2026-11-28, torch tensors: a generated kernel's call 10-16 us; cuBLAS's,
+# through torch's own call or autotile's ctypes call, 13-17 us for a GEMV and 15-21 us for a GEMM, of which
+# 10-13 us are cuBLAS's own; each includes the signature's lookup, about 4 us), and each extra launch (the
+# zeroing before a split-K kernel whose splits add atomically into C). Back to back, a call takes the longer
+# of this and its GPU time: `host_ms`.
+HOST_MS = {"generated": 0.012, "cublas": 0.020, "cublas matvec": 0.016}
 EXTRA_LAUNCH_MS = 0.005
 
 
