@@ -28,9 +28,7 @@ class Stand(Framework):
     def signature(self, x):
         return (x.shape,) if isinstance(x, Array) else None
 
-    def pair_signature(self, a, b):
-        if not (isinstance(a, Array) and isinstance(b, Array)):
-            return None
+    def read_pair(self, a, b):
         return (a.shape, b.shape, a.needs_grad or b.needs_grad)
 
 
@@ -38,6 +36,8 @@ class Stand(Framework):
 def stand(monkeypatch):
     framework = Stand()
     monkeypatch.setattr(operands, "_by_type", {})
+    monkeypatch.setattr(operands, "OWN_TYPES", {})
+    monkeypatch.setattr(calls, "OWN_TYPES", operands.OWN_TYPES)
     monkeypatch.setattr(operands, "framework_of", lambda *arrays: framework)
     monkeypatch.setattr(calls, "_calls", {})
     monkeypatch.setattr(precision_mod, "_setting", "high")
@@ -72,9 +72,11 @@ def test_a_call_that_autograd_must_see_never_takes_the_memoized_call(stand):
     assert calls.repeated_matmul(a, b, None, None) is None
 
 
-def test_arrays_of_two_frameworks_take_the_general_path(stand, monkeypatch):
-    other = Stand()
-    monkeypatch.setattr(operands, "framework_of", lambda *arrays: other if isinstance(arrays[0], str) else stand)
-    operands.framework_by_type("host data", Array((1,)))
-    assert operands.known_framework("host data", Array((1,))) is None
-    assert operands.known_framework(Array((1,)), Array((2,))) is stand
+def test_only_a_frameworks_own_types_are_read_unchecked(stand):
+    a = Array((3, 4))
+    assert operands.framework_by_type("host data", a) is stand  # a host array: the general path converts it
+    assert operands.OWN_TYPES == {Array: stand}  # str is not the stand-in's own type
+    calls._calls[(((3, 4), (4, 5), False), None, "high")] = "memoized"
+    assert calls.repeated_matmul("host data", a, None, None) is None
+    assert calls.repeated_matmul(a, "host data", None, None) is None
+    assert stand.pair_signature("host data", a) is None and stand.pair_signature(a, a) == ((3, 4), (3, 4), False)

@@ -50,12 +50,12 @@ from autotile.library.plan import matrix_order, plan_matmul
 from autotile.runtime.cublas import CublasCall
 from autotile.runtime.impl import CublasRunner, Runner
 from autotile.runtime.operands import (
+    OWN_TYPES,
     Framework,
     Operand,
     Repeat,
     as_framework,
     framework_by_type,
-    known_framework,
     stream_pointer,
 )
 
@@ -359,11 +359,11 @@ def repeated_matmul(A: Any, B: Any, out: Any, precision: str | None) -> Repeat |
     """The per-call path of `autotile.matmul`: the call memoized for these arrays' signature (one read of
     each array, one lookup), or None where the general path must run (a first call, an array of a type not
     seen yet, a tensor that needs a gradient, a precision that is not a setting's name)."""
-    framework = known_framework(A, B)
-    if framework is None:
+    framework = OWN_TYPES.get(type(A))
+    if framework is None or OWN_TYPES.get(type(B)) is not framework:
         return None
-    pair = framework.pair_signature(A, B)
-    if pair is None or pair[-1]:  # pair[-1]: autograd must see the call
+    pair = framework.read_pair(A, B)
+    if pair[-1]:  # autograd must see the call
         return None
     setting = precision_mod.get_float32_matmul_precision() if precision is None else precision
     return _calls.get((pair, None if out is None else framework.signature(out), setting))
@@ -492,12 +492,12 @@ def matvec(A: Any, x: Any, out: Any = None, precision: str | None = None, stream
     tensors; returns y (M) in their framework. `out` and `stream` as `matmul`'s.
 
     `precision` is checked as `matmul`'s is, and changes nothing: every matvec kernel is IEEE."""
-    framework = known_framework(A, x)
+    framework = OWN_TYPES.get(type(A))
     # The per-call path, as matmul's: a repeated call of a known signature reads pointers and launches.
     # (Whether a tensor needs a gradient is part of the signature and changes nothing here.)
-    if framework is not None:
+    if framework is not None and OWN_TYPES.get(type(x)) is framework:
         setting = precision_mod.get_float32_matmul_precision() if precision is None else precision
-        known = _calls.get(("matvec", framework.pair_signature(A, x),
+        known = _calls.get(("matvec", framework.read_pair(A, x),
                             None if out is None else framework.signature(out), setting))
         if known is not None:
             return known(A, x, out, stream)

@@ -45,12 +45,19 @@ class Framework:
         array of this framework; None for anything else (which the full path reads and converts)."""
         raise NotImplementedError
 
-    def pair_signature(self, a: Any, b: Any) -> tuple[Any, ...] | None:
-        """`signature` of two arrays in one flat tuple (the per-call path's one read of its operands),
-        ending with whether autograd must see the call (a torch tensor that needs a gradient, with
-        gradients on); None where either array is not this framework's."""
+    def read_pair(self, a: Any, b: Any) -> tuple[Any, ...]:
+        """The signatures of two arrays of this framework (not checked: the caller knows their types, from
+        `OWN_TYPES`) in one flat tuple, ending with whether autograd must see the call (a torch tensor that
+        needs a gradient, with gradients on): the per-call path's one read of its operands."""
         first, second = self.signature(a), self.signature(b)
-        return None if first is None or second is None else (*first, *second, False)
+        assert first is not None and second is not None
+        return (*first, *second, False)
+
+    def pair_signature(self, a: Any, b: Any) -> tuple[Any, ...] | None:
+        """`read_pair`, or None where either array is not this framework's."""
+        if self.signature(a) is None or self.signature(b) is None:
+            return None
+        return self.read_pair(a, b)
 
     def current_stream(self, device: int) -> int:
         """The framework's current CUDA stream on `device`, as a pointer."""
@@ -126,10 +133,7 @@ class CupyFramework(Framework):
             return None
         return x.shape, x.strides, x.dtype, x.device.id
 
-    def pair_signature(self, a: Any, b: Any) -> tuple[Any, ...] | None:
-        array = self.cupy.ndarray
-        if not (isinstance(a, array) and isinstance(b, array)):
-            return None
+    def read_pair(self, a: Any, b: Any) -> tuple[Any, ...]:
         return a.shape, a.strides, a.dtype, a.device.id, b.shape, b.strides, b.dtype, b.device.id, False
 
     def current_stream(self, device: int) -> int:
@@ -200,10 +204,7 @@ class TorchFramework(Framework):
             return None
         return x.shape, x.stride(), x.dtype, x.get_device()  # get_device: no torch.device object made
 
-    def pair_signature(self, a: Any, b: Any) -> tuple[Any, ...] | None:
-        tensor = self.torch.Tensor
-        if not (isinstance(a, tensor) and isinstance(b, tensor)):
-            return None
+    def read_pair(self, a: Any, b: Any) -> tuple[Any, ...]:
         needs_grad = (a.requires_grad or b.requires_grad) and self.torch.is_grad_enabled()
         return (a.shape, a.stride(), a.dtype, a.get_device(), b.shape, b.stride(), b.dtype, b.get_device(),
                 needs_grad)
@@ -343,6 +344,9 @@ def framework_of(*arrays: Any) -> Framework:
 
 
 _by_type: dict[type, Framework] = {}  # an array's type -> `framework_of` one array of that type
+# An array type that an earlier call found to be a framework's own (`Framework.signature` reads it) -> that
+# framework: the per-call path reads two arrays of such types with `Framework.read_pair`, unchecked.
+OWN_TYPES: dict[type, Framework] = {}
 
 
 def framework_by_type(a: Any, b: Any) -> Framework:
@@ -350,17 +354,18 @@ def framework_by_type(a: Any, b: Any) -> Framework:
     tensor and an nn.Parameter are both torch's)."""
     found_a, found_b = _by_type.get(type(a)), _by_type.get(type(b))
     if found_a is None:
-        found_a = _by_type[type(a)] = framework_of(a)
+        found_a = _register(a)
     if found_b is None:
-        found_b = _by_type[type(b)] = framework_of(b)
+        found_b = _register(b)
     return found_a if found_a is found_b else framework_of(a, b)
 
 
-def known_framework(a: Any, b: Any) -> Framework | None:
-    """The framework of `a` and `b` where an earlier call has seen both their types and they agree; None
-    otherwise (the general path, `framework_by_type`, then decides)."""
-    found = _by_type.get(type(a))
-    return found if found is not None and _by_type.get(type(b)) is found else None
+def _register(x: Any) -> Framework:
+    """`framework_of(x)`, remembered for `x`'s type (in `OWN_TYPES` too where the framework owns it)."""
+    found = _by_type[type(x)] = framework_of(x)
+    if found.signature(x) is not None:
+        OWN_TYPES[type(x)] = found
+    return found
 
 
 def as_cupy(cupy: Any, value: Any, name: str) -> Any:
