@@ -45,12 +45,15 @@ MIN_K_PER_SPLIT = 32  # elements of K per split below which a K split is not wor
 MAX_SPLIT_WORKSPACE = 1 << 25  # elements of a last_block workspace (SPLIT_K x the output): 128 MiB of float32
 FILL_WEIGHT = 1.0  # how much a difference of one octave in blocks per wave counts against closeness
 # The host's time per repeated call, in ms, by what runs, the output allocated (`python -m
-# autotile.cli.overhead`, H100 host, 2026-11-28, torch tensors: a generated kernel's call 10-16 us; cuBLAS's,
-# through torch's own call or autotile's ctypes call, 13-17 us for a GEMV and 15-21 us for a GEMM, of which
-# 10-13 us are cuBLAS's own; each includes the signature's lookup, about 4 us), and each extra launch (the
-# zeroing before a split-K kernel whose splits add atomically into C). Back to back, a call takes the longer
-# of this and its GPU time: `host_ms`.
-HOST_MS = {"generated": 0.012, "cublas": 0.020, "cublas matvec": 0.016}
+# autotile.cli.overhead --random`, H100, 2026-11-27: a generated kernel's call 10-18 us; cuBLAS's 16-18 us for
+# a GEMV and 22-40 us for a GEMM or a batched GEMM, of which about 10 us are cuBLAS's own), and each extra
+# launch (the zeroing before a split-K kernel whose splits add atomically into C). Back to back, a call takes
+# the longer of this and its GPU time: `host_ms`. Measured again on 64-sided problems (2026-11-28, through
+# torch's own call) cuBLAS's calls took 13-16 us (GEMV) and 15-21 us (GEMM), but on larger ones 21-36 us (a
+# column-major GEMV of 3000 x 3000, `x @ W.T` 16x4096x4096); constants lowered to the small problems' figures
+# sent the overhead benchmark's bfloat16 GEMV to cuBLAS, 0.90x torch's call back to back where the generated
+# kernel ran 1.66x: they stay.
+HOST_MS = {"generated": 0.012, "cublas": 0.027, "cublas matvec": 0.018}
 EXTRA_LAUNCH_MS = 0.005
 
 
