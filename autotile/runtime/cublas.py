@@ -287,10 +287,10 @@ class CublasCall:
         self._routine = library.routines[self._name]
         self._first_ptr, self._second_ptr, self._out_ptr = _P(), _P(), _P()
         self._first_stride, self._second_stride = _LL(), _LL()  # a batch's, in elements
-        # each operand's stride, for a batch, follows its leading dimension
-        first: tuple[Any, ...] = (self._first_ptr, *self._after_first, *((self._first_stride,) if self.batched else ()))
-        second: tuple[Any, ...] = (self._second_ptr, *self._after_second,
-                                   *((self._second_stride,) if self.batched else ()))
+        first: tuple[Any, ...] = (self._first_ptr, *self._after_first)
+        second: tuple[Any, ...] = (self._second_ptr, *self._after_second)
+        if self.batched:  # each operand's stride follows its leading dimension
+            first, second = (*first, self._first_stride), (*second, self._second_stride)
         arguments = (self._handle.handle, *self._before, *first, *second, self._beta, self._out_ptr,
                      *self._after_out)
         argtypes = (_P, *_SIGNATURES[self._name])
