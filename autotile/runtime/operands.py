@@ -241,16 +241,15 @@ class TorchFramework(Framework):
         return int(x.data_ptr())
 
     def native_first(self, kernel: str, dtype: str, dims: tuple[int, int], run: Repeat) -> Repeat:
-        # torch.mm/bmm/mv/matmul enqueue cuBLAS from C++: measured on an H100 host (2026-11-28), less host
-        # time per call than autotile's own cuBLAS call with its Python around it (the allocation, the
-        # pointers, the handle's stream; `autotile.runtime.cublas`) on 16 of 20 cases, by up to 10 us. A
-        # switch of torch's that would change the arithmetic is read per call (0.1 us): float32's GEMM is
-        # autotile's (IEEE FP32) only while torch's TF32 switch is off; float16's sums are float32 only while
-        # torch's fp16-accumulation switch (torch 2.7+) is off. float64 and bfloat16 have no such switch. The 16-bit types' other switches, torch's
-        # reduced-precision reductions, allow at most what autotile's own handle allows (cuBLAS's default
-        # math mode): with them on (torch's default) the call is the same, with them off it only forbids
-        # more. int8 is left to autotile's call: torch._int_mm runs cuBLASLt, whose kernels differ (faster
-        # on some shapes, slower on others).
+        # torch.mm/bmm/mv/matmul enqueue cuBLAS from C++: measured on an H100 host (2026-11-28), less host time per call
+        # than autotile's own cuBLAS call with its Python around it (the allocation, the pointers, the handle's stream;
+        # `autotile.runtime.cublas`) on 16 of 20 cases, by up to 10 us. A switch of torch's that would change the
+        # arithmetic is read per call (0.1 us): float32's GEMM is autotile's (IEEE FP32) only while torch's TF32 switch
+        # is off; float16's sums are float32 only while torch's fp16-accumulation switch (torch 2.7+) is off. float64
+        # and bfloat16 have no such switch. The 16-bit types' other switches, torch's reduced-precision reductions,
+        # allow at most what autotile's own handle allows (cuBLAS's default math mode): with them on (torch's default)
+        # the call is the same, with them off it only forbids more. int8 is left to autotile's call: torch._int_mm runs
+        # cuBLASLt, whose kernels differ (faster on some shapes, slower on others).
         torch = self.torch
         never: Callable[[], bool] = lambda: False  # noqa: E731
         if dtype in ("float64", "bfloat16"):
