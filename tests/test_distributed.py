@@ -218,9 +218,17 @@ def test_a_killed_worker_has_its_trial_recovered_and_the_study_completes(replay,
             if t.state == optuna.trial.TrialState.FAIL and "failure" not in t.user_attrs]
     assert dead, "the killed worker's trial was not failed"
     retries = [t for t in study.get_trials(deepcopy=False) if t.user_attrs.get(study_mod.RETRY_OF)]
-    assert retries and all(t.state.is_finished() for t in retries), [  # once on CI's two cores: say which
-        (t.number, t.state.name, t.user_attrs.get(study_mod.RETRY_OF), t.user_attrs.get(study_mod.VERDICT))
-        for t in retries]
+    described = [(t.number, t.state.name, t.user_attrs.get(study_mod.RETRY_OF), t.user_attrs.get(study_mod.VERDICT))
+                 for t in retries]
+    assert retries and any(t.state.is_finished() for t in retries), described
+    # The killed worker held a compile batch of RUNNING trials: each is failed and its config queued again.
+    # A retry the budget did not need stays queued (WAITING) for a larger budget to take first: trials
+    # asked before the retries were queued, and judged after, may fill the budget's last places (CI's two
+    # cores, 2026-11-28: retries 29-31 ran, 32 waited, the study complete with its 24 runs).
+    dead_numbers = {t.number for t in dead}
+    for t in retries:
+        assert t.state.is_finished() or t.state == optuna.trial.TrialState.WAITING, described
+        assert set(t.user_attrs[study_mod.RETRY_OF]) <= dead_numbers, described
     assert not study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
     # Only configs a dead worker had begun were started twice; every run finished once.
     counts = Counter(k for _, _, k in evaluations(log))
