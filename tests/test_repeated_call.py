@@ -1,4 +1,4 @@
-"""The library's per-call path (`autotile.library.calls.repeated_matmul`): a repeated call of a known
+"""The library's per-call path (`autotile.library.calls.repeated_call`): a repeated call of a known
 signature found with one read of each array and one lookup, and every call that must not take it sent to
 the general path. Without a GPU: a stand-in framework and memoized calls."""
 
@@ -46,10 +46,10 @@ def stand(monkeypatch):
 
 def test_a_memoized_signature_is_found_once_both_types_are_known(stand):
     a, b = Array((3, 4)), Parameter((4, 5))
-    calls._calls[(((3, 4), (4, 5), False), None, "high")] = lambda *args: ("memoized", args)
-    assert calls.repeated_matmul(a, b, None, None) is None  # types not seen yet: the general path
+    calls._calls[("matmul", ((3, 4), (4, 5), False), None, "high")] = lambda *args: ("memoized", args)
+    assert calls.repeated_call(a, b, None, None) is None  # types not seen yet: the general path
     assert operands.framework_by_type(a, b) is stand  # the general path's lookup registers both types
-    found = calls.repeated_matmul(a, b, None, None)
+    found = calls.repeated_call(a, b, None, None)
     assert found is not None and found(a, b, None, None) == ("memoized", (a, b, None, None))
     assert autotile.matmul(a, b) == ("memoized", (a, b, None, None))  # the entry point takes it first
 
@@ -57,26 +57,26 @@ def test_a_memoized_signature_is_found_once_both_types_are_known(stand):
 def test_the_key_holds_the_setting_and_the_outputs_signature(stand):
     a, b, out = Array((3, 4)), Array((4, 5)), Array((3, 5))
     operands.framework_by_type(a, b)
-    calls._calls[(((3, 4), (4, 5), False), ((3, 5),), "highest")] = "with out, highest"
-    assert calls.repeated_matmul(a, b, out, "highest") == "with out, highest"
-    assert calls.repeated_matmul(a, b, out, None) is None  # the process-wide setting is "high"
-    assert calls.repeated_matmul(a, b, None, "highest") is None
-    assert calls.repeated_matmul(a, b, Array((3, 6)), "highest") is None
+    calls._calls[("matmul", ((3, 4), (4, 5), False), ((3, 5),), "highest")] = "with out, highest"
+    assert calls.repeated_call(a, b, out, "highest") == "with out, highest"
+    assert calls.repeated_call(a, b, out, None) is None  # the process-wide setting is "high"
+    assert calls.repeated_call(a, b, None, "highest") is None
+    assert calls.repeated_call(a, b, Array((3, 6)), "highest") is None
 
 
 def test_a_call_that_autograd_must_see_never_takes_the_memoized_call(stand):
     a, b = Array((3, 4), needs_grad=True), Array((4, 5))
     operands.framework_by_type(a, b)
     # memoized by the differentiable operator's own forward (`matmul_no_autograd`): not for the entry point
-    calls._calls[(((3, 4), (4, 5), True), None, "high")] = "no autograd"
-    assert calls.repeated_matmul(a, b, None, None) is None
+    calls._calls[("matmul", ((3, 4), (4, 5), True), None, "high")] = "no autograd"
+    assert calls.repeated_call(a, b, None, None) is None
 
 
 def test_only_a_frameworks_own_types_are_read_unchecked(stand):
     a = Array((3, 4))
     assert operands.framework_by_type("host data", a) is stand  # a host array: the general path converts it
     assert operands.OWN_TYPES == {Array: stand}  # str is not the stand-in's own type
-    calls._calls[(((3, 4), (4, 5), False), None, "high")] = "memoized"
-    assert calls.repeated_matmul("host data", a, None, None) is None
-    assert calls.repeated_matmul(a, "host data", None, None) is None
+    calls._calls[("matmul", ((3, 4), (4, 5), False), None, "high")] = "memoized"
+    assert calls.repeated_call("host data", a, None, None) is None
+    assert calls.repeated_call(a, "host data", None, None) is None
     assert stand.pair_signature("host data", a) is None and stand.pair_signature(a, a) == ((3, 4), (3, 4), False)

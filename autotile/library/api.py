@@ -11,7 +11,7 @@ import sys
 from typing import Any
 
 from autotile.errors import ArgumentError
-from autotile.library.calls import matmul_no_autograd, matvec, repeated_matmul, scaled_matmul
+from autotile.library.calls import matmul_no_autograd, matvec, repeated_call, scaled_matmul
 
 
 def matmul(A: Any, B: Any, out: Any = None, precision: str | None = None, stream: Any = None) -> Any:
@@ -26,7 +26,7 @@ def matmul(A: Any, B: Any, out: Any = None, precision: str | None = None, stream
     process-wide setting; float64 is IEEE under every setting. `stream`: a torch or CuPy stream, or a
     pointer; None is the inputs' framework's current stream. Tensors that need a gradient go through the
     differentiable operator (`autotile.torch`)."""
-    known = repeated_matmul(A, B, out, precision)  # a repeated call: no tensor needs a gradient, all checked
+    known = repeated_call(A, B, out, precision)  # a repeated call: no tensor needs a gradient, all checked
     if known is not None:
         return known(A, B, out, stream)
     if _needs_grad(A, B):

@@ -355,18 +355,19 @@ def _swapped(run: Repeat) -> Repeat:
     return lambda a, b, out, stream: run(b, a, out, stream)
 
 
-def repeated_matmul(A: Any, B: Any, out: Any, precision: str | None) -> Repeat | None:
-    """The per-call path of `autotile.matmul`: the call memoized for these arrays' signature (one read of
-    each array, one lookup), or None where the general path must run (a first call, an array of a type not
-    seen yet, a tensor that needs a gradient, a precision that is not a setting's name)."""
+def repeated_call(A: Any, B: Any, out: Any, precision: str | None, kernel: str = "matmul") -> Repeat | None:
+    """The per-call path of `autotile.matmul` (and, with `kernel` "matvec", of `matvec`): the call memoized
+    for these arrays' signature (one read of both arrays, one lookup), or None where the general path must
+    run (a first call, an array of a type not seen yet, a matmul tensor that needs a gradient, a precision
+    that is not a setting's name)."""
     framework = OWN_TYPES.get(type(A))
     if framework is None or OWN_TYPES.get(type(B)) is not framework:
         return None
     pair = framework.read_pair(A, B)
-    if pair[-1]:  # autograd must see the call
+    if pair[-1] and kernel == "matmul":  # autograd must see the call (a matvec has no gradient to take)
         return None
     setting = precision_mod.get_float32_matmul_precision() if precision is None else precision
-    return _calls.get((pair, None if out is None else framework.signature(out), setting))
+    return _calls.get((kernel, pair, None if out is None else framework.signature(out), setting))
 
 
 def matmul_no_autograd(A: Any, B: Any, out: Any = None, precision: str | None = None, stream: Any = None) -> Any:
@@ -375,8 +376,9 @@ def matmul_no_autograd(A: Any, B: Any, out: Any = None, precision: str | None = 
     setting = precision_mod.resolve(precision)  # checked first: a bad value is an error whatever the arrays
     framework = framework_by_type(A, B)
     # A repeated call of a known signature reads its arrays' signatures and pointers and launches;
-    # everything else was checked and prepared by its first call (`repeated_matmul` is the same lookup).
-    signature = (framework.pair_signature(A, B), None if out is None else framework.signature(out), setting)
+    # everything else was checked and prepared by its first call (`repeated_call` is the same lookup).
+    signature = ("matmul", framework.pair_signature(A, B), None if out is None else framework.signature(out),
+                 setting)
     known = _calls.get(signature)
     if known is not None:
         return known(A, B, out, stream)
@@ -398,7 +400,7 @@ def matmul_no_autograd(A: Any, B: Any, out: Any = None, precision: str | None = 
                 emulation.run_batch(framework, a, b, c, plan.layout, plan.shape, plan.batch_strides, stream_ptr,
                                     _int8_gemm(framework, a.device))
             return c.obj
-    memoize = not copied and signature[0] is not None and (out is None or signature[1] is not None)
+    memoize = not copied and signature[1] is not None and (out is None or signature[2] is not None)
     vector = _matvec_plan(plan.kernel, dtype, plan.layout, plan.shape, setting, a.device)
     if vector is not None:
         layout, shape, swapped = vector
@@ -492,15 +494,9 @@ def matvec(A: Any, x: Any, out: Any = None, precision: str | None = None, stream
     tensors; returns y (M) in their framework. `out` and `stream` as `matmul`'s.
 
     `precision` is checked as `matmul`'s is, and changes nothing: every matvec kernel is IEEE."""
-    framework = OWN_TYPES.get(type(A))
-    # The per-call path, as matmul's: a repeated call of a known signature reads pointers and launches.
-    # (Whether a tensor needs a gradient is part of the signature and changes nothing here.)
-    if framework is not None and OWN_TYPES.get(type(x)) is framework:
-        setting = precision_mod.get_float32_matmul_precision() if precision is None else precision
-        known = _calls.get(("matvec", framework.read_pair(A, x),
-                            None if out is None else framework.signature(out), setting))
-        if known is not None:
-            return known(A, x, out, stream)
+    known = repeated_call(A, x, out, precision, "matvec")  # the per-call path, as matmul's
+    if known is not None:
+        return known(A, x, out, stream)
     setting = precision_mod.resolve(precision)
     framework = framework_by_type(A, x)
     signature = ("matvec", framework.pair_signature(A, x), None if out is None else framework.signature(out),
