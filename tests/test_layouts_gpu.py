@@ -268,6 +268,45 @@ def test_torch_compile_traces_the_custom_operators_without_a_graph_break():
     assert _rel(y, torch.relu(x.double() @ w.T.double() + b.double())) < kernels.tolerance("float32", 512)
 
 
+@pytest.mark.parametrize("choice", ["tf32x3-64-split8", "cublas"])
+def test_torch_compile_reduce_overhead_records_and_replays_the_operators(monkeypatch, choice):
+    # torch.compile's CUDA graph trees warm up with torch's allocations in their graph's pool and refuse to
+    # record while a tensor of that pool outlives a call without being its output. What a repeated call
+    # keeps (the split-K workspace and tickets of a last_block kernel, the output allocator's one-element
+    # template) must come from elsewhere; the replays must compute on each call's new inputs.
+    torch = _torch()
+    import autotile.torch  # noqa: F401  (registers torch.ops.autotile)
+    from autotile.dispatch import select as select_mod
+    from autotile.library import calls
+
+    spec = kernels.get("matmul")
+    forced = None if choice == "cublas" else spec.space.named(choice)
+    monkeypatch.setattr(select_mod, "select", lambda key, device, cache=None, precision=None: select_mod.Selection(
+        forced, "exact", None, None, "cublas" if forced is None else "generated", precision=precision))
+    counters = torch._dynamo.utils.counters
+    counters.clear()
+    calls.forget()
+    try:
+        def layers(x, ws):
+            for w in ws:
+                x = torch.ops.autotile.matmul(x, w.T)
+            return x
+
+        K = 512
+        ws = [(torch.rand(K, K, device="cuda") - 0.5) / K ** 0.5 for _ in range(3)]
+        compiled = torch.compile(layers, mode="reduce-overhead", fullgraph=True)
+        for step in range(4):  # warm-up, recording, replays
+            x = torch.rand(5, K, device="cuda") - 0.5
+            y = compiled(x, ws).clone()
+            ref = x.double()
+            for w in ws:
+                ref = ref @ w.T.double()
+            assert _rel(y, ref) < 3 * kernels.tolerance("float32", K), step
+        assert not counters["inductor"]["cudagraph_skips"]  # the graphs ran, not the eager fallback
+    finally:
+        calls.forget()
+
+
 def test_autograd_through_the_operator_matches_torch():
     torch = _torch()
     import autotile

@@ -218,17 +218,21 @@ def fake_cupy(monkeypatch):
     log: list = []
     cupy = types.ModuleType("cupy")
     runtime = types.SimpleNamespace(memsetAsync=lambda ptr, value, n, stream: log.append(("memset", ptr, value, n,
-                                                                                          stream)))
+                                                                                          stream)),
+                                    streamIsCapturing=lambda stream: stream in CAPTURING)
     cupy.cuda = types.SimpleNamespace(runtime=runtime, ExternalStream=lambda ptr: _FakeStream(ptr, log))
     monkeypatch.setitem(sys.modules, "cupy", cupy)
     monkeypatch.setattr(impl, "_external_streams", {})
     return log
 
 
-def _allocator(log: list):
+CAPTURING = {77}  # the streams the fake CUDA runtime reports as being captured into a graph
+
+
+def _allocator(log: list, name: str = "alloc"):
     """An allocator that logs what it is asked for and hands out distinct pointers."""
     def allocate(elems: int, dtype: str, stream_ptr: int):
-        log.append(("alloc", elems, dtype, stream_ptr))
+        log.append((name, elems, dtype, stream_ptr))
         return object(), 5000 + 100 * len(log)
     return allocate
 
@@ -243,8 +247,12 @@ class _RecordingKernel:
         self.calls.append((grid, block, parameters.arguments(), stream_ptr))
 
 
-def test_runner_passes_one_workspace_per_stream_and_zeroes_tickets_once(fake_cupy):
+def test_runner_passes_one_workspace_per_stream_and_zeroes_tickets_once(fake_cupy, monkeypatch):
     log = fake_cupy
+    # Kept memory comes from CuPy's pool, but inside a capture (stream 77) from the caller's allocator
+    import autotile.runtime.impl as impl
+
+    monkeypatch.setattr(impl, "cupy_allocator", _allocator(log, "cupy"))
     spec = kernels.get("matvec")
     shape = (1031, 2053)
     launch = spec.launch(spec.space.named("warp-per-row-split8"), shape)
@@ -255,7 +263,8 @@ def test_runner_passes_one_workspace_per_stream_and_zeroes_tickets_once(fake_cup
     for stream in (0, 0, 77, 77):
         runner.launch((11, 22), 33, 1031 * 4, "float32", stream, (), allocate)
     allocs = [e for e in log if e[0] == "alloc"]
-    assert allocs == [("alloc", 8 * 1031, "float32", 0), ("alloc", 258, "uint32", 0),
+    allocs = [e for e in log if e[0] in ("alloc", "cupy")]
+    assert allocs == [("cupy", 8 * 1031, "float32", 0), ("cupy", 258, "uint32", 0),
                       ("alloc", 8 * 1031, "float32", 77), ("alloc", 258, "uint32", 77)]  # one pair per stream
     memsets = [e for e in log if e[0] == "memset"]
     assert [(m[2], m[3], m[4]) for m in memsets] == [(0, 258 * 4, 0), (0, 258 * 4, 77)]  # tickets only, once

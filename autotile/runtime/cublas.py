@@ -159,7 +159,9 @@ class _Handle:
         if workspace is None:
             import cupy
 
-            if cupy.cuda.runtime.streamIsCapturing(stream_ptr):
+            from autotile.runtime.impl import stream_is_capturing
+
+            if stream_is_capturing(stream_ptr):
                 workspace = (0, 0)  # no allocation may happen inside a capture
             else:
                 workspace = (cupy.cuda.runtime.malloc(self.workspace_bytes), self.workspace_bytes)

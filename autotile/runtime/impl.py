@@ -64,6 +64,14 @@ def cupy_stream(ptr: int) -> Any:
     return stream
 
 
+def stream_is_capturing(stream_ptr: int) -> bool:
+    """Whether the CUDA stream `stream_ptr` is being captured into a graph (where no memory may be allocated
+    but from the capturing framework's pool, and whatever is enqueued is recorded rather than run)."""
+    import cupy
+
+    return bool(cupy.cuda.runtime.streamIsCapturing(stream_ptr))
+
+
 # (elements, dtype, stream pointer) -> (an object that owns the memory, its device pointer)
 Allocator = Callable[[int, str, int], tuple[Any, int]]
 
@@ -144,9 +152,9 @@ class KernelRunner:
     per output tile (sizes in `launch`): allocated on a stream's first run and kept for that stream,
     tickets zeroed once then (the kernel resets each one it uses). One pair per stream, because two
     streams running this runner at the same time must not count into, or sum, each other's partials;
-    launches on one stream are ordered, so they can share. The first run on a stream allocates (through
-    the caller's allocator: inside a torch CUDA-graph capture, torch's graph pool), every later one does
-    not.
+    launches on one stream are ordered, so they can share. The first run on a stream allocates (from
+    CuPy's pool; inside a CUDA-graph capture through the caller's allocator: torch's graph pool), every
+    later one does not.
 
     A kernel that copies its tiles with the tensor memory accelerator (wgmma, LOADER=tma) takes, last, a
     flag and one tensor map per operand: encoded here for the operands' addresses (and cached by them);
@@ -284,6 +292,12 @@ class KernelRunner:
         tickets (zeroed on the stream, so the zeroing is ordered before this stream's first launch)."""
         import cupy
 
+        if not stream_is_capturing(stream_ptr):
+            # Kept for the stream, so from CuPy's pool rather than the caller's framework's: torch.compile's
+            # CUDA graph trees warm up with torch's allocations in their graph's pool and refuse to record
+            # while a tensor of that pool outlives the call without being its output. Inside a capture
+            # the caller's allocator is the only safe one (torch's: the graph's pool, kept for its replays).
+            allocate = cupy_allocator
         workspace_dtype = self.geometry.workspace_dtype or dtype
         workspace, workspace_ptr = allocate(self.geometry.workspace_elems, workspace_dtype, stream_ptr)
         tickets, tickets_ptr = allocate(self.geometry.tickets, "uint32", stream_ptr)

@@ -189,6 +189,7 @@ class TorchFramework(Framework):
         raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
         self._raw_stream = raw if callable(raw) else None
         self._devices: dict[int, Any] = {}  # index -> torch.device: a string such as "cuda:0" is parsed per use
+        self._templates: dict[tuple[str, int], Any] = {}  # (dtype, device) -> `_one_element`
 
     def operand(self, x: Any, name: str) -> Operand:
         if x.device.type != "cuda":
@@ -219,14 +220,37 @@ class TorchFramework(Framework):
         general = functools.partial(torch.empty, shape, dtype=self.torch_dtypes[dtype], device=self._device(device))
         # torch.empty_like of a one-element tensor expanded to `shape` (not dense: its result is C-contiguous)
         # parses one argument where torch.empty parses three: 1.3-2.3 us less per call, measured on an H100
-        # host (2026-11-27). Checked once, as the rule is torch's and not promised.
-        template = torch.empty(1, dtype=self.torch_dtypes[dtype], device=self._device(device)).expand(shape)
+        # host (2026-11-27). Checked once, as the rule is torch's and not promised. Inside a CUDA-graph
+        # capture the host's time is spent once, and no memory may come from CuPy: the plain call there.
+        from autotile.runtime.impl import stream_is_capturing
+
+        if stream_is_capturing(self.current_stream(device)):
+            return general
+        template = self._one_element(dtype, device).expand(shape)
         made = torch.empty_like(template)
         contiguous = tuple(math.prod(shape[i + 1:]) for i in range(len(shape)))
         packed = all(n <= 1 or s == e for n, s, e in zip(shape, made.stride(), contiguous, strict=True))
         if tuple(made.shape) != shape or not packed:
             return general
         return functools.partial(torch.empty_like, template)
+
+    def _one_element(self, dtype: str, device: int) -> Any:
+        """A tensor of one element of `dtype` on `device` (never read or written), on memory of CuPy's kept
+        for the process: the repeated calls' allocators keep it, and torch.compile's CUDA graph trees refuse
+        to record while a tensor of their pool (where torch allocates while they warm up) outlives a call
+        without being its output."""
+        key = (dtype, device)
+        tensor = self._templates.get(key)
+        if tensor is None:
+            import cupy
+
+            size = self.torch_dtypes[dtype].itemsize
+            with cupy.cuda.Device(device):
+                memory = cupy.empty(size, dtype=cupy.uint8)
+            # __cuda_array_interface__: torch shares the memory and holds `memory`
+            tensor = self.torch.as_tensor(memory, device=self._device(device)).view(self.torch_dtypes[dtype])
+            tensor = self._templates.setdefault(key, tensor)
+        return tensor
 
     def stream_getter(self, device: int) -> Callable[[], int]:
         if self._raw_stream is not None:
