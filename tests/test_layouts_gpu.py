@@ -318,3 +318,37 @@ def test_autograd_through_the_operator_matches_torch():
     x.grad = w.grad = None
     (x @ w.T).square().sum().backward()
     assert torch.allclose(gx, x.grad) and torch.allclose(gw, w.grad)
+
+
+def test_the_operators_pass_torchs_own_checks():
+    # torch.library.opcheck: the schema, the shape functions against the kernels, the autograd registration
+    # and AOT tracing (what torch.compile does with the operators); the inputs need a gradient for the last
+    torch = _torch()
+    import autotile.torch  # noqa: F401
+
+    def leaf(*shape):
+        return (torch.rand(*shape, device="cuda", dtype=torch.float64) - 0.5).requires_grad_()
+
+    w = leaf(17, 33)
+    torch.library.opcheck(torch.ops.autotile.matmul.default, (leaf(65, 33), w.T))
+    torch.library.opcheck(torch.ops.autotile.matmul.default, (leaf(3, 65, 33), leaf(33, 17), "highest"))
+    torch.library.opcheck(torch.ops.autotile.matvec.default, (leaf(65, 33).detach(), leaf(33).detach()))
+    out = torch.empty(65, 17, device="cuda", dtype=torch.float64)
+    torch.library.opcheck(torch.ops.autotile.matmul_out.default, (leaf(65, 33).detach(), w.detach().T, out))
+
+
+def test_gradients_of_a_broadcast_batch_and_the_second_derivative():
+    torch = _torch()
+    import autotile.torch  # noqa: F401
+
+    a = (torch.rand(3, 9, 5, device="cuda", dtype=torch.float64) - 0.5).requires_grad_()
+    b = (torch.rand(5, 7, device="cuda", dtype=torch.float64) - 0.5).requires_grad_()
+    assert torch.autograd.gradcheck(torch.ops.autotile.matmul, (a, b))
+    assert torch.autograd.gradgradcheck(torch.ops.autotile.matmul, (a, b))
+    with torch.no_grad():  # no gradient wanted: no graph recorded
+        assert torch.ops.autotile.matmul(a, b).grad_fn is None
+    with torch.inference_mode():
+        assert torch.ops.autotile.matmul(a.detach(), b.detach()).shape == (3, 9, 7)
+    # under a functorch transform the call goes through the dispatcher (here vmap's per-matrix fallback)
+    mapped = torch.vmap(lambda m: torch.ops.autotile.matmul(m, b.detach()))(a.detach())
+    assert torch.allclose(mapped, a.detach() @ b.detach())

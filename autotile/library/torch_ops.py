@@ -30,13 +30,24 @@ def _batch_shape(a: torch.Tensor, b: torch.Tensor) -> tuple:
     return max(a_batch, b_batch, key=lambda dims: (math.prod(dims), len(dims)))
 
 
-@torch.library.custom_op("autotile::matmul", mutates_args=())
-def matmul(A: torch.Tensor, B: torch.Tensor, precision: Optional[str] = None) -> torch.Tensor:
-    """`autotile.matmul(A, B)` as a PyTorch operator."""
+# matmul and matvec are defined through `torch.library.Library` rather than `torch.library.custom_op`: the
+# latter wraps every call in Python (an output-aliasing check, a torch.compile guard, a generic autograd
+# layer that flattens the arguments), 14 us per eager call on an H200 host (2026-11-28), more than autotile's
+# whole call. Here the dispatcher calls autotile directly, after one small autograd kernel of our own.
+_library = torch.library.Library("autotile", "FRAGMENT")
+_library.define("matmul(Tensor A, Tensor B, str? precision=None) -> Tensor")
+_library.define("matvec(Tensor A, Tensor x, str? precision=None) -> Tensor")
+
+
+def _matmul_kernel(A: torch.Tensor, B: torch.Tensor, precision: Optional[str] = None) -> torch.Tensor:
+    # Registered for every backend (CompositeExplicitAutograd): a CPU tensor gets autotile's typed error.
+    # A repeated call takes the library's per-call path, as `autotile.matmul` does.
+    known = calls.repeated_call(A, B, None, precision)
+    if known is not None:
+        return known(A, B, None, None)
     return calls.matmul_no_autograd(A, B, precision=precision)
 
 
-@matmul.register_fake
 def _matmul_shape(A: torch.Tensor, B: torch.Tensor, precision: Optional[str] = None) -> torch.Tensor:
     if A.dim() < 2 or B.dim() < 2:
         raise ArgumentError(f"matmul takes tensors of 2 or more dimensions; got {A.dim()} and {B.dim()}")
@@ -46,27 +57,74 @@ def _matmul_shape(A: torch.Tensor, B: torch.Tensor, precision: Optional[str] = N
     return A.new_empty((*_batch_shape(A, B), A.shape[-2], B.shape[-1]), dtype=dtype)
 
 
-def _matmul_backward(ctx, grad: torch.Tensor):
-    A, B = ctx.saved_tensors
-    grad_a = grad_b = None
-    # dA = dC B^T and dB = A^T dC: the transposes are views, read in place (layouts nt and tn); a broadcast
-    # operand's gradient is summed over the batch.
-    if ctx.needs_input_grad[0]:
-        grad_a = matmul(grad, B.mT, ctx.precision).sum_to_size(A.shape)
-    if ctx.needs_input_grad[1]:
-        grad_b = matmul(A.mT, grad, ctx.precision).sum_to_size(B.shape)
-    return grad_a, grad_b, None
+class _DifferentiableMatmul(torch.autograd.Function):
+    """The operator with its gradients. dA = dC B^T and dB = A^T dC: the transposes are views, read in place
+    (layouts nt and tn); a broadcast operand's gradient is summed over the batch. The backward calls the
+    operator itself, so it is differentiable again."""
+
+    @staticmethod
+    def forward(A: torch.Tensor, B: torch.Tensor, precision: Optional[str]) -> torch.Tensor:
+        return matmul(A, B, precision)  # grad mode is off in here: `_matmul_autograd` passes it below autograd
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:
+        A, B, precision = inputs
+        ctx.save_for_backward(A, B)
+        ctx.precision = precision
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        A, B = ctx.saved_tensors
+        grad_a = grad_b = None
+        if ctx.needs_input_grad[0]:
+            grad_a = matmul(grad, B.mT, ctx.precision).sum_to_size(A.shape)
+        if ctx.needs_input_grad[1]:
+            grad_b = matmul(A.mT, grad, ctx.precision).sum_to_size(B.shape)
+        return grad_a, grad_b, None
 
 
-def _matmul_save(ctx, inputs, output) -> None:
-    A, B, precision = inputs
-    ctx.save_for_backward(A, B)
-    ctx.precision = precision
+_below_autograd = torch._C._AutoDispatchBelowAutograd
+_dispatch_modes = torch._C._len_torch_dispatch_stack  # FakeTensorMode, the tracers' proxy modes
+_functorch_active = torch._C._are_functorch_transforms_active  # vmap, grad, functionalize
+_Plain = torch.Tensor
 
 
-matmul.register_autograd(_matmul_backward, setup_context=_matmul_save)
+def _matmul_autograd(A: torch.Tensor, B: torch.Tensor, precision: Optional[str] = None) -> torch.Tensor:
+    # The Autograd key's kernel: a call autograd must see records the function. Any other runs the kernel:
+    # directly for plain tensors with nothing watching the dispatcher (a second dispatch costs 3-4 us of
+    # host time), else through the dispatcher below autograd (while torch.compile traces: the shape function).
+    if torch.is_grad_enabled() and (A.requires_grad or B.requires_grad):
+        return _DifferentiableMatmul.apply(A, B, precision)
+    if type(A) is _Plain and type(B) is _Plain and not _dispatch_modes() and not _functorch_active():
+        return _matmul_kernel(A, B, precision)
+    with _below_autograd():
+        return matmul(A, B, precision)
 
 
+def _matvec_kernel(A: torch.Tensor, x: torch.Tensor, precision: Optional[str] = None) -> torch.Tensor:
+    return calls.matvec(A, x, precision=precision)
+
+
+def _matvec_shape(A: torch.Tensor, x: torch.Tensor, precision: Optional[str] = None) -> torch.Tensor:
+    torch._check(A.dim() == 2 and x.dim() == 1, lambda: "matvec takes a 2-D A and a 1-D x")
+    torch._check(A.shape[1] == x.shape[0], lambda: f"matvec shapes do not match: {A.shape} @ {x.shape}")
+    return A.new_empty((A.shape[0],))
+
+
+_library.impl("matmul", _matmul_kernel, "CompositeExplicitAutograd")
+_library.impl("matmul", _matmul_autograd, "Autograd")
+_library.impl("matvec", _matvec_kernel, "CompositeExplicitAutograd")
+torch.library.register_fake("autotile::matmul", _matmul_shape, lib=_library)
+torch.library.register_fake("autotile::matvec", _matvec_shape, lib=_library)
+
+matmul = torch.ops.autotile.matmul.default
+"""`autotile.matmul(A, B, precision=None)` as a PyTorch operator, differentiable."""
+matvec = torch.ops.autotile.matvec.default
+"""`autotile.matvec(A, x, precision=None)` as a PyTorch operator."""
+
+
+# matmul_out mutates `out`: custom_op also bumps its version counter for autograd, which is worth its cost on
+# the call CUDA graphs capture (a replay runs no Python).
 @torch.library.custom_op("autotile::matmul_out", mutates_args=("out",))
 def matmul_out(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor, precision: Optional[str] = None) -> None:
     """`autotile.matmul(A, B, out=out)` as a PyTorch operator (no allocation: CUDA-graph safe)."""
@@ -76,19 +134,6 @@ def matmul_out(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor, precision: O
 @matmul_out.register_fake
 def _matmul_out_shape(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor, precision: Optional[str] = None) -> None:
     return None
-
-
-@torch.library.custom_op("autotile::matvec", mutates_args=())
-def matvec(A: torch.Tensor, x: torch.Tensor, precision: Optional[str] = None) -> torch.Tensor:
-    """`autotile.matvec(A, x)` as a PyTorch operator."""
-    return calls.matvec(A, x, precision=precision)
-
-
-@matvec.register_fake
-def _matvec_shape(A: torch.Tensor, x: torch.Tensor, precision: Optional[str] = None) -> torch.Tensor:
-    torch._check(A.dim() == 2 and x.dim() == 1, lambda: "matvec takes a 2-D A and a 1-D x")
-    torch._check(A.shape[1] == x.shape[0], lambda: f"matvec shapes do not match: {A.shape} @ {x.shape}")
-    return A.new_empty((A.shape[0],))
 
 
 __all__ = ["matmul", "matmul_out", "matvec"]
