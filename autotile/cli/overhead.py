@@ -21,6 +21,7 @@ call against autotile's on torch tensors, back to back: the distribution of the 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import statistics
 import sys
@@ -69,6 +70,8 @@ def cases(torch: Any, cupy: Any, autotile: Any, dtype: str = "float32") -> list[
     def c(*shape: int) -> Any:
         return (cupy.random.random(shape, dtype=cupy.float32) - 0.5).astype(dtype)
 
+    importlib.import_module("autotile.torch")  # registers torch.ops.autotile
+    ops = torch.ops.autotile
     a, b, x = t(64, 64), t(64, 64), t(64)
     a3, b3 = t(8, 64, 64), t(8, 64, 64)
     w, xs = t(4096, 4096), t(16, 4096)
@@ -84,6 +87,9 @@ def cases(torch: Any, cupy: Any, autotile: Any, dtype: str = "float32") -> list[
         ("torch bmm 8 x 64x64x64", lambda: torch.bmm(a3, b3), lambda: autotile.matmul(a3, b3),
          ("bmm", "nn", (8, 64, 64, 64))),
         ("torch x @ W.T 64x64x64", lambda: torch.matmul(a, b.T), lambda: autotile.matmul(a, b.T),
+         ("matmul", "nt", (64, 64, 64))),
+        # the operator torch.compile's graphs call (`import autotile.torch`), against the op it replaces
+        ("torch x @ W.T 64x64x64, torch.ops.autotile", lambda: torch.mm(a, b.T), lambda: ops.matmul(a, b.T),
          ("matmul", "nt", (64, 64, 64))),
         ("torch x @ W.T 16x4096x4096", lambda: torch.matmul(xs, w.T), lambda: autotile.matmul(xs, w.T),
          ("matmul", "nt", (16, 4096, 4096))),

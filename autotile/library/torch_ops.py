@@ -32,7 +32,7 @@ def _batch_shape(a: torch.Tensor, b: torch.Tensor) -> tuple:
 
 # matmul and matvec are defined through `torch.library.Library` rather than `torch.library.custom_op`: the
 # latter wraps every call in Python (an output-aliasing check, a torch.compile guard, a generic autograd
-# layer that flattens the arguments), 14 us per eager call on an H200 host (2026-11-28), more than autotile's
+# layer that flattens the arguments), 13-16 us per eager call on an H200 host (2026-11-28), more than autotile's
 # whole call. Here the dispatcher calls autotile directly, after one small autograd kernel of our own.
 _library = torch.library.Library("autotile", "FRAGMENT")
 _library.define("matmul(Tensor A, Tensor B, str? precision=None) -> Tensor")
