@@ -42,6 +42,7 @@ from typing import Any
 from autotile.codegen import dtypes
 from autotile.codegen.problem import ProblemKey, as_matvec
 from autotile.errors import CublasError
+from autotile.runtime.device import stream_is_capturing
 
 _OP_N, _OP_T = 0, 1  # cublasOperation_t
 # The types routed through the Ex routines: (A's and B's cudaDataType, C's, the cublasComputeType_t of the sums)
@@ -158,8 +159,6 @@ class _Handle:
         workspace = self.workspaces.get(stream_ptr)
         if workspace is None:
             import cupy
-
-            from autotile.runtime.impl import stream_is_capturing
 
             if stream_is_capturing(stream_ptr):
                 workspace = (0, 0)  # no allocation may happen inside a capture

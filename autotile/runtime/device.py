@@ -63,3 +63,11 @@ def resolve(device: str | DeviceLimits | None) -> DeviceLimits:
         return live_device()
     except DeviceUnavailableError:
         return PROFILES[DEFAULT_OFFLINE_PROFILE]
+
+
+def stream_is_capturing(stream_ptr: int) -> bool:
+    """Whether the CUDA stream `stream_ptr` is being captured into a graph (where no memory may be allocated
+    but from the capturing framework's pool, and whatever is enqueued is recorded rather than run)."""
+    import cupy
+
+    return bool(cupy.cuda.runtime.streamIsCapturing(stream_ptr))

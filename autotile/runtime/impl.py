@@ -23,6 +23,7 @@ from autotile.codegen.dtypes import TENSOR_CORE_DTYPES
 from autotile.codegen.problem import ProblemKey
 from autotile.codegen.space import Config
 from autotile.codegen.tensor_map import MAP_BYTES, TensorMapCache
+from autotile.runtime.device import stream_is_capturing
 
 
 class Runner(Protocol):
@@ -62,14 +63,6 @@ def cupy_stream(ptr: int) -> Any:
             warnings.simplefilter("ignore", DeprecationWarning)
             stream = _external_streams.setdefault(ptr, cupy.cuda.ExternalStream(ptr))
     return stream
-
-
-def stream_is_capturing(stream_ptr: int) -> bool:
-    """Whether the CUDA stream `stream_ptr` is being captured into a graph (where no memory may be allocated
-    but from the capturing framework's pool, and whatever is enqueued is recorded rather than run)."""
-    import cupy
-
-    return bool(cupy.cuda.runtime.streamIsCapturing(stream_ptr))
 
 
 # (elements, dtype, stream pointer) -> (an object that owns the memory, its device pointer)

@@ -19,6 +19,7 @@ from typing import Any, Callable, NamedTuple
 
 from autotile.codegen.dtypes import DTYPE_NAMES, FLOAT8_DTYPES
 from autotile.errors import ArgumentError, DeviceUnavailableError
+from autotile.runtime.device import stream_is_capturing
 
 
 class Operand(NamedTuple):
@@ -222,8 +223,6 @@ class TorchFramework(Framework):
         # parses one argument where torch.empty parses three: 1.3-2.3 us less per call, measured on an H100
         # host (2026-11-27). Checked once, as the rule is torch's and not promised. Inside a CUDA-graph
         # capture the host's time is spent once, and no memory may come from CuPy: the plain call there.
-        from autotile.runtime.impl import stream_is_capturing
-
         if stream_is_capturing(self.current_stream(device)):
             return general
         template = self._one_element(dtype, device).expand(shape)
