@@ -54,18 +54,27 @@ def raw(kernel: str) -> dict:
 
 
 @functools.lru_cache(maxsize=None)
-def _prefixes(space: Space) -> tuple[tuple[str, str], ...]:
-    """How `violations()` starts the line of each constraint, with its name (made once per space: the
+def _prefixes(space: Space) -> dict[str, str]:
+    """How `violations()` starts the line of each constraint, by its name (made once per space: the
     brute-force tests below ask of some 37 thousand points)."""
-    return tuple((f"breaks '{c.name}' ({c.expr.text}) with ", c.name) for c in space.constraints)
+    prefixes = {c.name: f"breaks '{c.name}' ({c.expr.text}) with " for c in space.constraints}
+    assert len(prefixes) == len(space.constraints)  # names are distinct: a line names one constraint
+    return prefixes
 
 
 def failed(space: Space, config: Config, prob: Problem) -> list[str]:
     """The names of the constraints a config breaks, parsed from `violations()`."""
     names = []
+    prefixes = _prefixes(space)
     for line in space.violations(config, prob):
-        match = [name for prefix, name in _prefixes(space) if line.startswith(prefix)]
-        assert len(match) == 1, line
+        # "breaks 'NAME' (EXPR) with ...": NAME may hold quotes, so try every "' (" as its end
+        match, end = [], line.find("' (")
+        while end != -1:
+            name = line[8:end]
+            if name in prefixes and line.startswith(prefixes[name]):
+                match.append(name)
+            end = line.find("' (", end + 1)
+        assert line.startswith("breaks '") and len(match) == 1, line
         names.append(match[0])
     return names
 

@@ -73,13 +73,13 @@ _ALLOWED_NODES = (
 )
 
 
-class _LimitError(Exception):
+class LimitError(Exception):
     """A guarded operator would pass a limit. `Expr` turns it into a `SpaceDefinitionError` that names the
     expression (the guards do not know it)."""
 
 
 # -- guards ----------------------------------------------------------------------------------------------
-# Each takes the operands of one operator and returns what the operator would, or raises _LimitError before
+# Each takes the operands of one operator and returns what the operator would, or raises LimitError before
 # doing work beyond the limit. The fast paths come first: enumeration calls these millions of times.
 
 _HALF = 2**32  # two operands below this in magnitude multiply to below INT_LIMIT
@@ -105,43 +105,43 @@ def _mul(a: Any, b: Any, _lo: int = -_HALF, _hi: int = _HALF) -> Any:
 def _mul_checked(a: Any, b: Any) -> Any:
     if isinstance(a, int) and isinstance(b, int):  # bool is an int
         if a.bit_length() + b.bit_length() > INT_LIMIT.bit_length() + 1:  # |a * b| >= 2**(bits - 2)
-            raise _LimitError(f"a product of {_show(a)} and {_show(b)} passes the integer limit 2**64")
+            raise LimitError(f"a product of {_show(a)} and {_show(b)} passes the integer limit 2**64")
         return _bounded_int(a * b, "a product")
     for count, seq in ((a, b), (b, a)):
         if isinstance(count, int) and not isinstance(seq, (int, float, complex)) and hasattr(seq, "__len__"):
             if count > 0 and len(seq) * count > SEQUENCE_LIMIT:
-                raise _LimitError(f"repeating {type(seq).__name__} of length {len(seq)} {count} times passes "
+                raise LimitError(f"repeating {type(seq).__name__} of length {len(seq)} {count} times passes "
                                   f"the limit of {SEQUENCE_LIMIT} items")
     try:
         return a * b
     except OverflowError:  # an integer too large for a float
-        raise _LimitError(f"a product of {_show(a)} and {_show(b)} overflows a float") from None
+        raise LimitError(f"a product of {_show(a)} and {_show(b)} overflows a float") from None
 
 
 def _pow(a: Any, b: Any) -> Any:
     if isinstance(b, (int, float)) and abs(b) > EXPONENT_LIMIT:
-        raise _LimitError(f"exponent {_show(b)} passes the limit of {EXPONENT_LIMIT}")
+        raise LimitError(f"exponent {_show(b)} passes the limit of {EXPONENT_LIMIT}")
     if isinstance(a, int) and isinstance(b, int) and b > 0 and (a.bit_length() - 1) * b > INT_LIMIT.bit_length():
         # |a| ** b >= 2**((bits - 1) * b): far past the limit, so not computed
-        raise _LimitError(f"{_show(a)} ** {b} passes the integer limit 2**64")
+        raise LimitError(f"{_show(a)} ** {b} passes the integer limit 2**64")
     try:
         result = a ** b
     except OverflowError:
-        raise _LimitError(f"{_show(a)} ** {_show(b)} overflows a float") from None
+        raise LimitError(f"{_show(a)} ** {_show(b)} overflows a float") from None
     return _bounded_int(result, "a power") if isinstance(result, int) else result
 
 
 def _mod(a: Any, b: Any) -> Any:
     # On text, % formats: a field width in the text ('%0999999999d') would build a string of that length.
     if isinstance(a, (str, bytes, bytearray)):
-        raise _LimitError("% formats text, which a space expression may not do")
+        raise LimitError("% formats text, which a space expression may not do")
     return a % b
 
 
 def _bounded_int(value: int, what: str) -> int:
     if -INT_LIMIT <= value <= INT_LIMIT:
         return value
-    raise _LimitError(f"{what} of magnitude 2**{abs(value).bit_length() - 1} or more passes the integer limit 2**64")
+    raise LimitError(f"{what} of magnitude 2**{abs(value).bit_length() - 1} or more passes the integer limit 2**64")
 
 
 def check_size(value: Any) -> str | None:
@@ -299,7 +299,7 @@ class _Guard(ast.NodeTransformer):
         if isinstance(node.left, ast.Constant) and isinstance(node.right, ast.Constant):
             try:
                 value = function(node.left.value, node.right.value)
-            except _LimitError:
+            except LimitError:
                 raise
             except Exception:  # a TypeError or ZeroDivisionError: left for evaluation to raise, as before
                 pass
@@ -361,7 +361,7 @@ class Expr:
     def _compile(self, tree: ast.Expression, measure: _Measure | None) -> CodeType:
         try:
             guarded = ast.fix_missing_locations(_Guard(measure).visit(tree))
-        except _LimitError as exc:
+        except LimitError as exc:
             raise SpaceDefinitionError(f"{self.where}: {self.text!r}: {exc}") from None
         return compile(guarded, f"<{self.where}>", "eval")
 
@@ -388,11 +388,17 @@ class Expr:
         scope.update(values)
         return self.eval_in(scope)
 
+    def compiled(self) -> tuple[CodeType, dict[str, Any]]:
+        """The code and globals `eval_in` evaluates, for a caller that evaluates millions of times and turns
+        a failure into its own error (the enumeration): `eval(code, globals, scope)`; a guard's limit then
+        raises `LimitError` unnamed."""
+        return self._code, _GLOBALS
+
     def eval_in(self, scope: dict[str, Any]) -> Any:
         """The value in a scope that already holds `FUNCTIONS` (the fast path of enumeration)."""
         try:
             return eval(self._code, _GLOBALS, scope)  # checked tree, no builtins: see module doc
-        except _LimitError as exc:
+        except LimitError as exc:
             raise SpaceDefinitionError(f"{self.where}: {self.text!r}: {exc}") from None
 
     def __repr__(self) -> str:

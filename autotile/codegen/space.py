@@ -21,7 +21,7 @@ from typing import Any
 from autotile import safe_files
 from autotile.codegen import resources
 from autotile.codegen.dtypes import DTYPE_SIZES
-from autotile.codegen.expr import FUNCTIONS, Bound, Expr, check_size, value_bound
+from autotile.codegen.expr import FUNCTIONS, Bound, Expr, LimitError, check_size, value_bound
 from autotile.codegen.limits import DEFAULT_OFFLINE_PROFILE, PROFILES, DeviceLimits
 from autotile.codegen.problem import LAYOUT_ALIASES, LAYOUTS
 from autotile.errors import InfeasibleConfigError, InvalidValueError, SpaceDefinitionError, UnknownNameError
@@ -670,18 +670,23 @@ class Space:
                 self._guarded_plan = self._make_plan(None)
             plan = self._guarded_plan
         last = len(params) - 1
+        # Each level's expressions as code to evaluate directly (a call of `Expr.eval_in` and `_eval` per
+        # evaluation was a third of the walk's time): a failure is named afterwards by `_diagnose`, and the
+        # derived quantities that may be text are still checked for size through `_eval`.
+        levels = [([(name, *expr.compiled(), name in self._unsized, expr) for name, expr in derived],
+                   [(c.name, *c.expr.compiled()) for c in constraints]) for derived, constraints in plan]
 
         def visit(i: int) -> None:
             nonlocal count
             param = params[i]
-            derived, constraints = plan[i]
+            derived, constraints = levels[i]
             for value in param.choices:
                 scope[param.name] = value
-                for name, expr in derived:
-                    scope[name] = self._eval(expr, scope, name)
-                for c in constraints:
-                    if not c.expr.eval_in(scope):
-                        excluded[c.name] += below[i]
+                for name, code, names, sized, expr in derived:
+                    scope[name] = self._eval(expr, scope, name) if sized else eval(code, names, scope)
+                for name, code, names in constraints:
+                    if not eval(code, names, scope):
+                        excluded[name] += below[i]
                         break
                 else:
                     if i < last:
@@ -695,9 +700,24 @@ class Space:
             visit(0)
         except SpaceDefinitionError:
             raise
-        except _EVAL_ERRORS as exc:
-            raise self._diagnose(scope, exc) from None
+        except (*_EVAL_ERRORS, LimitError) as exc:
+            raise self._diagnose_walk(plan, scope, exc) from None
         return SpaceCount(total, count, excluded)
+
+    def _diagnose_walk(self, plan: list[tuple[list[tuple[str, Expr]], list[Constraint]]], scope: dict[str, Any],
+                       exc: Exception) -> SpaceDefinitionError:
+        """The error of an evaluation that failed during the walk, naming the expression: the plan's levels
+        evaluated again in order, as the walk did, with the values it had bound (the failing level is
+        reached before any deeper one, whose names may hold an earlier subtree's values)."""
+        try:
+            for derived, constraints in plan:
+                for name, expr in derived:
+                    scope[name] = self._eval(expr, scope, name)
+                for c in constraints:
+                    self._holds(c, scope)
+        except SpaceDefinitionError as found:
+            return found
+        return self._diagnose(scope, exc)
 
     def count(self, problem: Problem) -> SpaceCount:
         """Total, feasible and excluded-per-constraint counts (about a second for a million points; computed
