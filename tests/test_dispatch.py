@@ -549,8 +549,8 @@ def test_shipped_databases_are_valid_and_current():
     for device in ("NVIDIA-H100-80GB-HBM3_sm_90", "NVIDIA-H200_sm_90"):
         assert full <= {p.name for p in paths if p.parent.parent.name == device}, device
     assert any(p.name == "matmul-float32-nt.json" for p in paths)
-    # the tensor-core types' main layouts and the 16-bit matvec, surveyed on the whole grid (H100 so far)
-    full |= {"matmul-bfloat16-nn.json", "matmul-int8-nt.json", "matmul-int8-nn.json", "matvec-bfloat16-row.json",
+    # the tensor-core types' main layouts and the 16-bit matvec, surveyed on the whole grid
+    full |= {"matmul-bfloat16-nn.json", "matmul-float16-nn.json", "matmul-int8-nt.json", "matmul-int8-nn.json", "matvec-bfloat16-row.json",
              "matvec-bfloat16-col.json"}
     retired = []
     for path in paths:

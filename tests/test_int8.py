@@ -314,17 +314,19 @@ def test_where_cublas_refuses_an_nt_shape_the_model_still_chooses():
 
 
 def test_a_gpu_without_its_own_database_reads_a_same_architecture_ones():
-    """The H200 has no int8 or bfloat16 database of its own: it reads the H100's (the same sm_90 kernels),
-    and says so; its own float32 database stays first."""
+    """The H200 has no int8 database of its own: it reads the H100's (the same sm_90 kernels), and says so;
+    its own float32 and bfloat16 databases stay first, and the H100 reads the H200's float16 one."""
     from autotile.dispatch.cache import TuningCache
     from autotile.dispatch.select import select
 
     cache = TuningCache(None)
-    for dtype, layout in (("int8", "nn"), ("bfloat16", "nn")):
-        found = select(ProblemKey("matmul", dtype, layout, (8192, 8192, 1024)), PROFILES["h200"], cache)
-        assert "on NVIDIA H100" in found.source, found.explain()
-    own = select(ProblemKey("matmul", "float32", "nn", (4096, 4096, 4096)), PROFILES["h200"], cache)
-    assert own.source.startswith("model") and " on " not in own.source, own.explain()
+    found = select(ProblemKey("matmul", "int8", "nn", (8192, 8192, 1024)), PROFILES["h200"], cache)
+    assert "on NVIDIA H100" in found.source, found.explain()
+    for dtype in ("float32", "bfloat16"):
+        own = select(ProblemKey("matmul", dtype, "nn", (4096, 4096, 4096)), PROFILES["h200"], cache)
+        assert own.source.startswith("model") and " on " not in own.source, own.explain()
+    half = select(ProblemKey("matmul", "float16", "nn", (8192, 8192, 1024)), PROFILES["h100"], cache)
+    assert "on NVIDIA H200" in half.source, half.explain()
     assert "on NVIDIA H100" not in select(ProblemKey("matmul", "int8", "nt", (8192, 8192, 1024)), PROFILES["a100"],
                                           cache).source  # another architecture: no
 
