@@ -72,6 +72,15 @@ def test_a_call_that_autograd_must_see_never_takes_the_memoized_call(stand):
     assert calls.repeated_call(a, b, None, None) is None
 
 
+def test_a_matvec_that_autograd_must_see_never_takes_the_memoized_call(stand):
+    a, x = Array((3, 4)), Array((4,), needs_grad=True)
+    operands.framework_by_type(a, x)
+    calls._calls[("matvec", ((3, 4), (4,), True), None, "high")] = "no autograd"
+    assert calls.repeated_call(a, x, None, None, "matvec") is None
+    calls._calls[("matvec", ((3, 4), (4,), False), None, "high")] = "memoized"
+    assert calls.repeated_call(a, Array((4,)), None, None, "matvec") == "memoized"
+
+
 def test_only_a_frameworks_own_types_are_read_unchecked(stand):
     a = Array((3, 4))
     assert operands.framework_by_type("host data", a) is stand  # a host array: the general path converts it

@@ -1,7 +1,7 @@
 """The library's entry points: `autotile.matmul`, `autotile.matvec` and `autotile.scaled_matmul` (the 8-bit
 floats, torch._scaled_mm's contract).
 
-`matmul` routes tensors that need a gradient through the differentiable PyTorch operator
+`matmul` and `matvec` route tensors that need a gradient through the differentiable PyTorch operators
 (`autotile.library.torch_ops`); everything else, and every repeated call, runs `autotile.library.calls`.
 """
 
@@ -11,7 +11,7 @@ import sys
 from typing import Any
 
 from autotile.errors import ArgumentError
-from autotile.library.calls import matmul_no_autograd, matvec, repeated_call, scaled_matmul
+from autotile.library.calls import matmul_no_autograd, matvec_no_autograd, repeated_call, scaled_matmul
 
 
 def matmul(A: Any, B: Any, out: Any = None, precision: str | None = None, stream: Any = None) -> Any:
@@ -30,13 +30,35 @@ def matmul(A: Any, B: Any, out: Any = None, precision: str | None = None, stream
     if known is not None:
         return known(A, B, out, stream)
     if _needs_grad(A, B):
-        if out is not None or stream is not None:
-            raise ArgumentError("matmul with out= or stream= does not support autograd (an input requires grad); "
-                                "call it under torch.no_grad()")
+        _check_differentiable("matmul", out, stream)
         from autotile.library.torch_ops import matmul as differentiable_matmul  # imports torch, which the caller has
 
         return differentiable_matmul(A, B, precision)
     return matmul_no_autograd(A, B, out, precision, stream)
+
+
+def matvec(A: Any, x: Any, out: Any = None, precision: str | None = None, stream: Any = None) -> Any:
+    """y = A @ x for a 2-D A (M x K, row- or column-major) and a 1-D x (K), CuPy arrays or torch CUDA
+    tensors of float32, float64, float16 or (torch) bfloat16; returns y (M) in their framework (16-bit
+    types: float32 sums, rounded once). `out` and `stream` as `matmul`'s; tensors that need a gradient go
+    through the differentiable operator, as `matmul`'s do.
+
+    `precision` is checked as `matmul`'s is, and changes nothing: every matvec kernel is IEEE."""
+    known = repeated_call(A, x, out, precision, "matvec")
+    if known is not None:
+        return known(A, x, out, stream)
+    if _needs_grad(A, x):
+        _check_differentiable("matvec", out, stream)
+        from autotile.library.torch_ops import matvec as differentiable_matvec
+
+        return differentiable_matvec(A, x, precision)
+    return matvec_no_autograd(A, x, out, precision, stream)
+
+
+def _check_differentiable(name: str, out: Any, stream: Any) -> None:
+    if out is not None or stream is not None:
+        raise ArgumentError(f"{name} with out= or stream= does not support autograd (an input requires grad); "
+                            "call it under torch.no_grad()")
 
 
 def _needs_grad(a: Any, b: Any) -> bool:
@@ -48,4 +70,4 @@ def _needs_grad(a: Any, b: Any) -> bool:
             and torch.is_grad_enabled())
 
 
-__all__ = ["matmul", "matmul_no_autograd", "matvec", "scaled_matmul"]
+__all__ = ["matmul", "matmul_no_autograd", "matvec", "matvec_no_autograd", "scaled_matmul"]

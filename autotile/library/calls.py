@@ -358,13 +358,13 @@ def _swapped(run: Repeat) -> Repeat:
 def repeated_call(A: Any, B: Any, out: Any, precision: str | None, kernel: str = "matmul") -> Repeat | None:
     """The per-call path of `autotile.matmul` (and, with `kernel` "matvec", of `matvec`): the call memoized
     for these arrays' signature (one read of both arrays, one lookup), or None where the general path must
-    run (a first call, an array of a type not seen yet, a matmul tensor that needs a gradient, a precision
+    run (a first call, an array of a type not seen yet, a tensor that needs a gradient, a precision
     that is not a setting's name)."""
     framework = OWN_TYPES.get(type(A))
     if framework is None or OWN_TYPES.get(type(B)) is not framework:
         return None
     pair = framework.read_pair(A, B)
-    if pair[-1] and kernel == "matmul":  # autograd must see the call (a matvec has no gradient to take)
+    if pair[-1]:  # autograd must see the call: the differentiable operator's
         return None
     setting = precision_mod.get_float32_matmul_precision() if precision is None else precision
     return _calls.get((kernel, pair, None if out is None else framework.signature(out), setting))
@@ -489,11 +489,9 @@ def _int8_gemm(framework: Framework, device: int) -> Callable[[tuple[int, int, i
     return gemm
 
 
-def matvec(A: Any, x: Any, out: Any = None, precision: str | None = None, stream: Any = None) -> Any:
-    """y = A @ x for a 2-D A (M x K, row- or column-major) and a 1-D x (K), CuPy arrays or torch CUDA
-    tensors; returns y (M) in their framework. `out` and `stream` as `matmul`'s.
-
-    `precision` is checked as `matmul`'s is, and changes nothing: every matvec kernel is IEEE."""
+def matvec_no_autograd(A: Any, x: Any, out: Any = None, precision: str | None = None, stream: Any = None) -> Any:
+    """`autotile.matvec` without the autograd check (`autotile.library.api.matvec` says what it takes): what
+    the PyTorch operator runs."""
     known = repeated_call(A, x, out, precision, "matvec")  # the per-call path, as matmul's
     if known is not None:
         return known(A, x, out, stream)

@@ -6,18 +6,19 @@
   transposed operands), differentiable (its backward runs autotile's matmul on the transposed operands,
   read in place);
 - ``torch.ops.autotile.matmul_out(A, B, out, precision=None)``: the same into `out` (for CUDA graphs);
-- ``torch.ops.autotile.matvec(A, x, precision=None) -> Tensor``: `autotile.matvec`.
+- ``torch.ops.autotile.matvec(A, x, precision=None) -> Tensor``: `autotile.matvec`, differentiable (dA is
+  the outer product g x^T, a matmul of K = 1; dx = A^T g, a matvec of A's transpose read in place).
 
 Each has a shape function (a "fake" implementation), so torch.compile traces through the call without a
 graph break and Inductor calls autotile at run time. `autotile.torch.matmul` and friends are the same
-operators under Python names. In eager code `autotile.matmul` on tensors that need a gradient goes through
-this operator by itself.
+operators under Python names. In eager code `autotile.matmul` and `autotile.matvec` on tensors that need
+a gradient go through these operators by themselves.
 """
 
 # No `from __future__ import annotations`: torch.library reads the operators' schema from real annotations.
 
 import math
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
@@ -64,7 +65,7 @@ class _DifferentiableMatmul(torch.autograd.Function):
 
     @staticmethod
     def forward(A: torch.Tensor, B: torch.Tensor, precision: Optional[str]) -> torch.Tensor:
-        return matmul(A, B, precision)  # grad mode is off in here: `_matmul_autograd` passes it below autograd
+        return matmul(A, B, precision)  # grad mode is off in here: the autograd kernel runs the kernel itself
 
     @staticmethod
     def setup_context(ctx, inputs, output) -> None:
@@ -83,26 +84,60 @@ class _DifferentiableMatmul(torch.autograd.Function):
         return grad_a, grad_b, None
 
 
+class _DifferentiableMatvec(torch.autograd.Function):
+    """The matvec operator with its gradients: dA = g x^T (the matmul operator with K = 1: exact products)
+    and dx = A^T g (the matvec operator on A's transpose, a view). Differentiable again, as matmul's."""
+
+    @staticmethod
+    def forward(A: torch.Tensor, x: torch.Tensor, precision: Optional[str]) -> torch.Tensor:
+        return matvec(A, x, precision)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:
+        A, x, precision = inputs
+        ctx.save_for_backward(A, x)
+        ctx.precision = precision
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        A, x = ctx.saved_tensors
+        grad_a = grad_x = None
+        if ctx.needs_input_grad[0]:
+            grad_a = matmul(grad.unsqueeze(1), x.unsqueeze(0), ctx.precision)
+        if ctx.needs_input_grad[1]:
+            grad_x = matvec(A.mT, grad, ctx.precision)
+        return grad_a, grad_x, None
+
+
 _below_autograd = torch._C._AutoDispatchBelowAutograd
 _dispatch_modes = torch._C._len_torch_dispatch_stack  # FakeTensorMode, the tracers' proxy modes
 _functorch_active = torch._C._are_functorch_transforms_active  # vmap, grad, functionalize
 _Plain = torch.Tensor
 
 
-def _matmul_autograd(A: torch.Tensor, B: torch.Tensor, precision: Optional[str] = None) -> torch.Tensor:
-    # The Autograd key's kernel: a call autograd must see records the function. Any other runs the kernel:
-    # directly for plain tensors with nothing watching the dispatcher (a second dispatch costs 3-4 us of
-    # host time), else through the dispatcher below autograd (while torch.compile traces: the shape function).
-    if torch.is_grad_enabled() and (A.requires_grad or B.requires_grad):
-        return _DifferentiableMatmul.apply(A, B, precision)
-    if type(A) is _Plain and type(B) is _Plain and not _dispatch_modes() and not _functorch_active():
-        return _matmul_kernel(A, B, precision)
-    with _below_autograd():
-        return matmul(A, B, precision)
+def _autograd_kernel(function: type[torch.autograd.Function], kernel: Callable[..., torch.Tensor],
+                     operator: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    """The Autograd key's kernel of an operator: a call autograd must see records `function`. Any other
+    runs `kernel` directly for plain tensors with nothing watching the dispatcher (a second dispatch costs
+    3-4 us of host time), else `operator` through the dispatcher below autograd (while torch.compile
+    traces: the shape function)."""
+
+    def autograd(A: torch.Tensor, B: torch.Tensor, precision: Optional[str] = None) -> torch.Tensor:
+        if torch.is_grad_enabled() and (A.requires_grad or B.requires_grad):
+            return function.apply(A, B, precision)
+        if type(A) is _Plain and type(B) is _Plain and not _dispatch_modes() and not _functorch_active():
+            return kernel(A, B, precision)
+        with _below_autograd():
+            return operator(A, B, precision)
+
+    return autograd
 
 
 def _matvec_kernel(A: torch.Tensor, x: torch.Tensor, precision: Optional[str] = None) -> torch.Tensor:
-    return calls.matvec(A, x, precision=precision)
+    known = calls.repeated_call(A, x, None, precision, "matvec")  # as `_matmul_kernel`
+    if known is not None:
+        return known(A, x, None, None)
+    return calls.matvec_no_autograd(A, x, precision=precision)
 
 
 def _matvec_shape(A: torch.Tensor, x: torch.Tensor, precision: Optional[str] = None) -> torch.Tensor:
@@ -111,16 +146,17 @@ def _matvec_shape(A: torch.Tensor, x: torch.Tensor, precision: Optional[str] = N
     return A.new_empty((A.shape[0],))
 
 
-_library.impl("matmul", _matmul_kernel, "CompositeExplicitAutograd")
-_library.impl("matmul", _matmul_autograd, "Autograd")
-_library.impl("matvec", _matvec_kernel, "CompositeExplicitAutograd")
-torch.library.register_fake("autotile::matmul", _matmul_shape, lib=_library)
-torch.library.register_fake("autotile::matvec", _matvec_shape, lib=_library)
-
 matmul = torch.ops.autotile.matmul.default
 """`autotile.matmul(A, B, precision=None)` as a PyTorch operator, differentiable."""
 matvec = torch.ops.autotile.matvec.default
-"""`autotile.matvec(A, x, precision=None)` as a PyTorch operator."""
+"""`autotile.matvec(A, x, precision=None)` as a PyTorch operator, differentiable."""
+
+_library.impl("matmul", _matmul_kernel, "CompositeExplicitAutograd")
+_library.impl("matmul", _autograd_kernel(_DifferentiableMatmul, _matmul_kernel, matmul), "Autograd")
+_library.impl("matvec", _matvec_kernel, "CompositeExplicitAutograd")
+_library.impl("matvec", _autograd_kernel(_DifferentiableMatvec, _matvec_kernel, matvec), "Autograd")
+torch.library.register_fake("autotile::matmul", _matmul_shape, lib=_library)
+torch.library.register_fake("autotile::matvec", _matvec_shape, lib=_library)
 
 
 # matmul_out mutates `out`: custom_op also bumps its version counter for autograd, which is worth its cost on
