@@ -551,7 +551,7 @@ def test_shipped_databases_are_valid_and_current():
     assert any(p.name == "matmul-float32-nt.json" for p in paths)
     # the tensor-core types' main layouts and the 16-bit matvec, surveyed on the whole grid
     full |= {"matmul-bfloat16-nn.json", "matmul-float16-nn.json", "matmul-int8-nt.json", "matmul-int8-nn.json",
-             "matvec-bfloat16-row.json", "matvec-bfloat16-col.json"}
+             "matvec-bfloat16-row.json", "matvec-bfloat16-col.json", "bmm-bfloat16-nn.json", "bmm-float16-nn.json"}
     retired = []
     for path in paths:
         db = database.ShapeDatabase.from_json(json.loads(path.read_text()))
