@@ -58,7 +58,17 @@ def _matmul_shape(A: torch.Tensor, B: torch.Tensor, precision: Optional[str] = N
     return A.new_empty((*_batch_shape(A, B), A.shape[-2], B.shape[-1]), dtype=dtype)
 
 
-class _DifferentiableMatmul(torch.autograd.Function):
+class _Operands(torch.autograd.Function):
+    """An operator's function of two operands and a precision: both operands saved for the backward."""
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:
+        first, second, precision = inputs
+        ctx.save_for_backward(first, second)
+        ctx.precision = precision
+
+
+class _DifferentiableMatmul(_Operands):
     """The operator with its gradients. dA = dC B^T and dB = A^T dC: the transposes are views, read in place
     (layouts nt and tn); a broadcast operand's gradient is summed over the batch. The backward calls the
     operator itself, so it is differentiable again."""
@@ -66,12 +76,6 @@ class _DifferentiableMatmul(torch.autograd.Function):
     @staticmethod
     def forward(A: torch.Tensor, B: torch.Tensor, precision: Optional[str]) -> torch.Tensor:
         return matmul(A, B, precision)  # grad mode is off in here: the autograd kernel runs the kernel itself
-
-    @staticmethod
-    def setup_context(ctx, inputs, output) -> None:
-        A, B, precision = inputs
-        ctx.save_for_backward(A, B)
-        ctx.precision = precision
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
@@ -84,19 +88,13 @@ class _DifferentiableMatmul(torch.autograd.Function):
         return grad_a, grad_b, None
 
 
-class _DifferentiableMatvec(torch.autograd.Function):
-    """The matvec operator with its gradients: dA = g x^T (the matmul operator with K = 1: exact products)
+class _DifferentiableMatvec(_Operands):
+    """The matvec operator with its gradients: dA = g x^T (the matmul operator with K = 1)
     and dx = A^T g (the matvec operator on A's transpose, a view). Differentiable again, as matmul's."""
 
     @staticmethod
     def forward(A: torch.Tensor, x: torch.Tensor, precision: Optional[str]) -> torch.Tensor:
         return matvec(A, x, precision)
-
-    @staticmethod
-    def setup_context(ctx, inputs, output) -> None:
-        A, x, precision = inputs
-        ctx.save_for_backward(A, x)
-        ctx.precision = precision
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
