@@ -202,6 +202,28 @@ def test_tune_without_a_gpu_is_one_line(capsys, tmp_path, monkeypatch):
     assert not (tmp_path / "cache").exists()  # nothing was tuned nor cached
 
 
+@pytest.mark.parametrize("name", list(cli.BENCHMARKS))
+def test_the_benchmarks_are_commands_that_fail_in_one_line_without_a_gpu(capsys, name):
+    """`autotile bench` and the other benchmarks run their module's own command line (listed in --help);
+    without a GPU (or torch) one line names what is missing, status 2, as every other bad input."""
+    assert name in cli.build_parser().format_help()
+    with pytest.raises(SystemExit) as exited:  # the module's own parser: argparse's usage error
+        cli.main([name, "--bogus-option"])
+    err = capsys.readouterr().err
+    assert exited.value.code == 2 and err.splitlines()[-1] == f"autotile {name}: error: unrecognized arguments: " \
+                                                            "--bogus-option"
+    with pytest.raises(SystemExit) as exited:
+        cli.main([name, "--help"])
+    assert exited.value.code == 0 and capsys.readouterr().out.startswith(f"usage: autotile {name} ")
+    if _gpu_visible():
+        return
+    argv = {"bench": ["--quick"], "bench-torch": ["--quick"], "overhead": ["--rounds", "1"],
+            "bench-emulation": ["--sizes", "64"]}[name]
+    rc, out, err = run(capsys, name, *argv)
+    assert rc == 2 and out == "" and len(err.splitlines()) == 1, err
+    assert err.startswith(f"autotile {name}: error: ") and ("GPU" in err or "torch" in err or "CuPy" in err), err
+
+
 # -- as a program ----------------------------------------------------------------------------------
 
 def _python_m(*argv: str, cwd: Path) -> subprocess.CompletedProcess:

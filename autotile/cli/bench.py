@@ -525,8 +525,8 @@ def to_markdown(rows: list[Row], env: dict[str, Any], ceilings: dict[str, float]
     return "\n".join(lines) + "\n"
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m autotile.cli.bench", description=(__doc__ or "").splitlines()[0])
+def main(argv: list[str] | None = None, prog: str = "python -m autotile.cli.bench") -> int:
+    parser = argparse.ArgumentParser(prog=prog, description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a few representative shapes only")
     parser.add_argument("--kernels", default="matmul,matvec",
                         help="comma-separated, from matmul, matvec (default both)")
@@ -564,7 +564,7 @@ def main(argv: list[str] | None = None) -> int:
     from autotile.tuning import validate
 
     def fail(message: str, status: int = 2) -> int:
-        print(f"autotile.cli.bench: error: {message}", file=sys.stderr)
+        print(f"{prog}: error: {message}", file=sys.stderr)
         return status
 
     # Every argument is checked before CuPy is imported or the GPU touched: a bad one found later would
@@ -712,7 +712,7 @@ def main(argv: list[str] | None = None) -> int:
     except AutotileError as exc:
         return fail(str(exc))
     except KeyboardInterrupt:
-        print("autotile.cli.bench: interrupted", file=sys.stderr)
+        print(f"{prog}: interrupted", file=sys.stderr)
         return 130
     print()
     print(markdown)

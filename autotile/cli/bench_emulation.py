@@ -19,6 +19,8 @@ from typing import Any
 
 import numpy as np
 
+from autotile.cli import gpu_or_error
+
 KINDS = ("normal", "wide", "cancel")
 PHASES = ("statistics", "residues", "int8 products", "rebuild", "fix-up")
 
@@ -148,8 +150,8 @@ def markdown(rows: list[dict[str, Any]], device: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m autotile.cli.bench_emulation",
+def main(argv: list[str] | None = None, prog: str = "python -m autotile.cli.bench_emulation") -> int:
+    parser = argparse.ArgumentParser(prog=prog,
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--dtype", nargs="+", default=["float64", "float32"], choices=["float64", "float32"])
     parser.add_argument("--sizes", nargs="*", type=int, default=[4096, 8192, 16384], help="square problems n^3")
@@ -160,7 +162,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="bits each scaled operand keeps (default: the type's mantissa, 53 or 24)")
     parser.add_argument("--out", default="bench-results")
     args = parser.parse_args(argv)
-
+    if gpu_or_error(parser.prog) is None:
+        return 2
     import cupy
 
     from autotile.runtime.timing import L2Flusher

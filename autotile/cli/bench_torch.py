@@ -38,7 +38,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from autotile.cli import bench
+from autotile.cli import bench, gpu_or_error
 from autotile.cli.overhead import time_calls
 from autotile.codegen import dtypes
 from autotile.codegen.dtypes import DTYPE_NAMES
@@ -314,8 +314,8 @@ def random_decode_shapes(n: int, seed: int) -> list[tuple[int, int, int]]:
     return shapes
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m autotile.cli.bench_torch", description=__doc__.split("\n")[0])
+def main(argv: list[str] | None = None, prog: str = "python -m autotile.cli.bench_torch") -> int:
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="three nt shapes and two batches")
     parser.add_argument("--random", type=int, default=0, metavar="N", help="also N random nt shapes")
     parser.add_argument("--random-bmm", type=int, default=0, metavar="N",
@@ -326,13 +326,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", default="float32", choices=list(DTYPE_NAMES))
     parser.add_argument("--out", default="bench-results", help="folder for torch.md and torch.json")
     args = parser.parse_args(argv)
+    limits = gpu_or_error(parser.prog, torch=True)
+    if limits is None:
+        return 2
     import torch
-
-    from autotile.runtime.device import live_device
 
     torch.backends.cuda.matmul.allow_tf32 = False
     dtype = getattr(torch, args.dtype)
-    limits = live_device()
     flush = L2Flusher(limits.l2_bytes)
     env = {**bench.environment(limits), "torch": torch.__version__, "seed": args.seed, "dtype": args.dtype}
     # against torch._int_mm or torch._scaled_mm: PyTorch has no batched int8 or 8-bit float matmul

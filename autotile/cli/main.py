@@ -209,12 +209,33 @@ def build_parser() -> argparse.ArgumentParser:
                                       "database the selection model learns from)")
     survey.add_arguments(p)
     p.set_defaults(func=survey.run)
+    for name, (module, help_text) in BENCHMARKS.items():  # listed in --help; `main` runs them before parsing
+        sub.add_parser(name, help=f"{help_text} (python -m {module}; `autotile {name} --help`)", add_help=False)
     return parser
 
 
+# The benchmarks (each needs a GPU): `autotile NAME ARGS` runs `python -m MODULE ARGS`, its arguments passed on
+# as they are (each module parses its own; `autotile NAME --help` shows them).
+BENCHMARKS = {
+    "bench": ("autotile.cli.bench", "time kernels against cuBLAS and the GPU's ceilings on fixed and random shapes"),
+    "bench-torch": ("autotile.cli.bench_torch", "autotile's calls against PyTorch's on torch tensors (GPU time, L2 "
+                                                "flushed, and back to back)"),
+    "overhead": ("autotile.cli.overhead", "the host's microseconds per call against torch's and CuPy's, enqueued "
+                                          "and back to back"),
+    "bench-emulation": ("autotile.cli.bench_emulation", "the float64/float32 emulation on int8 tensor cores "
+                                                        "against DGEMM/SGEMM"),
+}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args and args[0] in BENCHMARKS:
+        import importlib
+
+        module = importlib.import_module(BENCHMARKS[args[0]][0])
+        return int(module.main(args[1:], prog=f"autotile {args[0]}") or 0)
     parser = build_parser()
-    return _dispatch(parser.parse_args(argv))
+    return _dispatch(parser.parse_args(args))
 
 
 def autotune_main(argv: Sequence[str] | None = None) -> int:

@@ -28,6 +28,8 @@ import sys
 import time
 from typing import Any, Callable
 
+from autotile.cli import gpu_or_error
+
 
 def time_calls(calls: dict[str, Callable[[], Any]], sync: Callable[[], None], n: int, rounds: int
           ) -> dict[str, tuple[float, float]]:
@@ -199,8 +201,8 @@ def _runs(problem: tuple[str, str, tuple[int, ...]], dtype: str = "float32") -> 
     return "cuBLAS" if selection.implementation == "cublas" else f"generated ({selection.source})"
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m autotile.cli.overhead",
+def main(argv: list[str] | None = None, prog: str = "python -m autotile.cli.overhead") -> int:
+    parser = argparse.ArgumentParser(prog=prog,
                                      description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--calls", type=int, default=100, help="calls per round (default 100)")
     parser.add_argument("--rounds", type=int, default=30, help="rounds; the median is reported (default 30)")
@@ -213,12 +215,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.calls < 1 or args.rounds < 1:
         print(f"{parser.prog}: error: --calls and --rounds must be at least 1", file=sys.stderr)
         return 2
-    try:
-        import cupy
-        import torch
-    except ImportError as exc:
-        print(f"{parser.prog}: error: needs CuPy and torch ({exc})", file=sys.stderr)
+    if gpu_or_error(parser.prog, torch=True) is None:
         return 2
+    import cupy
+    import torch
+
     from autotile.library import api as autotile
 
     torch.backends.cuda.matmul.allow_tf32 = False
