@@ -564,7 +564,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m autotile.cli.benc
     from autotile.tuning import validate
 
     def fail(message: str, status: int = 2) -> int:
-        print(f"{prog}: error: {message}", file=sys.stderr)
+        print(f"{prog.removeprefix('python -m ')}: error: {message}", file=sys.stderr)
         return status
 
     # Every argument is checked before CuPy is imported or the GPU touched: a bad one found later would
@@ -712,7 +712,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m autotile.cli.benc
     except AutotileError as exc:
         return fail(str(exc))
     except KeyboardInterrupt:
-        print(f"{prog}: interrupted", file=sys.stderr)
+        print(f"{prog.removeprefix('python -m ')}: interrupted", file=sys.stderr)
         return 130
     print()
     print(markdown)
