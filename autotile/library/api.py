@@ -44,6 +44,7 @@ def matvec(A: Any, x: Any, out: Any = None, precision: str | None = None, stream
     through the differentiable operator, as `matmul`'s do.
 
     `precision` is checked as `matmul`'s is, and changes nothing: every matvec kernel is IEEE."""
+    # matmul's steps, written out again rather than shared: the per-call path takes no extra call
     known = repeated_call(A, x, out, precision, "matvec")
     if known is not None:
         return known(A, x, out, stream)
