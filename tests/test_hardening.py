@@ -90,6 +90,22 @@ def test_1_a_recursive_alias_is_refused():
         safe_files.load_yaml("&a [*a]", "loop.yaml")
 
 
+def test_1_only_the_shipped_spaces_take_the_fast_loader(tmp_path):
+    """autotile's own search spaces are read through libyaml where PyYAML has it (the same data as the
+    bounded loader gives); a space file a user names still goes through the bounds."""
+    from autotile.codegen import resources
+
+    for kernel in ("matmul", "matvec"):
+        text = resources.search_space_path(kernel).read_text()
+        assert safe_files.load_own_yaml(text, kernel) == safe_files.load_yaml(text, kernel)
+    with pytest.raises(SpaceDefinitionError, match=r"junk\.yaml: not valid YAML: .* at line \d+, column \d+$"):
+        safe_files.load_own_yaml("[unclosed", "junk.yaml", SpaceDefinitionError)
+    copy = tmp_path / "matmul.yaml"
+    copy.write_text(BOMB)
+    with pytest.raises(SpaceDefinitionError, match="aliases expand to more than"):
+        _within(lambda: Space.load(copy))  # the name of a shipped file does not make it one
+
+
 # 2. files in the folders autotile reads --------------------------------------------------------------------
 
 def _database_path(root: Path) -> Path:

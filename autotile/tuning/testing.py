@@ -15,13 +15,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from autotile.codegen.limits import DeviceLimits
 from autotile.codegen.problem import ProblemKey
 from autotile.codegen.space import Config, Space
 from autotile.runtime.timing import Timing
 from autotile.runtime.worker import COMPILE, OK, Candidate, CandidateResult
+from autotile.safe_files import load_own_yaml
 
 
 class ReplayEvaluator:
@@ -149,7 +148,7 @@ def replay_space(narrow: dict[str, Any]) -> Space:
     tests/data/matmul_replay_space.yaml."""
     from autotile.codegen.resources import search_space_path
 
-    data = yaml.safe_load(search_space_path("matmul").read_text())
+    data = load_own_yaml(search_space_path("matmul").read_text(), "matmul space")
     for name, choices in narrow["choices"].items():
         data["params"][name]["choices"] = choices
     data["configs"] = {k: v for k, v in data["configs"].items() if k in narrow["seeds"]}
@@ -172,7 +171,7 @@ class ReplayBackend:
     def __init__(self) -> None:
         settings = json.loads(Path(os.environ[self.ENV_VAR]).read_text())
         self.table = json.loads(Path(settings["table"]).read_text())
-        self._space = replay_space(yaml.safe_load(Path(settings["space"]).read_text()))
+        self._space = replay_space(load_own_yaml(Path(settings["space"]).read_text(), settings["space"]))
         self.delay_s = float(settings.get("delay_s", 0.0))
         self.log = settings.get("log")
 
