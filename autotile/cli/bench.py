@@ -525,7 +525,23 @@ def to_markdown(rows: list[Row], env: dict[str, Any], ceilings: dict[str, float]
     return "\n".join(lines) + "\n"
 
 
-def main(argv: list[str] | None = None, prog: str = "python -m autotile.cli.bench") -> int:
+@dataclasses.dataclass(frozen=True)
+class _Request:
+    """A benchmark run's arguments, checked before the GPU is touched (`_checked`)."""
+
+    args: argparse.Namespace
+    chosen: list[str]  # the kernels
+    todo: list[tuple[str, tuple[int, ...], str, tuple[str, ...]]]  # (kernel, shape, layout, seeds) of the fixed list
+    fix: dict[str, list[str]]
+    out: Path
+    random_n: int | None
+    seed: int | None
+    multiple: int | None
+    precisions: list[str] | None
+
+
+def _parser(prog: str) -> argparse.ArgumentParser:
+    """The benchmark's command line (`prog`: how the usage line names it)."""
     parser = argparse.ArgumentParser(prog=prog, description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a few representative shapes only")
     parser.add_argument("--kernels", default="matmul,matvec",
@@ -555,92 +571,179 @@ def main(argv: list[str] | None = None, prog: str = "python -m autotile.cli.benc
                         help="float32 matmul precision settings to time autotile under, from highest, high, medium, "
                              "emulated (the int8 emulation where it pays: python -m autotile.cli.bench_emulation "
                              f"times it alone) (default {','.join(DEFAULT_PRECISIONS)}; matvec and float64 run once, "
-                             "as the "
-                             "setting changes nothing for them); with --tune, each is tuned")
-    # --random, --seed and --precision are read as text and checked below: argparse's own error would be two lines.
-    args = parser.parse_args(argv)
+                             "as the setting changes nothing for them); with --tune, each is tuned")
+    # --random, --seed and --precision are read as text and checked by `_checked`: argparse's own error would be
+    # two lines.
+    return parser
 
+
+def _checked(args: argparse.Namespace) -> _Request:
+    """The run `args` ask for, every argument checked: `InvalidValueError` (one line) for the first bad one.
+    All of this happens before CuPy is imported or the GPU touched: a bad argument found later would cost the
+    ceilings' measurement first or, for --fix, hours of tuning the shapes before the one it breaks."""
     from autotile.errors import AutotileError, InvalidValueError
     from autotile.tuning import validate
 
+    chosen = [k.strip() for k in args.kernels.split(",")]
+    unknown = [k for k in chosen if k not in ("matmul", "matvec")]
+    if unknown:
+        raise InvalidValueError(f"--kernels {args.kernels!r}: unknown kernel(s) {', '.join(map(repr, unknown))}; "
+                                "choose from matmul, matvec (comma-separated)")
+    todo: list[tuple[str, tuple[int, ...], str, tuple[str, ...]]] = []
+    if "matmul" in chosen:
+        todo += [("matmul", s, "row", MATMUL_SEEDS) for s in (QUICK_MATMUL if args.quick else MATMUL_SHAPES)]
+    if "matvec" in chosen:
+        for s in (QUICK_MATVEC if args.quick else MATVEC_SHAPES):
+            todo += [("matvec", s, layout, MATVEC_SEEDS) for layout in ("row", "col")]
+    if args.only:
+        wanted = set()
+        for item in args.only.split(","):
+            parts = item.strip().split("x")
+            if len(parts) not in (2, 3) or not all(p.isdigit() and int(p) > 0 for p in parts):
+                raise InvalidValueError(f"--only {args.only!r}: {item!r} is not a shape such as 4096x4096x4096 "
+                                        "(matmul) or 8192x8192 (matvec)")
+            wanted.add(tuple(int(p) for p in parts))
+        known = sorted({t[1] for t in todo}, key=lambda s: (len(s), s))
+        todo = [t for t in todo if t[1] in wanted]
+        if not todo:
+            raise InvalidValueError(
+                f"--only {args.only!r} matches none of the shapes benchmarked for --kernels {args.kernels}"
+                f"{' --quick' if args.quick else ''}: {', '.join('x'.join(map(str, s)) for s in known)}")
+    validate.count(args.tune, name="--tune", minimum=0)
+    validate.count(args.fallback, name="--fallback", minimum=0)
+    unused = [flag for flag, given in (("--retune", args.retune), ("--tune-only", args.tune_only),
+                                       ("--fix", bool(args.fix)), ("--tune-timeout", args.tune_timeout is not None))
+              if given]
+    if unused and not args.tune:
+        raise InvalidValueError(f"{' and '.join(unused)} {'act' if len(unused) > 1 else 'acts'} only with "
+                                "--tune TRIALS, which is not given")
+    validate.seconds(args.tune_timeout, name="--tune-timeout", allow_none=True)
+    fix = validate.fix_items(args.fix, name="--fix")
+    for kernel in sorted({t[0] for t in todo}) if fix else ():
+        try:
+            kernels.get(kernel).space.restricted(fix)
+        except AutotileError as exc:  # every kernel tuned takes the same --fix
+            raise InvalidValueError(f"--fix: {exc} (--fix applies to every kernel in --kernels)") from None
+    out: Path = validate.writable_folder(args.out, name="--out")
+    random_n = _whole_number(args.random, "--random", "a whole number of shapes per kernel, at least 1")
+    seed = _whole_number(args.seed, "--seed", f"an integer in 0..{validate.SEED_MAX}")
+    multiple = _whole_number(args.multiple, "--multiple", "a whole number of elements, at least 1")
+    if multiple is not None:
+        validate.count(multiple, name="--multiple", minimum=1)
+        if random_n is None:
+            raise InvalidValueError("--multiple acts only with --random N, which is not given")
+    if random_n is not None:
+        validate.count(random_n, name="--random", minimum=1)
+        others = [flag for flag, given in (("--quick", args.quick), ("--only", args.only is not None),
+                                           ("--tune", bool(args.tune)), ("--fallback", bool(args.fallback)),
+                                           ("--overhead", args.overhead)) if given]
+        if others:
+            raise InvalidValueError(f"--random does not combine with {', '.join(others)}: it replaces the fixed "
+                                    "shape list (it takes --kernels, --dtype, --seed and --out)")
+    elif seed is not None:
+        raise InvalidValueError("--seed acts only with --random N, which is not given")
+    if seed is not None:
+        validate.seed(seed, name="--seed")
+    precisions = parse_precisions(args.precision)
+    return _Request(args, chosen, todo, fix, out, random_n, seed, multiple, precisions)
+
+
+def _tune_first(request: _Request, limits: Any) -> str | None:
+    """--tune: tune each shape (under each precision setting) that has no exact record (every shape with
+    --retune). Returns the error that stops the run (a winner the cache could not take: the next shapes'
+    would be lost the same way, and the benchmark would not run them), else None."""
+    from autotile.tuning.api import tune
+
+    args = request.args
+    for kernel, shape, layout, _ in request.todo:
+        for setting in settings_for(kernel, args.dtype, request.precisions):
+            sel = select(ProblemKey(kernel, args.dtype, layout, shape), limits, precision=setting or None)
+            if sel.source == "exact" and not args.retune:
+                continue
+            t0 = time.time()
+            # Re-tuning starts from the config in use, so the new entry is never slower than the old one, and
+            # from this shape's own entry where a template change has retired it (still a good guess). Both
+            # as the setting allows: the tuner leaves out a start outside its space.
+            start = ({f"in use ({sel.source})": sel.config}
+                     if sel.source != "built-in default" and sel.config is not None else {})
+            retired = _retired_entry(kernel, args.dtype, layout, shape, limits.fingerprint, setting)
+            if retired is not None and retired != sel.config:
+                start["this shape's retired entry"] = retired
+            result = tune(kernel, shape, dtype=args.dtype, layout=layout, trials=args.tune,
+                          timeout=args.tune_timeout, start=start or None, fix=request.fix or None,
+                          precision=setting or None)
+            label = f"{kernel} {layout} {'x'.join(map(str, shape))}" + (f" {setting}" if setting else "")
+            print(f"tuned {label}: {result.best.median_ms:.4f} ms, {result.vs_baseline or 0:.2f}x cuBLAS, "
+                  f"{time.time() - t0:.0f} s", flush=True)
+            note = getattr(result, "save_note", None)  # fields of newer libraries: read with getattr
+            if note:
+                print(note, flush=True)
+            error = getattr(result, "save_error", None)
+            if error:
+                where = getattr(result, "saved_path", None) or "the cache"
+                return f"{label} was tuned but not saved to {where}: {' '.join(str(error).split())}"
+    return None
+
+
+def _run_fixed(request: _Request, limits: Any, env: dict[str, Any], ceilings: dict[str, float], flush: Any,
+               rng: Any) -> str:
+    """The fixed shape list (and --fallback's, --overhead's rows): each timed and printed as it is done, then
+    results.md, results.json and summary.md written to --out. Returns results.md's text."""
+    args, out = request.args, request.out
+    rows: list[Row] = []
+    for kernel, shape, layout, seeds in request.todo:
+        new = _bench_problem(kernel, shape, layout, args.dtype, seeds, limits, ceilings, flush, rng,
+                             settings_for(kernel, args.dtype, request.precisions))
+        rows += new
+        for r in new:
+            print(f"{r.kernel:<6} {r.layout:<3} {'x'.join(map(str, r.shape)):<17} {r.name:<28} {r.precision:<7} "
+                  f"{r.time_ms:9.4f} ms {r.metric:>10,.0f} {r.unit:<7} {r.vs_cublas:5.2f}x cuBLAS "
+                  f"{r.vs_ceiling:5.2f}x ceiling" + ("" if r.error == r.error else "  WRONG RESULT"), flush=True)
+    if args.fallback:
+        for kernel, shape, layout in FALLBACK:
+            new = _fallback_problem(kernel, shape, layout, args.dtype, args.fallback, limits, ceilings, flush, rng)
+            rows += new
+            print(f"fallback {kernel} {layout} {'x'.join(map(str, shape))}: {new[1].name} runs at "
+                  f"{new[2].time_ms / new[1].time_ms:.2f}x the speed of a config tuned for the shape "
+                  f"({new[1].vs_cublas:.2f} vs {new[2].vs_cublas:.2f} x cuBLAS)", flush=True)
+    overhead = host_overhead() if args.overhead else {}
+    for name, us in overhead.items():
+        print(f"host time per call: {name:<30} {us:6.1f} us", flush=True)
+    out.mkdir(parents=True, exist_ok=True)
+    markdown = to_markdown(rows, env, ceilings)
+    (out / "results.md").write_text(markdown)
+    results = {"environment": env, "ceilings": ceilings, "host_overhead_us": overhead,
+               "rows": [dataclasses.asdict(r) for r in rows]}
+    (out / "results.json").write_text(json.dumps(results, indent=1))
+    (out / "summary.md").write_text(summary_markdown(results))  # the README's tables
+    return markdown
+
+
+def main(argv: list[str] | None = None, prog: str = "python -m autotile.cli.bench") -> int:
+    """The benchmark: arguments checked (`_checked`), then --random's run, or the ceilings, --tune's tuning
+    (`_tune_first`) and the fixed shape list (`_run_fixed`). Exit status 2 for a bad argument or no GPU, 1
+    for a tuning result the cache could not take, 130 when interrupted."""
+    args = _parser(prog).parse_args(argv)
+    name = prog.removeprefix("python -m ")  # error lines name the module, or `autotile bench`
+
+    from autotile.errors import AutotileError
+
     def fail(message: str, status: int = 2) -> int:
-        print(f"{prog.removeprefix('python -m ')}: error: {message}", file=sys.stderr)
+        print(f"{name}: error: {message}", file=sys.stderr)
         return status
 
-    # Every argument is checked before CuPy is imported or the GPU touched: a bad one found later would
-    # cost the ceilings' measurement first or, for --fix, hours of tuning the shapes before the one it breaks.
     try:
-        chosen = [k.strip() for k in args.kernels.split(",")]
-        unknown = [k for k in chosen if k not in ("matmul", "matvec")]
-        if unknown:
-            raise InvalidValueError(f"--kernels {args.kernels!r}: unknown kernel(s) {', '.join(map(repr, unknown))}; "
-                                    "choose from matmul, matvec (comma-separated)")
-        todo: list[tuple[str, tuple[int, ...], str, tuple[str, ...]]] = []
-        if "matmul" in chosen:
-            todo += [("matmul", s, "row", MATMUL_SEEDS) for s in (QUICK_MATMUL if args.quick else MATMUL_SHAPES)]
-        if "matvec" in chosen:
-            for s in (QUICK_MATVEC if args.quick else MATVEC_SHAPES):
-                todo += [("matvec", s, layout, MATVEC_SEEDS) for layout in ("row", "col")]
-        if args.only:
-            wanted = set()
-            for item in args.only.split(","):
-                parts = item.strip().split("x")
-                if len(parts) not in (2, 3) or not all(p.isdigit() and int(p) > 0 for p in parts):
-                    raise InvalidValueError(f"--only {args.only!r}: {item!r} is not a shape such as 4096x4096x4096 "
-                                            "(matmul) or 8192x8192 (matvec)")
-                wanted.add(tuple(int(p) for p in parts))
-            known = sorted({t[1] for t in todo}, key=lambda s: (len(s), s))
-            todo = [t for t in todo if t[1] in wanted]
-            if not todo:
-                raise InvalidValueError(
-                    f"--only {args.only!r} matches none of the shapes benchmarked for --kernels {args.kernels}"
-                    f"{' --quick' if args.quick else ''}: {', '.join('x'.join(map(str, s)) for s in known)}")
-        validate.count(args.tune, name="--tune", minimum=0)
-        validate.count(args.fallback, name="--fallback", minimum=0)
-        unused = [flag for flag, given in (("--retune", args.retune), ("--tune-only", args.tune_only),
-                                           ("--fix", bool(args.fix)), ("--tune-timeout", args.tune_timeout is not None))
-                  if given]
-        if unused and not args.tune:
-            raise InvalidValueError(f"{' and '.join(unused)} {'act' if len(unused) > 1 else 'acts'} only with "
-                                    "--tune TRIALS, which is not given")
-        validate.seconds(args.tune_timeout, name="--tune-timeout", allow_none=True)
-        fix = validate.fix_items(args.fix, name="--fix")
-        for kernel in sorted({t[0] for t in todo}) if fix else ():
-            try:
-                kernels.get(kernel).space.restricted(fix)
-            except AutotileError as exc:  # every kernel tuned takes the same --fix
-                raise InvalidValueError(f"--fix: {exc} (--fix applies to every kernel in --kernels)") from None
-        out: Path = validate.writable_folder(args.out, name="--out")
-        random_n = _whole_number(args.random, "--random", "a whole number of shapes per kernel, at least 1")
-        seed = _whole_number(args.seed, "--seed", f"an integer in 0..{validate.SEED_MAX}")
-        multiple = _whole_number(args.multiple, "--multiple", "a whole number of elements, at least 1")
-        if multiple is not None:
-            validate.count(multiple, name="--multiple", minimum=1)
-            if random_n is None:
-                raise InvalidValueError("--multiple acts only with --random N, which is not given")
-        if random_n is not None:
-            validate.count(random_n, name="--random", minimum=1)
-            others = [flag for flag, given in (("--quick", args.quick), ("--only", args.only is not None),
-                                               ("--tune", bool(args.tune)), ("--fallback", bool(args.fallback)),
-                                               ("--overhead", args.overhead)) if given]
-            if others:
-                raise InvalidValueError(f"--random does not combine with {', '.join(others)}: it replaces the fixed "
-                                        "shape list (it takes --kernels, --dtype, --seed and --out)")
-        elif seed is not None:
-            raise InvalidValueError("--seed acts only with --random N, which is not given")
-        if seed is not None:
-            validate.seed(seed, name="--seed")
-        precisions = parse_precisions(args.precision)
+        request = _checked(args)
     except AutotileError as exc:
         return fail(str(exc))
-
     try:
         from autotile.runtime.device import live_device
 
         limits = live_device()  # before CuPy is imported: no GPU or no CuPy is one line, not a traceback
 
-        if random_n is not None:
-            return _run_random(chosen, random_n, seed or 0, args.dtype, out, limits, precisions, multiple or 1)
+        if request.random_n is not None:
+            return _run_random(request.chosen, request.random_n, request.seed or 0, args.dtype, request.out, limits,
+                               request.precisions, request.multiple or 1)
 
         import cupy
 
@@ -650,69 +753,17 @@ def main(argv: list[str] | None = None, prog: str = "python -m autotile.cli.benc
         ceilings = measure_ceilings(limits)
         flush = L2Flusher(limits.l2_bytes)
         rng = cupy.random.default_rng(2026)
-        rows: list[Row] = []
         if args.tune:
-            from autotile.tuning.api import tune
-
-            for kernel, shape, layout, _ in todo:
-                for setting in settings_for(kernel, args.dtype, precisions):
-                    sel = select(ProblemKey(kernel, args.dtype, layout, shape), limits, precision=setting or None)
-                    if sel.source == "exact" and not args.retune:
-                        continue
-                    t0 = time.time()
-                    # Re-tuning starts from the config in use, so the new entry is never slower than the old
-                    # one, and from this shape's own entry where a template change has retired it (still a good
-                    # guess). Both as the setting allows: the tuner leaves out a start outside its space.
-                    start = ({f"in use ({sel.source})": sel.config}
-                             if sel.source != "built-in default" and sel.config is not None else {})
-                    retired = _retired_entry(kernel, args.dtype, layout, shape, limits.fingerprint, setting)
-                    if retired is not None and retired != sel.config:
-                        start["this shape's retired entry"] = retired
-                    result = tune(kernel, shape, dtype=args.dtype, layout=layout, trials=args.tune,
-                                  timeout=args.tune_timeout, start=start or None, fix=fix or None,
-                                  precision=setting or None)
-                    label = f"{kernel} {layout} {'x'.join(map(str, shape))}" + (f" {setting}" if setting else "")
-                    print(f"tuned {label}: {result.best.median_ms:.4f} ms, {result.vs_baseline or 0:.2f}x cuBLAS, "
-                          f"{time.time() - t0:.0f} s", flush=True)
-                    note = getattr(result, "save_note", None)  # fields of newer libraries: read with getattr
-                    if note:
-                        print(note, flush=True)
-                    error = getattr(result, "save_error", None)
-                    if error:  # the next shapes' tuning would be lost the same way, and the benchmark not use it
-                        where = getattr(result, "saved_path", None) or "the cache"
-                        return fail(f"{label} was tuned but not saved to {where}: {' '.join(str(error).split())}", 1)
+            stopped = _tune_first(request, limits)
+            if stopped is not None:  # the next shapes' winners would be lost the same way
+                return fail(stopped, 1)
         if args.tune_only:
             return 0
-        for kernel, shape, layout, seeds in todo:
-            new = _bench_problem(kernel, shape, layout, args.dtype, seeds, limits, ceilings, flush, rng,
-                                 settings_for(kernel, args.dtype, precisions))
-            rows += new
-            for r in new:
-                print(f"{r.kernel:<6} {r.layout:<3} {'x'.join(map(str, r.shape)):<17} {r.name:<28} {r.precision:<7} "
-                      f"{r.time_ms:9.4f} ms {r.metric:>10,.0f} {r.unit:<7} {r.vs_cublas:5.2f}x cuBLAS "
-                      f"{r.vs_ceiling:5.2f}x ceiling" + ("" if r.error == r.error else "  WRONG RESULT"), flush=True)
-        if args.fallback:
-            for kernel, shape, layout in FALLBACK:
-                new = _fallback_problem(kernel, shape, layout, args.dtype, args.fallback, limits, ceilings, flush,
-                                        rng)
-                rows += new
-                print(f"fallback {kernel} {layout} {'x'.join(map(str, shape))}: {new[1].name} runs at "
-                      f"{new[2].time_ms / new[1].time_ms:.2f}x the speed of a config tuned for the shape "
-                      f"({new[1].vs_cublas:.2f} vs {new[2].vs_cublas:.2f} x cuBLAS)", flush=True)
-        overhead = host_overhead() if args.overhead else {}
-        for name, us in overhead.items():
-            print(f"host time per call: {name:<30} {us:6.1f} us", flush=True)
-        out.mkdir(parents=True, exist_ok=True)
-        markdown = to_markdown(rows, env, ceilings)
-        (out / "results.md").write_text(markdown)
-        results = {"environment": env, "ceilings": ceilings, "host_overhead_us": overhead,
-                   "rows": [dataclasses.asdict(r) for r in rows]}
-        (out / "results.json").write_text(json.dumps(results, indent=1))
-        (out / "summary.md").write_text(summary_markdown(results))  # the README's tables
+        markdown = _run_fixed(request, limits, env, ceilings, flush, rng)
     except AutotileError as exc:
         return fail(str(exc))
     except KeyboardInterrupt:
-        print(f"{prog.removeprefix('python -m ')}: interrupted", file=sys.stderr)
+        print(f"{name}: interrupted", file=sys.stderr)
         return 130
     print()
     print(markdown)
