@@ -483,6 +483,37 @@ def test_bench_problem_times_autotile_under_each_setting_against_one_cublas(monk
     assert asked == [None] and [r.precision for r in once] == ["", ""]
 
 
+def test_a_fixed_run_times_each_problem_and_writes_its_files(capsys, monkeypatch, tmp_path):
+    """The fixed shape list through `main` (the GPU's parts stubbed): each problem's rows printed as they
+    come, then results.md, results.json and summary.md written, and results.md printed last."""
+    monkeypatch.setattr("autotile.runtime.device.live_device", lambda *a, **k: PROFILES["h100"])
+    monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(
+        random=types.SimpleNamespace(default_rng=lambda seed: None)))
+    env = {"gpu": "GPU X", "date": "d", "cupy": "14", "cuda_runtime": 1, "driver": 2, "compiler": "nvrtc"}
+    monkeypatch.setattr(bench, "environment", lambda limits: dict(env))
+    ceilings = {"copy_gbps": 1.0, "read_gbps": 1.0, "fp32_peak_tflops": 1.0, "clock_mhz": 1.0}
+    monkeypatch.setattr(bench, "measure_ceilings", lambda limits: ceilings)
+    monkeypatch.setattr("autotile.runtime.timing.L2Flusher", lambda l2_bytes: None)
+    timed = []
+
+    def bench_problem(kernel, shape, layout, dtype, seeds, limits, ceilings, flush, rng, settings):
+        timed.append((kernel, shape, layout, tuple(settings)))
+        return [bench.Row(kernel, layout, shape, name, ms, 0.01, 1.0, "GFLOP/s", 2.0 / ms, 0.5, 1e-6)
+                for name, ms in (("cuBLAS", 2.0), ("autotile (exact)", 1.0))]
+
+    monkeypatch.setattr(bench, "_bench_problem", bench_problem)
+    out = tmp_path / "out"
+    assert bench.main(["--kernels", "matmul", "--quick", "--precision", "high", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert [t[0] for t in timed] == ["matmul"] * len(bench.QUICK_MATMUL)
+    assert all(t[3] == ("high",) for t in timed)
+    assert sum(line.startswith("matmul row ") for line in printed.splitlines()) == 2 * len(bench.QUICK_MATMUL)
+    results = json.loads((out / "results.json").read_text())
+    assert len(results["rows"]) == 2 * len(bench.QUICK_MATMUL) and results["ceilings"] == ceilings
+    assert (out / "summary.md").exists()
+    assert printed.rstrip().endswith((out / "results.md").read_text().rstrip())
+
+
 def test_summary_table_has_a_line_per_setting():
     data = json.loads((REPO / "tests" / "data" / "bench_results_h200.json").read_text())
     rows = data["rows"]
