@@ -747,3 +747,20 @@ def test_model_can_learn_every_multi_element_copier_from_shapes_of_the_query_kin
     assert mixed.candidate.name == "tf32x3-32" and by_kind.candidate.name == "cublas"
     assert model.choose((8, 516, 518, 516), ModelParams(3, 0.05, 0.97, True)).candidate.name == "cublas"  # N
     assert model.choose((8, 524, 524, 524), ModelParams(3, 0.05, 0.97, True)).candidate.name == "tf32x3-32"
+
+
+def test_a_gpus_own_databases_of_neighbouring_families_come_before_a_siblings():
+    """`database.find_first`: the GPU's own database of the problem or of a family it borrows from
+    (float16's bfloat16) before another GPU's of the problem itself; a sibling's where the GPU has none of
+    any (the H200's int8)."""
+    from autotile.dispatch.cache import TuningCache
+
+    cache = TuningCache(None)
+    h100, h200 = PROFILES["h100"].fingerprint, PROFILES["h200"].fingerprint
+    half = [("matmul", "float16", "nn"), ("matmul", "bfloat16", "nn")]
+    assert (database.find_first(cache, h100, half).dtype, database.find_first(cache, h100, half).device) == \
+        ("bfloat16", h100)
+    assert (database.find_first(cache, h200, half).dtype, database.find_first(cache, h200, half).device) == \
+        ("float16", h200)
+    assert database.find_first(cache, h200, [("matmul", "int8", "nt")]).device == h100
+    assert database.find_first(cache, h200, half, accept=lambda db: False) is None

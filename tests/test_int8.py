@@ -315,7 +315,9 @@ def test_where_cublas_refuses_an_nt_shape_the_model_still_chooses():
 
 def test_a_gpu_without_its_own_database_reads_a_same_architecture_ones():
     """The H200 has no int8 database of its own: it reads the H100's (the same sm_90 kernels), and says so;
-    its own float32 and bfloat16 databases stay first, and the H100 reads the H200's float16 one."""
+    its own float32 and bfloat16 databases stay first. A float16 problem takes its own GPU's bfloat16
+    database before a sibling's float16 one (the GPU predicts more than the 16-bit type), but a sibling's
+    float16 batches before one matrix's choice on its own GPU."""
     from autotile.dispatch.cache import TuningCache
     from autotile.dispatch.select import select
 
@@ -326,7 +328,11 @@ def test_a_gpu_without_its_own_database_reads_a_same_architecture_ones():
         own = select(ProblemKey("matmul", dtype, "nn", (4096, 4096, 4096)), PROFILES["h200"], cache)
         assert own.source.startswith("model") and " on " not in own.source, own.explain()
     half = select(ProblemKey("matmul", "float16", "nn", (8192, 8192, 1024)), PROFILES["h100"], cache)
-    assert "on NVIDIA H200" in half.source, half.explain()
+    assert half.source.startswith("model") and "of matmul bfloat16" in half.source, half.source
+    assert " on " not in half.source, half.source
+    batch = select(ProblemKey("bmm", "float16", "nn", (24, 512, 512, 512)), PROFILES["h100"], cache)
+    assert batch.source.startswith("model") and "on NVIDIA H200" in batch.source, batch.source
+    assert "matmul" not in batch.source, batch.source
     assert "on NVIDIA H100" not in select(ProblemKey("matmul", "int8", "nt", (8192, 8192, 1024)), PROFILES["a100"],
                                           cache).source  # another architecture: no
 

@@ -95,6 +95,7 @@ class Context:
     accept: Callable[[Record], bool]  # which records count (current, and maybe same compiler)
     precision: str = precision_mod.DEFAULT  # the setting: what may run
     serves: ProblemKey | None = None  # a lender's context: the problem its choice is for (None: `key` itself)
+    siblings: bool = True  # the model step may read another GPU's database where the GPU has none (`find`)
 
 
 Step = Callable[[Context], "Selection | None"]
@@ -188,7 +189,8 @@ def model(ctx: Context) -> Selection | None:
     from autotile.dispatch import database
     from autotile.dispatch.model import model_for, params_of
 
-    db = database.find(ctx.cache, ctx.device.fingerprint, *_key_parts(ctx.key))
+    parts = _key_parts(ctx.key)
+    db = (database.find if ctx.siblings else database.load)(ctx.cache, ctx.device.fingerprint, *parts)
     if db is None or not db.shapes or not db.covers(ctx.key.shape):
         return None
     # where the vendor's call cannot run the problem (int8 shapes cuBLAS refuses; an 8-bit float problem
@@ -291,10 +293,10 @@ def select(key: ProblemKey, device: DeviceLimits, cache: TuningCache | None = No
     strict = Context(key, device, cache, counts, setting)
     lenders = [dataclasses.replace(strict, key=k, serves=key) for k in borrowed_keys(key)]
     for steps in ((exact, model), (nearest, device_default)):
-        for ctx in (strict, *lenders):
+        for ctx in (*_own_gpu_first(strict, lenders), strict, *lenders):
             for step in steps:
                 found = step(ctx)
-                if found is not None and ctx is not strict:
+                if found is not None and ctx.serves is not None:
                     found = borrowed(found, ctx.key, key, device)
                 if found is not None:
                     return found
@@ -308,6 +310,18 @@ def select(key: ProblemKey, device: DeviceLimits, cache: TuningCache | None = No
                 how = tuned_with(found.record) if found.record else "?"
                 return dataclasses.replace(found, source=f"{found.source}, tuned with {how}")
     return builtin_default(strict)
+
+
+def _own_gpu_first(strict: Context, lenders: list[Context]) -> list[Context]:
+    """The contexts asked before the chain's own order (the problem, then its lenders, each through `find`:
+    the GPU's database, else a sibling GPU's): the problem and its lenders of the same kernel (another layout,
+    float16's bfloat16) on the GPU's own databases only, as `database.find_first` orders them (why: there).
+    A lender of another kernel (a batch borrowing one matrix's choice, 0.91x cuBLAS on the 16-bit batches)
+    stays after the sibling's database of the problem's own kernel."""
+    same_kernel = [c for c in lenders if c.key.kernel == strict.key.kernel]
+    if not same_kernel:
+        return []
+    return [dataclasses.replace(c, siblings=False) for c in (strict, *same_kernel)]
 
 
 # -- borrowing another problem's choice -----------------------------------------------------------------

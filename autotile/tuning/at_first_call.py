@@ -39,7 +39,7 @@ class FirstCallWarning(UserWarning):
 def candidates(key: ProblemKey, device: DeviceLimits, cache: Any, precision: str | None = None) -> list[Selection]:
     """What is timed: the model's ranking of the usable candidates of the problem's database, or of the
     first database it borrows (`dispatch.select.borrowed_keys`: float16 bfloat16's, the 8-bit floats
-    int8's), this GPU's or, where it has none, a sibling GPU's (`database.find`), at most MAX_CANDIDATES,
+    int8's), this GPU's before a sibling GPU's (`database.find_first`), at most MAX_CANDIDATES,
     or, without one, the configs tuned on this device; and cuBLAS where it can run the problem. Only what
     the precision setting allows (None: the process-wide setting)."""
     from autotile.codegen.space import Problem
@@ -53,9 +53,9 @@ def candidates(key: ProblemKey, device: DeviceLimits, cache: Any, precision: str
     problem = Problem(device, key.dtype, key.layout)
     cublas_runs = unsupported_reason(key) is None
     found: dict[Any, Selection] = {}
-    lender = next((db for db in (database.find(cache, device.fingerprint, k.kernel, k.dtype, k.layout)
-                                 for k in (key, *borrowed_keys(key)) if k.kernel == key.kernel)
-                   if db is not None and db.shapes and db.covers(key.shape)), None)
+    families = [(k.kernel, k.dtype, k.layout) for k in (key, *borrowed_keys(key)) if k.kernel == key.kernel]
+    lender = database.find_first(cache, device.fingerprint, families,
+                                 accept=lambda db: bool(db.shapes) and db.covers(key.shape))
     if lender is not None:
         m = model_for(lender, device, cublas_runs)
         ranked = m.rank(key.shape, setting=setting)

@@ -55,12 +55,14 @@ def jobs(limits: DeviceLimits, cache: TuningCache, kernel_names: Iterable[str] |
          shapes: Iterable[tuple[int, ...]] = ()) -> list[Job]:
     """The kernels to build for a GPU of `limits`: for each kernel, dtype and layout asked for (None: all),
     the space's named configs that are feasible there, then the candidates of the shape database that
-    serves the problem family on that GPU (`database.find`: its own, else a sibling's) that the selection
-    model would run there (`model.usable_config`: current and feasible), each source once.
+    serves the problem family on that GPU (`database.find_first`: its own or a lender's, else a sibling's)
+    that the selection model would run there (`model.usable_config`: current and feasible), each source once.
     With `shapes` (each one a kernel's: as many sizes as its dimensions), also each of those configs as a
     tune of that shape runs it, fitted with a K split where its tiles leave SMs idle (`propose.filled`)."""
+    from autotile.codegen.problem import ProblemKey
     from autotile.dispatch import database
     from autotile.dispatch.model import usable_config
+    from autotile.dispatch.select import borrowed_keys
     from autotile.tuning.propose import filled
 
     cc = limits.compute_capability
@@ -75,7 +77,9 @@ def jobs(limits: DeviceLimits, cache: TuningCache, kernel_names: Iterable[str] |
                 layout = spec.layout(layout)
                 problem = Problem(limits, dtype, layout)
                 configs = [(f"named {n}", c) for n, c in space.named_configs.items() if space.is_feasible(c, problem)]
-                db = database.find(cache, limits.fingerprint, name, dtype, layout)
+                family = ProblemKey(name, dtype, layout, (1,) * len(spec.dims))  # any shape: the family's lenders
+                families = [(k.kernel, k.dtype, k.layout) for k in (family, *borrowed_keys(family)) if k.kernel == name]
+                db = database.find_first(cache, limits.fingerprint, families)
                 if db is not None:
                     for cand in db.candidates:
                         usable = usable_config(db, cand, problem)  # what the selection model would run: feasible
