@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from autotile.codegen.limits import DeviceLimits
 
 
-def gpu_or_error(prog: str, torch: bool = False) -> Any:
+def gpu_or_error(prog: str, torch: bool = False) -> DeviceLimits | None:
     """The live GPU's `DeviceLimits` (and torch imported, where `torch`), or None after printing one line
     that says what is missing: a benchmark's first step, so that a machine without a GPU (or torch) gets
     the error line and exit status 2 every other bad input gets, not a traceback."""

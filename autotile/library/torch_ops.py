@@ -132,10 +132,7 @@ def _autograd_kernel(function: type[torch.autograd.Function], kernel: Callable[.
 
 
 def _matvec_kernel(A: torch.Tensor, x: torch.Tensor, precision: Optional[str] = None) -> torch.Tensor:
-    known = calls.repeated_call(A, x, None, precision, "matvec")  # as `_matmul_kernel`
-    if known is not None:
-        return known(A, x, None, None)
-    return calls.matvec_no_autograd(A, x, precision=precision)
+    return calls.matvec_no_autograd(A, x, precision=precision)  # which takes the per-call path first
 
 
 def _matvec_shape(A: torch.Tensor, x: torch.Tensor, precision: Optional[str] = None) -> torch.Tensor:
