@@ -12,6 +12,7 @@ Writes a Markdown table (`emulation.md`) and the rows as JSON (`emulation.json`)
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import pathlib
@@ -75,7 +76,7 @@ def sampled_errors(outs: list[Any], a: Any, b: Any, samples: int, seed: int) -> 
 
 
 def bench_case(shape: tuple[int, int, int], dtype: str, kind: str, flush: Any, samples: int = 64,
-               seed: int = 0, bits: int | None = None) -> dict[str, Any]:
+               seed: int = 0, bits: int | None = None, residue_epilogue: bool | None = None) -> dict[str, Any]:
     """One problem: times (ms), the emulation's phases (ms), the errors, the rule's choice."""
     import cupy
 
@@ -97,7 +98,8 @@ def bench_case(shape: tuple[int, int, int], dtype: str, kind: str, flush: Any, s
 
     def emulate(events: list[Any] | None = None, report: dict[str, int] | None = None) -> None:
         stream = cupy.cuda.get_current_stream().ptr
-        emulation.run(framework, op_a, op_b, op_c, plan.layout, shape, stream, gemm, events, report, bits)
+        emulation.run(framework, op_a, op_b, op_c, plan.layout, shape, stream, gemm, events, report, bits,
+                      residue_epilogue)
 
     t_emulated = time_launch(emulate, flush, min_reps=5, target_ms=300.0).median_ms
     events: list[Any] = []
@@ -109,7 +111,9 @@ def bench_case(shape: tuple[int, int, int], dtype: str, kind: str, flush: Any, s
     row: dict[str, Any] = {"dtype": dtype, "shape": list(shape), "inputs": kind, "emulated_ms": t_emulated,
                            "cublas_ms": t_native, "phases_ms": dict(zip(PHASES, phases, strict=True)),
                            "picked": emulation.pays(dtype, shape), "guard": guard,
-                           "moduli": scheme(dtype, shape[2], bits).count, "beta": scheme(dtype, shape[2], bits).beta}
+                           "moduli": scheme(dtype, shape[2], bits).count, "beta": scheme(dtype, shape[2], bits).beta,
+                           "int8_kernel": gemm((m, n, -(-k // emulation.K_ALIGN) * emulation.K_ALIGN))
+                           .prepared.selection.explain()}
     if dtype == "float32":
         high = cupy.empty((m, n), dtype)
         row["high_ms"] = time_launch(lambda: matmul(a, b, out=high, precision="high"), flush,
@@ -135,8 +139,8 @@ def markdown(rows: list[dict[str, Any]], device: str) -> str:
              "speedup = cuBLAS time / emulated time, errors ||C - exact|| / ||exact|| on sampled elements.", "",
              "| dtype | M x N x K | inputs | moduli, beta | emulated | cuBLAS | speedup | picked | autotile high | "
              "error emulated | error cuBLAS | error high | phases (stats, residues, int8, rebuild, fix-up) | "
-             "guard failed (runs of 32, whole tiles) | int8 residue epilogue |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "guard failed (runs of 32, whole tiles) | int8 residue epilogue | int8 products |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         phases = ", ".join(f"{v:.2f}" for v in r["phases_ms"].values())
         high = f"{r['high_ms']:.2f}" if "high_ms" in r else "-"
@@ -146,7 +150,7 @@ def markdown(rows: list[dict[str, Any]], device: str) -> str:
                      f"{r['cublas_ms']:.2f} | {r['speedup']:.2f}x | {'yes' if r['picked'] else 'no'} | {high} | "
                      f"{r['emulated_error']:.1e} | {r['cublas_error']:.1e} | {high_err} | {phases} | "
                      f"{r['guard']['failed_runs']}, {r['guard']['whole_tiles']} of {r['guard']['tiles']} | "
-                     f"{'yes' if r['guard'].get('residue_epilogue') else 'no'} |")
+                     f"{'yes' if r['guard'].get('residue_epilogue') else 'no'} | {r.get('int8_kernel', '-')} |")
     return "\n".join(lines) + "\n"
 
 
@@ -160,6 +164,9 @@ def main(argv: list[str] | None = None, prog: str = "python -m autotile.cli.benc
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--bits", type=int, default=None,
                         help="bits each scaled operand keeps (default: the type's mantissa, 53 or 24)")
+    parser.add_argument("--residue-epilogue", nargs="+", choices=["on", "off"], default=None,
+                        help="time the int8 products leaving as int8 residues (on), as int32 sums (off), or both "
+                             "(default: the library's setting, autotile.library.emulation.RESIDUE_EPILOGUE)")
     parser.add_argument("--out", default="bench-results")
     args = parser.parse_args(argv)
     if gpu_or_error(parser.prog) is None:
@@ -172,9 +179,10 @@ def main(argv: list[str] | None = None, prog: str = "python -m autotile.cli.benc
     flush = L2Flusher(int(cupy.cuda.Device().attributes["L2CacheSize"]))
     cases = [((s, s, s), d, kind) for d in args.dtype for s in args.sizes for kind in args.inputs]
     cases += [(shape, d, "normal") for d in args.dtype for shape in random_shapes(args.random, args.seed)]
+    epilogues = [None] if args.residue_epilogue is None else [v == "on" for v in args.residue_epilogue]
     rows = []
-    for shape, dtype, kind in cases:
-        rows.append(bench_case(shape, dtype, kind, flush, seed=args.seed, bits=args.bits))
+    for (shape, dtype, kind), epilogue in itertools.product(cases, epilogues):
+        rows.append(bench_case(shape, dtype, kind, flush, seed=args.seed, bits=args.bits, residue_epilogue=epilogue))
         print(json.dumps(rows[-1]), flush=True)
         cupy.get_default_memory_pool().free_all_blocks()
     out = pathlib.Path(args.out)

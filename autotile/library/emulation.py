@@ -101,7 +101,8 @@ def _ptr(v: int) -> np.uint64:
 
 def run(framework: Framework, a: Operand, b: Operand, c: Operand, layout: str, shape: tuple[int, int, int],
         stream_ptr: int, int8_gemm: Any, events: list[Any] | None = None,
-        report: dict[str, int] | None = None, bits: int | None = None) -> None:
+        report: dict[str, int] | None = None, bits: int | None = None,
+        residue_epilogue: bool | None = None) -> None:
     """C = A B by emulation, on the stream `stream_ptr` of the operands' device (current). `layout` and
     `shape` (M, N, K) as the call's plan has them; `int8_gemm(shape)` gives what runs an int8 nt matmul of
     `shape` as `(pointers, out_ptr, out_nbytes, stream_ptr) -> None`. `events`, where given, gets a
@@ -109,7 +110,7 @@ def run(framework: Framework, a: Operand, b: Operand, c: Operand, layout: str, s
     `report`, where given, the guard's counts once the call is done (it waits): runs of 32 elements of a
     row holding a failed one, output tiles recomputed whole, tiles in all. Both are the benchmark's, as
     is `bits` (the bits each scaled operand keeps; None: `autotile.codegen.emulation`'s default for the
-    type)."""
+    type) and `residue_epilogue` (None: `RESIDUE_EPILOGUE`)."""
     import cupy
 
     from autotile.runtime.impl import cupy_stream
@@ -142,7 +143,8 @@ def run(framework: Framework, a: Operand, b: Operand, c: Operand, layout: str, s
     products = int8_gemm((m, n, kp))
     # With RESIDUE_EPILOGUE, and where the selection runs a generated kernel that has one, each product
     # leaves as int8 residues; else as int32 sums (reduced by the rebuild).
-    residue_launches = [products.residues(modulus) if RESIDUE_EPILOGUE else None for modulus in s.moduli]
+    epilogue = RESIDUE_EPILOGUE if residue_epilogue is None else residue_epilogue
+    residue_launches = [products.residues(modulus) if epilogue else None for modulus in s.moduli]
     fused = all(launch is not None for launch in residue_launches)
     sums = allocate(s.count * m * n, "int8" if fused else "int32")
     magnitudes = allocate(m * n, "int32")
