@@ -24,6 +24,7 @@ from autotile.cli import gpu_or_error
 
 KINDS = ("normal", "wide", "cancel")
 PHASES = ("statistics", "residues", "int8 products", "rebuild", "fix-up")
+BACK_TO_BACK = 10  # calls timed back to back, between two events
 
 
 def _inputs(cupy: Any, kind: str, shape: tuple[int, int, int], dtype: str, seed: int) -> tuple[Any, Any]:
@@ -76,8 +77,10 @@ def sampled_errors(outs: list[Any], a: Any, b: Any, samples: int, seed: int) -> 
 
 
 def bench_case(shape: tuple[int, int, int], dtype: str, kind: str, flush: Any, samples: int = 64,
-               seed: int = 0, bits: int | None = None, residue_epilogue: bool | None = None) -> dict[str, Any]:
-    """One problem: times (ms), the emulation's phases (ms), the errors, the rule's choice."""
+               seed: int = 0, bits: int | None = None, residue_epilogue: bool | None = None,
+               int8_config: str | None = None) -> dict[str, Any]:
+    """One problem: times (ms), the emulation's phases (ms), the errors, the rule's choice. `int8_config`: a
+    named int8 matmul config the products run instead of the library's selection."""
     import cupy
 
     from autotile.codegen.emulation import scheme
@@ -94,7 +97,7 @@ def bench_case(shape: tuple[int, int, int], dtype: str, kind: str, flush: Any, s
     plan = plan_matmul(op_a.shape, op_a.strides, op_b.shape, op_b.strides)
     emulated, native = cupy.empty((m, n), dtype), cupy.empty((m, n), dtype)
     op_c = as_framework(framework, emulated, "out")
-    gemm = calls._int8_gemm(framework, op_a.device)
+    gemm = calls._int8_gemm(framework, op_a.device) if int8_config is None else _forced_gemm(framework, int8_config)
 
     def emulate(events: list[Any] | None = None, report: dict[str, int] | None = None) -> None:
         stream = cupy.cuda.get_current_stream().ptr
@@ -106,9 +109,18 @@ def bench_case(shape: tuple[int, int, int], dtype: str, kind: str, flush: Any, s
     guard: dict[str, int] = {}
     emulate(events, guard)
     phases = [cupy.cuda.get_elapsed_time(s, e) for s, e in zip(events, events[1:], strict=False)]
+    # back to back, as a model's layers run it: the calls' own enqueueing between them, no flush
+    begin, end = cupy.cuda.Event(), cupy.cuda.Event()
+    begin.record()
+    for _ in range(BACK_TO_BACK):
+        emulate()
+    end.record()
+    end.synchronize()
+    t_back_to_back = cupy.cuda.get_elapsed_time(begin, end) / BACK_TO_BACK
     t_native = time_launch(lambda: cupy.matmul(a, b, out=native), flush, min_reps=5, target_ms=300.0).median_ms
     outs = [emulated, native]
     row: dict[str, Any] = {"dtype": dtype, "shape": list(shape), "inputs": kind, "emulated_ms": t_emulated,
+                           "back_to_back_ms": t_back_to_back,
                            "cublas_ms": t_native, "phases_ms": dict(zip(PHASES, phases, strict=True)),
                            "picked": emulation.pays(dtype, shape), "guard": guard,
                            "moduli": scheme(dtype, shape[2], bits).count, "beta": scheme(dtype, shape[2], bits).beta,
@@ -127,6 +139,27 @@ def bench_case(shape: tuple[int, int, int], dtype: str, kind: str, flush: Any, s
     return row
 
 
+def _forced_gemm(framework: Any, name: str) -> Any:
+    """What `calls._int8_gemm` gives, running the named int8 config on every shape (prepared once per shape)."""
+    from autotile.codegen import kernels
+    from autotile.codegen.problem import ProblemKey
+    from autotile.dispatch.select import Selection
+    from autotile.library import calls
+    from autotile.runtime.impl import Generated
+
+    config = kernels.get("matmul").space.named(name)
+    prepared: dict[tuple[int, int, int], Any] = {}
+
+    def gemm(shape: tuple[int, int, int]) -> Any:
+        if shape not in prepared:
+            runner = Generated(config).prepare(ProblemKey("matmul", "int8", "nt", shape))
+            selection = Selection(config, "forced (--int8-config)", None)
+            prepared[shape] = calls._Int8Products(calls._Prepared(runner, selection), shape, framework.allocate)
+        return prepared[shape]
+
+    return gemm
+
+
 def random_shapes(count: int, seed: int, low: int = 1024, high: int = 16384) -> list[tuple[int, int, int]]:
     """`count` shapes, each side log-uniform in [low, high], drawn at run time from `seed`."""
     rng = np.random.default_rng(seed)
@@ -137,16 +170,18 @@ def random_shapes(count: int, seed: int, low: int = 1024, high: int = 16384) -> 
 def markdown(rows: list[dict[str, Any]], device: str) -> str:
     lines = [f"Emulated matmul (precision=\"emulated\") on {device}: time in ms (CUDA events, L2 flushed, median), "
              "speedup = cuBLAS time / emulated time, errors ||C - exact|| / ||exact|| on sampled elements.", "",
-             "| dtype | M x N x K | inputs | moduli, beta | emulated | cuBLAS | speedup | picked | autotile high | "
-             "error emulated | error cuBLAS | error high | phases (stats, residues, int8, rebuild, fix-up) | "
-             "guard failed (runs of 32, whole tiles) | int8 residue epilogue | int8 products |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "| dtype | M x N x K | inputs | moduli, beta | emulated | back to back | cuBLAS | speedup | picked | "
+             "autotile high | error emulated | error cuBLAS | error high | "
+             "phases (stats, residues, int8, rebuild, fix-up) | guard failed (runs of 32, whole tiles) | "
+             "int8 residue epilogue | int8 products |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         phases = ", ".join(f"{v:.2f}" for v in r["phases_ms"].values())
         high = f"{r['high_ms']:.2f}" if "high_ms" in r else "-"
         high_err = f"{r['high_error']:.1e}" if "high_error" in r else "-"
         lines.append(f"| {r['dtype']} | {'x'.join(map(str, r['shape']))} | {r['inputs']} | "
                      f"{r['moduli']}, {r['beta']} | {r['emulated_ms']:.2f} | "
+                     f"{r.get('back_to_back_ms', math.nan):.2f} | "
                      f"{r['cublas_ms']:.2f} | {r['speedup']:.2f}x | {'yes' if r['picked'] else 'no'} | {high} | "
                      f"{r['emulated_error']:.1e} | {r['cublas_error']:.1e} | {high_err} | {phases} | "
                      f"{r['guard']['failed_runs']}, {r['guard']['whole_tiles']} of {r['guard']['tiles']} | "
@@ -167,6 +202,9 @@ def main(argv: list[str] | None = None, prog: str = "python -m autotile.cli.benc
     parser.add_argument("--residue-epilogue", nargs="+", choices=["on", "off"], default=None,
                         help="time the int8 products leaving as int8 residues (on), as int32 sums (off), or both "
                              "(default: the library's setting, autotile.library.emulation.RESIDUE_EPILOGUE)")
+    parser.add_argument("--int8-config", nargs="+", default=None, metavar="NAME",
+                        help="named int8 matmul configs the products run instead of the library's selection "
+                             "('library': the selection), each timed")
     parser.add_argument("--out", default="bench-results")
     args = parser.parse_args(argv)
     if gpu_or_error(parser.prog) is None:
@@ -180,9 +218,11 @@ def main(argv: list[str] | None = None, prog: str = "python -m autotile.cli.benc
     cases = [((s, s, s), d, kind) for d in args.dtype for s in args.sizes for kind in args.inputs]
     cases += [(shape, d, "normal") for d in args.dtype for shape in random_shapes(args.random, args.seed)]
     epilogues = [None] if args.residue_epilogue is None else [v == "on" for v in args.residue_epilogue]
+    configs = [None if name == "library" else name for name in args.int8_config or ["library"]]
     rows = []
-    for (shape, dtype, kind), epilogue in itertools.product(cases, epilogues):
-        rows.append(bench_case(shape, dtype, kind, flush, seed=args.seed, bits=args.bits, residue_epilogue=epilogue))
+    for (shape, dtype, kind), epilogue, config in itertools.product(cases, epilogues, configs):
+        rows.append(bench_case(shape, dtype, kind, flush, seed=args.seed, bits=args.bits, residue_epilogue=epilogue,
+                               int8_config=config))
         print(json.dumps(rows[-1]), flush=True)
         cupy.get_default_memory_pool().free_all_blocks()
     out = pathlib.Path(args.out)
