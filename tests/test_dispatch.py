@@ -752,7 +752,7 @@ def test_model_can_learn_every_multi_element_copier_from_shapes_of_the_query_kin
 def test_a_gpus_own_databases_of_neighbouring_families_come_before_a_siblings():
     """`database.find_first`: the GPU's own database of the problem or of a family it borrows from
     (float16's bfloat16) before another GPU's of the problem itself; a sibling's where the GPU has none of
-    any (the H200's int8)."""
+    any (the H200's bfloat16 matvec)."""
     from autotile.dispatch.cache import TuningCache
 
     cache = TuningCache(None)
@@ -762,5 +762,5 @@ def test_a_gpus_own_databases_of_neighbouring_families_come_before_a_siblings():
         ("bfloat16", h100)
     assert (database.find_first(cache, h200, half).dtype, database.find_first(cache, h200, half).device) == \
         ("float16", h200)
-    assert database.find_first(cache, h200, [("matmul", "int8", "nt")]).device == h100
+    assert database.find_first(cache, h200, [("matvec", "bfloat16", "row")]).device == h100
     assert database.find_first(cache, h200, half, accept=lambda db: False) is None
