@@ -122,6 +122,8 @@ class KernelSpec:
             maps: tuple[TensorBox, ...] = _direct_boxes(config, shape[-3:], self.layout(layout), DTYPE_SIZES[dtype])
         else:
             maps = _tensor_boxes(config, shape[-3:], self.layout(layout)) if config.get("LOADER") == "tma" else ()
+        if len(shape) == 4:  # a batch: 3-D maps, the batch their third coordinate
+            maps = tuple(dataclasses.replace(box, batch=shape[0]) for box in maps)
         if config["SPLIT_K"] > 1 and config.get("SPLIT_REDUCE", "atomic") == "last_block":
             workspace, tickets = self.split_buffers(config, shape)
             # partial sums are kept in the accumulator's type: float32 for the 16-bit types, int8's int32

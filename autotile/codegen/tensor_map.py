@@ -6,6 +6,10 @@ The driver encodes it on the host (`cuTensorMapEncodeTiled`, a pure function: no
 needed), and the kernel gets it by value as a `__grid_constant__` parameter, so a launch costs no copy to
 the GPU. Here: when a matrix can be described at all, the encoding, and a small cache of encodings by
 address (a model's weights come back at the same addresses call after call).
+
+A batch of matrices (bmm) is one 3-D tensor: its matrices `batch_stride` elements apart, the batch the third
+coordinate of every copy, so a block copies from its own matrix with the same map; an operand shared by the
+whole batch (a batch stride of 0) is a batch of one, read at batch coordinate 0.
 """
 
 from __future__ import annotations
@@ -40,7 +44,8 @@ class TensorBox:
     The matrix as it is stored: rows of `inner` contiguous elements, `outer` rows, each row right after
     the previous one (a row stride of `inner`). Each copy moves a box of `box_inner` x `box_outer`
     elements (box_inner x element_bytes bytes wide: 128 for the 128-byte swizzle). `operand` is the
-    input's index among the kernel's inputs (0: A, 1: B).
+    input's index among the kernel's inputs (0: A, 1: B). `batch`: 0 for one matrix (a 2-D map), else the
+    number of matrices of a batched launch (a 3-D map, each box one matrix's).
     """
 
     operand: int
@@ -49,10 +54,13 @@ class TensorBox:
     box_inner: int
     box_outer: int
     element_bytes: int = 4
+    batch: int = 0
 
-    def describable(self, pointer: int) -> bool:
-        """Whether a tensor map can describe this matrix at `pointer`: 16-byte aligned address and rows."""
-        return pointer % _ALIGNMENT == 0 and (self.inner * self.element_bytes) % _ALIGNMENT == 0
+    def describable(self, pointer: int, batch_stride: int = 0) -> bool:
+        """Whether a tensor map can describe this matrix (or batch, its matrices `batch_stride` elements
+        apart) at `pointer`: 16-byte aligned address, rows and matrices."""
+        return (pointer % _ALIGNMENT == 0 and (self.inner * self.element_bytes) % _ALIGNMENT == 0
+                and (batch_stride * self.element_bytes) % _ALIGNMENT == 0)
 
 
 _driver_lock = threading.Lock()
@@ -78,19 +86,38 @@ def _encoder() -> ctypes._CFuncPtr:  # type: ignore[name-defined]
         return _encode_function
 
 
-def encode(box: TensorBox, pointer: int) -> bytes:
-    """The 128-byte tensor map of the matrix at device address `pointer`, as `box` describes it.
-    Raises `TensorMapError` when the driver refuses (check `box.describable(pointer)` first)."""
+def dimensions(box: TensorBox, batch_stride: int = 0) -> tuple[list[int], list[int], list[int]]:
+    """The map's extents (elements, innermost first), strides (bytes, of every dimension but the innermost)
+    and box (elements): a matrix's two dimensions, and for a batched box a third, the batch (one matrix
+    where the operand is shared: `batch_stride` 0)."""
+    row_bytes = box.inner * box.element_bytes
+    extents, strides, boxes = [box.inner, box.outer], [row_bytes], [box.box_inner, box.box_outer]
+    if box.batch:
+        count = box.batch if batch_stride else 1
+        # a batch of one never steps to a second matrix: the matrix's own size (whole rows of 16-byte
+        # multiples) is a stride the driver takes
+        step = batch_stride * box.element_bytes if batch_stride else row_bytes * box.outer
+        extents, strides, boxes = extents + [count], strides + [step], boxes + [1]
+    return extents, strides, boxes
+
+
+def encode(box: TensorBox, pointer: int, batch_stride: int = 0) -> bytes:
+    """The 128-byte tensor map of the matrix (or batch, its matrices `batch_stride` elements apart) at
+    device address `pointer`, as `box` describes it. Raises `TensorMapError` when the driver refuses
+    (check `box.describable(pointer, batch_stride)` first)."""
     storage = (ctypes.c_uint8 * (MAP_BYTES + 64))()
     address = (ctypes.addressof(storage) + 63) & ~63  # the driver wants the map 64-byte aligned
-    extents = (ctypes.c_uint64 * 2)(box.inner, box.outer)
-    row_stride = (ctypes.c_uint64 * 1)(box.inner * box.element_bytes)  # bytes; the innermost is the element's size
-    box_dims = (ctypes.c_uint32 * 2)(box.box_inner, box.box_outer)
-    element_strides = (ctypes.c_uint32 * 2)(1, 1)
-    status = _encoder()(address, _DATA_TYPES[box.element_bytes], 2, pointer, extents, row_stride, box_dims,
+    dims, byte_strides, box_sizes = dimensions(box, batch_stride)
+    rank = len(dims)
+    extents = (ctypes.c_uint64 * rank)(*dims)
+    strides = (ctypes.c_uint64 * (rank - 1))(*byte_strides)  # the innermost is the element's size
+    box_dims = (ctypes.c_uint32 * rank)(*box_sizes)
+    element_strides = (ctypes.c_uint32 * rank)(*([1] * rank))
+    status = _encoder()(address, _DATA_TYPES[box.element_bytes], rank, pointer, extents, strides, box_dims,
                         element_strides, _INTERLEAVE_NONE, _SWIZZLE_128B, _L2_PROMOTION_256B, _OOB_FILL_ZEROS)
     if status != 0:
-        raise TensorMapError(f"cuTensorMapEncodeTiled refused {box} at 0x{pointer:x}: CUresult {status}")
+        raise TensorMapError(f"cuTensorMapEncodeTiled refused {box} at 0x{pointer:x} (batch stride {batch_stride}): "
+                             f"CUresult {status}")
     return ctypes.string_at(address, MAP_BYTES)
 
 
@@ -101,18 +128,21 @@ class TensorMapCache:
     def __init__(self, boxes: tuple[TensorBox, ...], capacity: int = 16):
         self.boxes = boxes
         self.capacity = capacity
-        self._maps: dict[tuple[int, ...], tuple[bytes, ...] | None] = {}
+        self._maps: dict[tuple[tuple[int, int], ...], tuple[bytes, ...] | None] = {}
         self._lock = threading.Lock()
 
-    def maps(self, pointers: tuple[int, ...]) -> tuple[bytes, ...] | None:
-        """One map per box for the inputs at `pointers`, or None where a box cannot describe its input
-        (the kernel then loads through registers)."""
-        key = tuple(pointers[box.operand] for box in self.boxes)
+    def maps(self, pointers: tuple[int, ...], batch_strides: tuple[int, ...] = ()) -> tuple[bytes, ...] | None:
+        """One map per box for the inputs at `pointers` (for a batched launch, their matrices
+        `batch_strides` elements apart), or None where a box cannot describe its input (the kernel then
+        loads through registers)."""
+        key = tuple((pointers[box.operand], batch_strides[box.operand] if box.batch and batch_strides else 0)
+                    for box in self.boxes)
         with self._lock:
             if key in self._maps:
                 return self._maps[key]
-        if all(box.describable(p) for box, p in zip(self.boxes, key, strict=True)):
-            maps: tuple[bytes, ...] | None = tuple(encode(box, p) for box, p in zip(self.boxes, key, strict=True))
+        if all(box.describable(p, stride) for box, (p, stride) in zip(self.boxes, key, strict=True)):
+            maps: tuple[bytes, ...] | None = tuple(encode(box, p, stride)
+                                                   for box, (p, stride) in zip(self.boxes, key, strict=True))
         else:
             maps = None
         with self._lock:
@@ -122,4 +152,4 @@ class TensorMapCache:
         return maps
 
 
-__all__ = ["MAP_BYTES", "TensorBox", "TensorMapCache", "TensorMapError", "encode"]
+__all__ = ["MAP_BYTES", "TensorBox", "TensorMapCache", "TensorMapError", "dimensions", "encode"]

@@ -150,9 +150,10 @@ class KernelRunner:
     later one does not.
 
     A kernel that copies its tiles with the tensor memory accelerator (wgmma, LOADER=tma) takes, last, a
-    flag and one tensor map per operand: encoded here for the operands' addresses (and cached by them);
-    where an operand cannot be described (misaligned, rows not a multiple of 16 bytes) or the kernel is
-    batched, the flag is 0 and the kernel loads through registers instead, with the same results.
+    flag and one tensor map per operand: encoded here for the operands' addresses (and, batched, their
+    batch strides: 3-D maps), cached by them; where an operand cannot be described (misaligned, rows or a
+    batch's matrices not a multiple of 16 bytes apart) the flag is 0 and the kernel loads through registers
+    instead, with the same results.
     """
 
     def __init__(self, kernel: Any, launch: kernels.Launch, sizes: tuple[Any, ...], batched: bool = False,
@@ -170,10 +171,10 @@ class KernelRunner:
         types += ("int64",) * (inputs if batched else 0) + (("ptr", "ptr") if launch.tickets else ())
         self._first_map = len(types)  # (tensor maps) the flag's slot; the maps follow it
         types += ("int32",) + ("tensormap",) * len(launch.tensor_maps) if launch.tensor_maps else ()
-        # Batched kernels take a batch's matrices at offsets a 2-D map cannot follow: registers there.
-        self._tensor_maps = TensorMapCache(launch.tensor_maps) if launch.tensor_maps and not batched else None
+        self._tensor_maps = TensorMapCache(launch.tensor_maps) if launch.tensor_maps else None
         self.parameters = ParameterBlock(types)
-        self._maps_written_for: tuple[int, ...] | None = None  # the inputs whose maps the block holds
+        # the inputs (pointers, batch strides) whose maps the block holds
+        self._maps_written_for: tuple[tuple[int, ...], tuple[int, ...]] | None = None
         for i, size in enumerate(sizes):
             self.parameters.set(inputs + 1 + i, int(size))
         self._first_stride = inputs + 1 + len(sizes)
@@ -208,7 +209,7 @@ class KernelRunner:
                 parameters.set(slot, buffers[1])
                 parameters.set(slot + 1, buffers[2])
             if launch.tensor_maps:
-                self._write_maps(pointers)
+                self._write_maps(pointers, batch_strides)
             self.kernel.launch_packed(launch.grid, launch.block, launch.dynamic_smem_bytes, stream_ptr, parameters)
 
     def bound_launch(self, batch_strides: tuple[int, ...] = (), out_nbytes: int = 0, dtype: str = "float32",
@@ -250,27 +251,29 @@ class KernelRunner:
                     word.value = stride
                 if workspace_words is not None:
                     _, workspace_words[0].value, workspace_words[1].value = buffers[stream_ptr]
-                if maps and self._maps_written_for != (a_ptr, b_ptr):
-                    self._write_maps((a_ptr, b_ptr))
+                if maps and self._maps_written_for != ((a_ptr, b_ptr), batch_strides):
+                    self._write_maps((a_ptr, b_ptr), batch_strides)
                 go(function, gx, gy, gz, bx, by, bz, smem, stream_ptr, address, 0)
 
         return run
 
-    def _write_maps(self, pointers: tuple[int, ...]) -> None:
-        """The flag and the tensor maps for the inputs at `pointers` into the parameter block, unless it
-        holds them already (call with the block's lock held)."""
-        if self._maps_written_for == pointers:
+    def _write_maps(self, pointers: tuple[int, ...], batch_strides: tuple[int, ...] = ()) -> None:
+        """The flag and the tensor maps for the inputs at `pointers` (batched: their batch strides, in
+        elements) into the parameter block, unless it holds them already (call with the block's lock
+        held)."""
+        if self._maps_written_for == (pointers, batch_strides):
             return
-        maps = self._tensor_maps.maps(pointers) if self._tensor_maps is not None else None
+        maps = self._tensor_maps.maps(pointers, batch_strides) if self._tensor_maps is not None else None
         self.parameters.set(self._first_map, maps is not None)
         for i, tensor_map in enumerate(maps or ()):
             self.parameters.set_bytes(self._first_map + 1 + i, tensor_map)
-        self._maps_written_for = pointers
+        self._maps_written_for = (pointers, batch_strides)
 
-    def uses_tensor_maps(self, pointers: tuple[int, ...]) -> bool:
-        """Whether a launch with the inputs at `pointers` copies its tiles with tensor maps (LOADER=tma and
-        every operand describable), rather than loading them through registers."""
-        return self._tensor_maps is not None and self._tensor_maps.maps(pointers) is not None
+    def uses_tensor_maps(self, pointers: tuple[int, ...], batch_strides: tuple[int, ...] = ()) -> bool:
+        """Whether a launch with the inputs at `pointers` (batched: `batch_strides` elements between their
+        matrices) copies its tiles with tensor maps (LOADER=tma and every operand describable), rather than
+        loading them through registers."""
+        return self._tensor_maps is not None and self._tensor_maps.maps(pointers, batch_strides) is not None
 
     def run(self, arrays: tuple[Any, ...], out: Any, stream: Any = None) -> None:
         """`launch` for CuPy arrays, on `stream` (CuPy's current stream when None)."""
