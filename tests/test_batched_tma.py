@@ -1,10 +1,11 @@
-"""Batched launches copy their tiles with the tensor memory accelerator: 3-D tensor maps (rows, matrices),
-the batch the copies' third coordinate (autotile/codegen/tensor_map.py). Without a GPU: the maps'
-dimensions, when a batch can be described, the cache of encodings, and the rendered copies. With an sm_90
-GPU (`gpu` marker): every template that copies with the TMA (the tf32x3 wgmma kernels and wgmma_direct for
-the 16-bit types and int8), batched with every matrix its own, with one operand shared by the whole batch,
-and with matrices not 16 bytes apart (registers instead), each against a float64 reference with the output
-poisoned, on sides that are not multiples of any tile.
+"""Batched wgmma_direct launches (bfloat16, float16, int8, the 8-bit floats) copy their tiles with the
+tensor memory accelerator: 3-D tensor maps (rows, matrices), the batch the copies' third coordinate
+(autotile/codegen/tensor_map.py); the tf32x3 wgmma kernels' batches still load through registers. Without
+a GPU: the maps' dimensions, when a batch can be described, the cache of encodings, and the rendered
+copies. With an sm_90 GPU (`gpu` marker): the direct kernels' copies (K-major and MN-major, a cluster's
+multicast) batched with every matrix its own, with one operand shared by the whole batch, and with matrices
+not 16 bytes apart (registers instead), each against a float64 reference with the output poisoned, on sides
+that are not multiples of any tile; and a tf32x3 batch, through registers.
 """
 
 from __future__ import annotations
@@ -55,8 +56,7 @@ def test_the_map_cache_encodes_per_address_and_batch_stride(monkeypatch):
     assert len(encoded) == 4
 
 
-@pytest.mark.parametrize("name, dtype", [("wgmma-128-tma", "float32"), ("direct-128x256-c2p", "bfloat16"),
-                                         ("direct8-128x256-c2p", "int8")])
+@pytest.mark.parametrize("name, dtype", [("direct-128x256-c2p", "bfloat16"), ("direct8-128x256-c2p", "int8")])
 def test_batched_launches_copy_from_their_matrix_with_3d_maps(name, dtype):
     config = MATMUL.space.named(name)
     layout = "nt"
@@ -66,15 +66,24 @@ def test_batched_launches_copy_from_their_matrix_with_3d_maps(name, dtype):
     source = BMM.render(config, dtype, layout)
     assert "tma_load_3d" in source and "batch_a, bar" in source
     assert "tma_load_2d(dst" not in source and "tma_load_2d_multicast(dst" not in source
-    assert "tma_load_3d(dst" not in MATMUL.render(config, dtype, layout)
+    assert "tma_load_3d" not in MATMUL.render(config, dtype, layout)
+
+
+def test_tf32x3_batches_still_load_through_registers():
+    """The tf32x3 wgmma template renders a batch's copies as before (2-D maps it is never given): its boxes
+    stay 2-D, so the runner encodes none and passes the flag 0."""
+    config = MATMUL.space.named("wgmma-128-tma")
+    launch = BMM.launch(config, (5, 144, 272, 208), "float32", "nn")
+    assert launch.tensor_maps and {box.batch for box in launch.tensor_maps} == {0}
+    assert "tma_load_3d" not in BMM.render(config, "float32", "nn")
 
 
 # -- on the GPU ------------------------------------------------------------------------------------------
 
 # (config, dtype, layout): each TMA template, K-major and MN-major copies, a cluster's multicast
-GPU_CASES = [("wgmma-128-tma", "float32", "nn"), ("wgmma-128-tma-p2", "float32", "nt"),
-             ("direct-128x256-c2p", "bfloat16", "nn"), ("direct-128-pps", "float16", "nt"),
-             ("direct8-128x256-c2p", "int8", "nt")]
+GPU_CASES = [("direct-128x256-c2p", "bfloat16", "nn"), ("direct-128-pps", "float16", "nt"),
+             ("direct-128x256-c2ps", "bfloat16", "tn"), ("direct8-128x256-c2p", "int8", "nt"),
+             ("wgmma-128-tma-p2", "float32", "nn")]
 # every side a multiple of 16 elements (rows of 16-byte multiples in every type), none a multiple of a tile
 SHAPE = (5, 144, 272, 208)
 
@@ -108,7 +117,8 @@ def test_batched_tma_matches_float64(case):
     batch, m, n, k = SHAPE
     result = dtypes.get(dtype).output_name  # int8's products: int32
     output_storage = dtypes.DTYPES[result].storage if result in dtypes.DTYPES else result
-    variants = {"own matrices": (a, b, True), "B shared": (a, b[2], True)}
+    direct = config["MATH"] == "wgmma_direct"
+    variants = {"own matrices": (a, b, direct), "B shared": (a, b[2], direct)}
     if layout[0] == "n":  # A stored M x K: its matrices one element apart more than they are long
         variants["A's matrices misaligned"] = (_with_gap(a, cupy), b, False)
     for what, (x, y, maps) in variants.items():

@@ -314,15 +314,15 @@ def test_where_cublas_refuses_an_nt_shape_the_model_still_chooses():
 
 
 def test_a_gpu_without_its_own_database_reads_a_same_architecture_ones():
-    """The H200 has no int8 database of its own: it reads the H100's (the same sm_90 kernels), and says so;
-    its own float32 and bfloat16 databases stay first. A float16 problem takes its own GPU's bfloat16
+    """The H200 has no bfloat16 matvec database of its own: it reads the H100's (the same sm_90 kernels),
+    and says so; its own float32 and bfloat16 databases stay first. A float16 problem takes its own GPU's bfloat16
     database before a sibling's float16 one (the GPU predicts more than the 16-bit type), but a sibling's
     float16 batches before one matrix's choice on its own GPU."""
     from autotile.dispatch.cache import TuningCache
     from autotile.dispatch.select import select
 
     cache = TuningCache(None)
-    found = select(ProblemKey("matmul", "int8", "nn", (8192, 8192, 1024)), PROFILES["h200"], cache)
+    found = select(ProblemKey("matvec", "bfloat16", "row", (8192, 8192)), PROFILES["h200"], cache)
     assert "on NVIDIA H100" in found.source, found.explain()
     for dtype in ("float32", "bfloat16"):
         own = select(ProblemKey("matmul", dtype, "nn", (4096, 4096, 4096)), PROFILES["h200"], cache)

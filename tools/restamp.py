@@ -25,7 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 RENDER = """
 import json, sys
-from autotile import kernels
+from autotile.codegen import kernels
 for line in sys.stdin:
     r = json.loads(line)
     spec = kernels.get(r["kernel"])
@@ -48,9 +48,11 @@ def render_all(tree: Path, records: list[dict]) -> list[str | None]:
 
 
 def cubin(source: str, arch: str) -> bytes:
+    """The cubin NVRTC builds from `source` for `arch` ("sm_90"; "sm_90a" where the source needs it)."""
     from autotile.codegen import build
 
-    return build.compile(source, arch).binary
+    target = build.target_arch(int(arch.removeprefix("sm_")), build.needs_arch_specific(source))
+    return build.compile(source, target).binary
 
 
 def main() -> int:
@@ -96,7 +98,11 @@ def main() -> int:
         touched.add(path)
     if not args.dry_run:
         for path in touched:
-            path.write_text(json.dumps(documents[path], indent=2, sort_keys=True, allow_nan=False) + "\n")
+            # as the file was: the shape databases on one line (`database.save`), records indented
+            one_line = path.read_text().count("\n") <= 1
+            text = json.dumps(documents[path], separators=(",", ":"), allow_nan=False) if one_line else \
+                json.dumps(documents[path], indent=2, sort_keys=True, allow_nan=False)
+            path.write_text(text + "\n")
     print(f"{changed} of {len(items)} configs re-stamped (identical cubins){' (dry run)' if args.dry_run else ''}")
     return 0
 

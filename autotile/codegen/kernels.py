@@ -122,7 +122,10 @@ class KernelSpec:
             maps: tuple[TensorBox, ...] = _direct_boxes(config, shape[-3:], self.layout(layout), DTYPE_SIZES[dtype])
         else:
             maps = _tensor_boxes(config, shape[-3:], self.layout(layout)) if config.get("LOADER") == "tma" else ()
-        if len(shape) == 4:  # a batch: 3-D maps, the batch their third coordinate
+        if len(shape) == 4 and direct:
+            # a batch: 3-D maps, the batch their third coordinate. The tf32x3 wgmma template's batches load
+            # through registers still (boxes of batch 0: the runner encodes none): a 3-D copy there alters
+            # the kernels the shipped bmm databases timed, which wait for a survey on every GPU they cover.
             maps = tuple(dataclasses.replace(box, batch=shape[0]) for box in maps)
         if config["SPLIT_K"] > 1 and config.get("SPLIT_REDUCE", "atomic") == "last_block":
             workspace, tickets = self.split_buffers(config, shape)

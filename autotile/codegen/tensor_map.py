@@ -135,7 +135,7 @@ class TensorMapCache:
         """One map per box for the inputs at `pointers` (for a batched launch, their matrices
         `batch_strides` elements apart), or None where a box cannot describe its input (the kernel then
         loads through registers)."""
-        key = tuple((pointers[box.operand], batch_strides[box.operand] if box.batch and batch_strides else 0)
+        key = tuple((pointers[box.operand], int(batch_strides[box.operand]) if box.batch and batch_strides else 0)
                     for box in self.boxes)
         with self._lock:
             if key in self._maps:

@@ -151,8 +151,9 @@ class KernelRunner:
 
     A kernel that copies its tiles with the tensor memory accelerator (wgmma, LOADER=tma) takes, last, a
     flag and one tensor map per operand: encoded here for the operands' addresses (and, batched, their
-    batch strides: 3-D maps), cached by them; where an operand cannot be described (misaligned, rows or a
-    batch's matrices not a multiple of 16 bytes apart) the flag is 0 and the kernel loads through registers
+    batch strides: 3-D maps, for wgmma_direct), cached by them; where an operand cannot be described
+    (misaligned, rows or a batch's matrices not a multiple of 16 bytes apart) or the template copies no
+    batch with maps (the tf32x3 wgmma kernels) the flag is 0 and the kernel loads through registers
     instead, with the same results.
     """
 
@@ -171,7 +172,10 @@ class KernelRunner:
         types += ("int64",) * (inputs if batched else 0) + (("ptr", "ptr") if launch.tickets else ())
         self._first_map = len(types)  # (tensor maps) the flag's slot; the maps follow it
         types += ("int32",) + ("tensormap",) * len(launch.tensor_maps) if launch.tensor_maps else ()
-        self._tensor_maps = TensorMapCache(launch.tensor_maps) if launch.tensor_maps else None
+        # A batch copies with tensor maps only where its boxes are 3-D (a template that takes the batch as the
+        # copies' coordinate); else through registers
+        copies = launch.tensor_maps and (not batched or all(box.batch for box in launch.tensor_maps))
+        self._tensor_maps = TensorMapCache(launch.tensor_maps) if copies else None
         self.parameters = ParameterBlock(types)
         # the inputs (pointers, batch strides) whose maps the block holds
         self._maps_written_for: tuple[tuple[int, ...], tuple[int, ...]] | None = None
