@@ -46,7 +46,9 @@ K_ALIGN = 16  # the int8 GEMMs' K: a multiple of 16 bytes, so that their tiles l
 # Whether the residue products leave the int8 kernel as int8 residues (its RESIDUES epilogue) rather than as
 # int32 sums. Off: on an H100 (2026-11-25) it cut the rebuild by 30% (8192³ float64: 1.94 -> 1.34 ms) but
 # slowed the 16 products by 5-9% (12.5 -> 13.2-13.7 ms; the epilogue does not overlap the next tile's main
-# loop), 3-4% slower in all. Worth turning on once the int8 kernels overlap their epilogue.
+# loop), 3-4% slower in all. On an H200 (2026-11-28, `bench-emulation --residue-epilogue off on --int8-config
+# ...`) the same trade held with the ping-pong int8 kernels too (whose epilogue overlaps the other consumer's
+# products): 8192³ float64 17.04 ms off, 17.12 on, under direct8-128x256-c2p.
 RESIDUE_EPILOGUE = False
 
 
