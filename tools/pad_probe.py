@@ -23,6 +23,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from autotile.runtime.timing import back_to_back_ms
+
 
 def random_shapes(count: int, seed: int, dtype: str = "float32", layout: str = "nn",
                   max_side: int = 8192) -> list[tuple[int, ...]]:
@@ -118,22 +120,6 @@ class Arrays:
         return (torch.zeros((*batch, mp, kp), dtype=kind, device="cuda"),
                 b.transpose(-1, -2) if self.layout == "nt" else b,
                 torch.empty((*batch, mp, np_), dtype=self.c.dtype, device="cuda"))
-
-
-def back_to_back_ms(launch: Callable[[], object], reps: int = 30) -> float:
-    """Milliseconds per call of `reps` calls enqueued back to back (no flush, nothing waited for between):
-    the longer of the host's time per call and the GPU's."""
-    import cupy
-
-    launch()
-    cupy.cuda.Device().synchronize()
-    start, stop = cupy.cuda.Event(), cupy.cuda.Event()
-    start.record()
-    for _ in range(reps):
-        launch()
-    stop.record()
-    stop.synchronize()
-    return float(cupy.cuda.get_elapsed_time(start, stop)) / reps
 
 
 def measure(shape: tuple[int, ...], dtype: str, layout: str, gen: Any,

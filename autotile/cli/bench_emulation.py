@@ -88,7 +88,7 @@ def bench_case(shape: tuple[int, int, int], dtype: str, kind: str, flush: Any, s
     from autotile.library.api import matmul
     from autotile.library.plan import plan_matmul
     from autotile.runtime.operands import as_framework, framework_by_type
-    from autotile.runtime.timing import time_launch
+    from autotile.runtime.timing import back_to_back_ms, time_launch
 
     m, n, k = shape
     a, b = _inputs(cupy, kind, shape, dtype, seed)
@@ -109,14 +109,7 @@ def bench_case(shape: tuple[int, int, int], dtype: str, kind: str, flush: Any, s
     guard: dict[str, int] = {}
     emulate(events, guard)
     phases = [cupy.cuda.get_elapsed_time(s, e) for s, e in zip(events, events[1:], strict=False)]
-    # back to back, as a model's layers run it: the calls' own enqueueing between them, no flush
-    begin, end = cupy.cuda.Event(), cupy.cuda.Event()
-    begin.record()
-    for _ in range(BACK_TO_BACK):
-        emulate()
-    end.record()
-    end.synchronize()
-    t_back_to_back = cupy.cuda.get_elapsed_time(begin, end) / BACK_TO_BACK
+    t_back_to_back = back_to_back_ms(emulate, BACK_TO_BACK)  # as a model's layers run it: no flush
     t_native = time_launch(lambda: cupy.matmul(a, b, out=native), flush, min_reps=5, target_ms=300.0).median_ms
     outs = [emulated, native]
     row: dict[str, Any] = {"dtype": dtype, "shape": list(shape), "inputs": kind, "emulated_ms": t_emulated,

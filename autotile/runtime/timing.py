@@ -187,6 +187,23 @@ def time_launch(launch: Callable[[], Any], flush: Callable[[], None] | None, *, 
     return Timing.from_samples(samples)
 
 
+def back_to_back_ms(launch: Callable[[], Any], reps: int = 30) -> float:
+    """Milliseconds per call of `reps` calls of `launch` enqueued back to back (after one call and a
+    synchronisation; no flush, nothing waited for between them), between two events: what a model's layers
+    see, the longer of the host's time per call and the GPU's."""
+    import cupy
+
+    launch()
+    cupy.cuda.Device().synchronize()
+    start, stop = cupy.cuda.Event(), cupy.cuda.Event()
+    start.record()
+    for _ in range(reps):
+        launch()
+    stop.record()
+    stop.synchronize()
+    return float(cupy.cuda.get_elapsed_time(start, stop)) / reps
+
+
 def _reps_wanted(samples: list[float], total: float, min_reps: int, max_reps: int, target_ms: float) -> int:
     """How many more repetitions reach `target_ms` of kernel time (within `min_reps`..`max_reps`)."""
     typical = max(statistics.median(samples), 1e-6)
