@@ -111,7 +111,9 @@ COPY_LAUNCH_MS = 0.0025  # each copy kernel's launch and tail
 # BATCH_NOTE: batches take the plan at the measured sizes (`DtypeRule.measured`) only. On 120 random batches of
 # issue 28 (H100 and H200, 2026-11-27) the predictions took 4, two of them at 0.80x and 0.92x cuBLAS (small
 # padded batches ran 1.35-1.5x slower than the model predicted: 2x924x416x1264 47 us predicted, 72 measured),
-# the others at 1.11x and 1.17x: there the copies cost 30-60% of the padded product.
+# the others at 1.11x and 1.17x: there the copies cost 30-60% of the padded product. Measured before a batch of
+# the wgmma_direct kernels copied with the TMA (2026-11-28: 4.5-12.9x faster than through registers on aligned
+# bfloat16 batches); padded 16-bit batches now run those copies, so the rule awaits a new measurement.
 # The plan's predicted time must be this much shorter than the call's as it is (on the runs above, 0.1 and
 # 0.15 reach the same geomean on single matrices, within 0.001; 0.2 and more leave winners out).
 MARGIN = 0.15
