@@ -78,6 +78,24 @@ def test_tf32x3_batches_still_load_through_registers():
     assert "tma_load_3d" not in BMM.render(config, "float32", "nn")
 
 
+def test_the_runner_copies_a_batch_with_maps_only_where_its_boxes_are_3d(monkeypatch):
+    """A batched runner encodes maps (and passes the flag 1) for the direct kernels' 3-D boxes, never for the
+    tf32x3 kernels' 2-D ones, whose kernel offsets its pointers by the batch and copies through registers."""
+    from autotile.runtime.impl import KernelRunner
+
+    monkeypatch.setattr(tensor_map, "encode", lambda box, pointer, batch_stride=0: bytes(tensor_map.MAP_BYTES))
+
+    class StubKernel:  # what the runner's constructor touches of a compiled kernel
+        max_dynamic_shared_size_bytes = 1 << 20
+
+    batch, m, n, k = SHAPE
+    for name, dtype, copies in (("direct-128x256-c2p", "bfloat16", True), ("wgmma-128-tma", "float32", False)):
+        launch = BMM.launch(MATMUL.space.named(name), SHAPE, dtype, "nn")
+        runner = KernelRunner(StubKernel(), launch, BMM.size_args(SHAPE), batched=True)
+        assert runner.uses_tensor_maps((4096, 8192), (m * k, k * n)) == copies, name
+        assert not runner.uses_tensor_maps((4096, 8192), (m * k + 1, k * n)), name  # misaligned matrices
+
+
 # -- on the GPU ------------------------------------------------------------------------------------------
 
 # (config, dtype, layout): each TMA template, K-major and MN-major copies, a cluster's multicast
