@@ -117,7 +117,7 @@ def bench_case(shape: tuple[int, int, int], dtype: str, kind: str, flush: Any, s
                            "cublas_ms": t_native, "phases_ms": dict(zip(PHASES, phases, strict=True)),
                            "picked": emulation.pays(dtype, shape), "guard": guard,
                            "moduli": scheme(dtype, shape[2], bits).count, "beta": scheme(dtype, shape[2], bits).beta,
-                           "int8_kernel": gemm((m, n, -(-k // emulation.K_ALIGN) * emulation.K_ALIGN))
+                           "int8_kernel": gemm((m, n, emulation.aligned_k(k)))
                            .prepared.selection.explain()}
     if dtype == "float32":
         high = cupy.empty((m, n), dtype)

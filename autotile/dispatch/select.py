@@ -360,6 +360,12 @@ def borrowed_keys(key: ProblemKey) -> list[ProblemKey]:
     return found
 
 
+def database_families(key: ProblemKey) -> list[tuple[str, str, str]]:
+    """(kernel, dtype, layout) of the problem and of the problems of its kernel it borrows from, nearest
+    first: the shape databases that may serve it, in the order `database.find_first` reads them."""
+    return [_key_parts(k) for k in (key, *borrowed_keys(key)) if k.kernel == key.kernel]
+
+
 def borrowed(found: Selection, lender: ProblemKey, key: ProblemKey, device: DeviceLimits) -> Selection | None:
     """`found`, chosen for `lender`, as the choice for `key`; None where its config cannot run `key` (a
     config the other layout's limits refuse). cuBLAS stays cuBLAS (it takes every layout and batches), except

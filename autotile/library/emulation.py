@@ -52,6 +52,11 @@ K_ALIGN = 16  # the int8 GEMMs' K: a multiple of 16 bytes, so that their tiles l
 RESIDUE_EPILOGUE = False
 
 
+def aligned_k(k: int) -> int:
+    """The int8 GEMMs' K for a problem's `k`: rounded up to `K_ALIGN` (the residues' rows padded with zeros)."""
+    return -(-k // K_ALIGN) * K_ALIGN
+
+
 def pays(dtype: str, shape: tuple[int, ...]) -> bool:
     """Whether the emulation is the choice for a 2-D `dtype` matmul of `shape` (M, N, K) under the
     "emulated" setting: K, M N K, M and N large enough (`MIN_K`, `MIN_VOLUME`, `MIN_SIDE`), K within the
@@ -122,7 +127,7 @@ def run(framework: Framework, a: Operand, b: Operand, c: Operand, layout: str, s
     kernels = _kernels(s, layout, a.device).functions
     knobs = scheme_mod.DEFAULT_KNOBS
     planes = s.count + 1  # the residues' products and the magnitudes'
-    kp = -(-k // K_ALIGN) * K_ALIGN
+    kp = aligned_k(k)
     tiles_m, tiles_n = -(-m // FIX_TILE), -(-n // FIX_TILE)
     keep: list[Any] = []  # the workspace's owners, alive until every launch is enqueued
     stream = cupy_stream(stream_ptr)

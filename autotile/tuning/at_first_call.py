@@ -45,7 +45,7 @@ def candidates(key: ProblemKey, device: DeviceLimits, cache: Any, precision: str
     from autotile.codegen.space import Problem
     from autotile.dispatch import database
     from autotile.dispatch.model import model_for, worth_timing
-    from autotile.dispatch.select import Selection, borrowed_keys, is_current, record_config
+    from autotile.dispatch.select import Selection, database_families, is_current, record_config
     from autotile.runtime.cublas import unsupported_reason
 
     setting = precision_mod.resolve(precision)
@@ -53,8 +53,7 @@ def candidates(key: ProblemKey, device: DeviceLimits, cache: Any, precision: str
     problem = Problem(device, key.dtype, key.layout)
     cublas_runs = unsupported_reason(key) is None
     found: dict[Any, Selection] = {}
-    families = [(k.kernel, k.dtype, k.layout) for k in (key, *borrowed_keys(key)) if k.kernel == key.kernel]
-    lender = database.find_first(cache, device.fingerprint, families,
+    lender = database.find_first(cache, device.fingerprint, database_families(key),
                                  accept=lambda db: bool(db.shapes) and db.covers(key.shape))
     if lender is not None:
         m = model_for(lender, device, cublas_runs)

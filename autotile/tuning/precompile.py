@@ -62,7 +62,7 @@ def jobs(limits: DeviceLimits, cache: TuningCache, kernel_names: Iterable[str] |
     from autotile.codegen.problem import ProblemKey
     from autotile.dispatch import database
     from autotile.dispatch.model import usable_config
-    from autotile.dispatch.select import borrowed_keys
+    from autotile.dispatch.select import database_families
     from autotile.tuning.propose import filled
 
     cc = limits.compute_capability
@@ -78,8 +78,7 @@ def jobs(limits: DeviceLimits, cache: TuningCache, kernel_names: Iterable[str] |
                 problem = Problem(limits, dtype, layout)
                 configs = [(f"named {n}", c) for n, c in space.named_configs.items() if space.is_feasible(c, problem)]
                 family = ProblemKey(name, dtype, layout, (1,) * len(spec.dims))  # any shape: the family's lenders
-                families = [(k.kernel, k.dtype, k.layout) for k in (family, *borrowed_keys(family)) if k.kernel == name]
-                db = database.find_first(cache, limits.fingerprint, families)
+                db = database.find_first(cache, limits.fingerprint, database_families(family))
                 if db is not None:
                     for cand in db.candidates:
                         usable = usable_config(db, cand, problem)  # what the selection model would run: feasible
