@@ -749,6 +749,49 @@ def test_model_can_learn_every_multi_element_copier_from_shapes_of_the_query_kin
     assert model.choose((8, 524, 524, 524), ModelParams(3, 0.05, 0.97, True)).candidate.name == "tf32x3-32"
 
 
+def test_cublas_time_on_a_large_16_bit_problem_is_learned_from_rows_aligned_as_its_are():
+    """cuBLAS runs bfloat16 rows that do not start 16-byte aligned several times slower: on a large problem,
+    its predicted time comes from neighbours aligned as the problem is (the nearest of the other kind counted
+    farther); on a small one, and for float32, from the nearest whatever their rows."""
+    from autotile.dispatch.database import Candidate, ShapeDatabase
+    from autotile.dispatch.model import Model, ModelParams, cublas_rows_aligned
+
+    assert cublas_rows_aligned("bmm", "bfloat16", "nn", (4, 512, 512, 512))
+    assert not cublas_rows_aligned("bmm", "bfloat16", "nn", (4, 512, 513, 512))  # B's and C's rows
+    assert not cublas_rows_aligned("matmul", "bfloat16", "nt", (512, 509, 512))  # C's rows only
+    assert cublas_rows_aligned("matmul", "int8", "nt", (512, 509, 512))  # int8: C is int32, not asked
+    aligned = [(8, s, s, s) for s in (1024, 1040, 1056, 1072)]
+    odd = [(8, s, s, s) for s in (1021, 1035, 1051, 1069)]
+    rate = {True: 4e-10, False: 12e-10}  # ms per multiply-add: unaligned rows three times slower
+
+    def database(dtype: str, shapes) -> ShapeDatabase:
+        times = tuple((rate[cublas_rows_aligned("bmm", dtype, "nn", s)] * math.prod(s),) for s in shapes)
+        return ShapeDatabase("bmm", dtype, "nn", "h200", (Candidate("cublas", "cublas"),), tuple(shapes), times, {})
+
+    def predicted(db: ShapeDatabase, query) -> float:
+        m = Model(db, PROFILES["h200"])
+        dist = m._distances(query)
+        value = m.reference_ms(query, m._nearest(dist, ModelParams(neighbours=3)), dist)
+        assert value is not None
+        return value / math.prod(query)
+
+    # a large odd query nearest to aligned shapes (three of them), and an aligned one nearest to odd ones
+    shapes = aligned[:3] + odd
+    assert predicted(database("bfloat16", shapes), (8, 1025, 1025, 1025)) == pytest.approx(rate[False])
+    shapes = odd[:3] + aligned
+    assert predicted(database("bfloat16", shapes), (8, 1024 + 8, 1024 + 8, 1024 + 8)) == \
+        pytest.approx(rate[True])
+    # float32: cuBLAS's SGEMM does not care, the nearest count whatever their rows
+    f32 = ShapeDatabase("bmm", "float32", "nn", "h200", (Candidate("cublas", "cublas"),), tuple(aligned[:3] + odd),
+                        tuple((rate[True] * math.prod(s),) for s in aligned[:3]) +
+                        tuple((rate[False] * math.prod(s),) for s in odd), {})
+    assert predicted(f32, (8, 1025, 1025, 1025)) < rate[False] * 0.8
+    # a small problem: the nearest whatever their rows (its time is its launch's more than its rows')
+    small_aligned, small_odd = [(2, s, s, s) for s in (32, 40, 48)], [(2, s, s, s) for s in (129, 131, 133)]
+    small = database("bfloat16", small_aligned + small_odd)
+    assert predicted(small, (2, 33, 33, 33)) == pytest.approx(rate[True])
+
+
 def test_a_gpus_own_databases_of_neighbouring_families_come_before_a_siblings():
     """`database.find_first`: the GPU's own database of the problem or of a family it borrows from
     (float16's bfloat16) before another GPU's of the problem itself; a sibling's where the GPU has none of

@@ -171,9 +171,22 @@ def test_the_plan_pays_where_its_predicted_time_beats_the_call_as_it_is():
 
 def test_for_the_16_bit_types_the_padded_shapes_cublas_is_worth_it():
     """cuBLAS's 16-bit and int8 GEMMs want aligned rows: the padded shape's cuBLAS, a choice of the model (its
-    own or borrowed), is what the plan is for; at the sizes measured to pay only (the model's cuBLAS times do
-    not tell aligned rows from others), not onto a default that knows nothing of the shape."""
+    own or borrowed), is what the plan is for; without predicted times at the sizes measured to pay only, and
+    never onto a default that knows nothing of the shape. With them, a 16-bit batch under those sizes takes it
+    where the padded shape's time and the copies' are under the call's by MARGIN (the model's cuBLAS times
+    tell aligned rows from others on large problems); a float32 batch does not."""
     cublas = _selection(None, "model", None, "cublas")
+    shape = (80, 434, 212, 668)  # under the measured sizes
+    for dtype in ("bfloat16", "float16"):
+        copies = padding.copy_ms("nn", shape, dtype)
+        slow = (0.01 + copies) * (1 + padding.MARGIN) * 1.01
+        padded = _selection(None, "model", 0.01, "cublas")
+        assert padding.pays(_selection(None, "model", slow, "cublas"), padded, "nn", shape, dtype)
+        assert not padding.pays(_selection(None, "model", slow / 1.03, "cublas"), padded, "nn", shape, dtype)
+    from autotile.codegen import kernels
+
+    tf32x3 = _selection(kernels.get("bmm").space.named("tf32x3-64"), "model", 0.01)
+    assert not padding.pays(_selection(None, "model", 10.0, "cublas"), tf32x3, "nn", shape, "float32")
     for dtype in ("bfloat16", "float16"):
         assert padding.pays(cublas, cublas, "nt", (1398, 6313, 1452), dtype)
         assert padding.pays(cublas, cublas, "nn", (3, 900, 900, 900), dtype)  # 2^31.03 multiply-adds
@@ -189,6 +202,18 @@ def test_for_the_16_bit_types_the_padded_shapes_cublas_is_worth_it():
     assert not padding.pays(cublas, cublas, "nt", (2448, 3944, 360), "int8")  # K under 512
     assert not padding.pays(cublas, cublas, "nt", (487, 7984, 5048), "int8")  # 459 flops per byte
     assert not padding.pays(cublas, cublas, "nt", (1398, 6313, 1452), "float32")
+
+
+def test_the_copy_kernels_threads_cover_their_elements():
+    """One thread per 16-byte vector for 4- and 8-byte elements; for narrower ones a warp per run of 32
+    vectors' elements: of the padded matrix read as one array (so rows narrower than a run leave no lanes
+    idle), and, copying back, of a row where rows are at least a run long, else of the matrix."""
+    assert shapes_mod.copy_threads(7, 8, 4) == 14
+    assert shapes_mod.copy_threads(1752, 56, 2) == -(-1752 * 56 // 256) * 32  # B of 1747 x 49 bfloat16, padded
+    assert shapes_mod.copy_threads(3, 16, 1) == 32  # 48 bytes: one warp, most lanes with one element
+    assert shapes_mod.unpad_threads(829, 1995, 2000, 2) == 829 * 8 * 32  # a warp per run of 256 of each row
+    assert shapes_mod.unpad_threads(33, 49, 56, 2) == -(-33 * 49 // 256) * 32
+    assert shapes_mod.unpad_threads(5, 9, 12, 4) == 5 * 3
 
 
 @pytest.mark.parametrize("dtype,arch", [("float32", "sm_90"), ("float32", "sm_80"), ("float64", "sm_80"),
@@ -331,14 +356,15 @@ def test_torch_tensors_through_the_padded_plan(every_shape_padded):
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_16_bit_torch_tensors_through_the_padded_plan(layout, dtype, every_shape_padded):
-    """Every layout, odd K, odd N (C's rows: N padded in nt and tt too), a batch, specials: the result within
+    """Every layout, odd K, odd N (C's rows: N padded in nt and tt too), a batch, a batch of matrices whose
+    padded rows are narrower than a warp's run (the copies step across rows), specials: the result within
     1.5x torch's error against float64, the NaN and Inf pattern torch's, the output poisoned before."""
     torch = pytest.importorskip("torch")
     import autotile
 
     kind = getattr(torch, dtype)
     gen = torch.Generator(device="cuda").manual_seed(5)
-    for shape in ((131, 257, 517), (300, 514, 258), (3, 67, 131, 130), (5, 1025, 336)):
+    for shape in ((131, 257, 517), (300, 514, 258), (3, 67, 131, 130), (6, 19, 7, 45), (5, 1025, 336)):
         *batch, m, n, k = shape
         a = torch.randn(*batch, k, m, device="cuda", generator=gen).to(kind).transpose(-1, -2) if layout[0] == "t" \
             else torch.randn(*batch, m, k, device="cuda", generator=gen).to(kind)
@@ -363,8 +389,8 @@ def test_16_bit_torch_tensors_through_the_padded_plan(layout, dtype, every_shape
 @pytest.mark.gpu
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_int8_through_the_padded_plan(layout, every_shape_padded):
-    """Every layout, rows of K or N that are not multiples of 16 bytes, a batch: exact int32 sums, C's int32
-    columns copied back, the output poisoned before."""
+    """Every layout, rows of K or N that are not multiples of 16 bytes, a batch, a batch of narrow matrices
+    (rows of 8 elements): exact int32 sums, C's int32 columns copied back, the output poisoned before."""
     torch = pytest.importorskip("torch")
     import autotile
 
@@ -375,7 +401,7 @@ def test_int8_through_the_padded_plan(layout, every_shape_padded):
         x = torch.randint(-128, 128, shape, dtype=torch.int8, device="cuda", generator=gen)
         return x.transpose(-1, -2) if trans else x
 
-    for shape in ((131, 257, 520), (300, 514, 264), (3, 67, 131, 136), (40, 1025, 344)):
+    for shape in ((131, 257, 520), (300, 514, 264), (3, 67, 131, 136), (5, 21, 8, 40), (40, 1025, 344)):
         *batch, m, n, k = shape
         a, b = operand(batch, m, k, layout[0] == "t"), operand(batch, k, n, layout[1] == "t")
         out = torch.full((*batch, m, n), -12345, dtype=torch.int32, device="cuda")

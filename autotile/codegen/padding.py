@@ -16,9 +16,9 @@ from autotile.codegen.dtypes import ctype, itemsize
 from autotile.errors import InvalidValueError
 
 ALIGN_BYTES = 16  # a row of the padded operands starts at a multiple of this many bytes
-# Elements under this many bytes are copied a warp to a run of a row (each warp access 32 neighbouring
-# elements), wider ones a 16-byte vector per thread: loaded element by element from rows that start
-# anywhere, 8 or 16 loads 16 bytes apart across the lanes ran the 16-bit copies at 0.7-1.4 TB/s (H100,
+# Elements under this many bytes are copied a warp to a run of neighbouring elements (each warp access 32
+# neighbouring elements), wider ones a 16-byte vector per thread: loaded element by element from rows that
+# start anywhere, 8 or 16 loads 16 bytes apart across the lanes ran the 16-bit copies at 0.7-1.4 TB/s (H100,
 # 2026-11-28, tools/pad_probe.py), against 3 for float32's 4.
 SEGMENT_BELOW_BYTES = 4
 KERNEL_NAMES = ("autotile_pad", "autotile_unpad")
@@ -91,12 +91,24 @@ def render(dtype: str) -> str:
 def copy_threads(rows: int, cols: int, element_bytes: int) -> int:
     """Threads of a copy kernel (`render`) over one matrix of `rows` x `cols` elements (the padded one's: `cols`
     a multiple of 16 bytes): one per 16-byte vector, or, for elements under SEGMENT_BELOW_BYTES, a warp per
-    segment of 32 vectors' elements of a row."""
+    run of 32 vectors' elements of the matrix read as one array (rows x cols of them)."""
     per = ALIGN_BYTES // element_bytes
     if element_bytes >= SEGMENT_BELOW_BYTES:
         return rows * (cols // per)
-    return rows * -(-cols // (32 * per)) * 32
+    return -(-(rows * cols) // (32 * per)) * 32
+
+
+def unpad_threads(rows: int, cols: int, src_cols: int, element_bytes: int) -> int:
+    """Threads of the copy back (`autotile_unpad`) of one matrix's first `rows` x `cols` elements from rows of
+    `src_cols`: one per 16-byte vector of src, or, for elements under SEGMENT_BELOW_BYTES, a warp per run of 32
+    vectors' elements of a row of src where `cols` is at least that long, else of dst read as one array."""
+    per = ALIGN_BYTES // element_bytes
+    if element_bytes >= SEGMENT_BELOW_BYTES:
+        return rows * (src_cols // per)
+    if cols >= 32 * per:
+        return rows * -(-src_cols // (32 * per)) * 32
+    return copy_threads(rows, cols, element_bytes)
 
 
 __all__ = ["ALIGN_BYTES", "KERNEL_NAMES", "SEGMENT_BELOW_BYTES", "Copy", "PaddedShape", "aligned_size",
-           "copy_threads", "padded", "render"]
+           "copy_threads", "padded", "render", "unpad_threads"]

@@ -55,6 +55,20 @@ FILL_WEIGHT = 1.0  # how much a difference of one octave in blocks per wave coun
 # kernel ran 1.66x: they stay.
 HOST_MS = {"generated": 0.012, "cublas": 0.027, "cublas matvec": 0.018}
 EXTRA_LAUNCH_MS = 0.005
+# cuBLAS's time on a large problem of a type whose unaligned rows it runs several times slower
+# (`Dtype.cublas_aligned_rows`) is learned from neighbours whose rows are aligned as the problem's are (or are
+# not): a neighbour of the other kind counts as this much farther (log2 units of `_distances`). Leave-one-out
+# on the H100's and H200's databases (2026-11-28), the mean |log2| error of cuBLAS's predicted time on problems
+# of at least REFERENCE_KIND_MIN_WORK multiply-adds: bfloat16 and float16 matmul 0.75-0.92 -> 0.33-0.54 (from
+# 2^30), batched 0.41-0.73 -> 0.33-0.42 (from 2^26; it had predicted unaligned batches 2-3x faster than
+# measured, and their padded, aligned shapes 2x slower); single matrices under 2^30 lost (0.31-0.36 -> 0.40-0.42:
+# the same kind's neighbours lie farther, and a small problem's time is its launch's more than its rows'), and
+# batches under 2^26 (0.50-0.54 -> 0.54-0.55). int8's database has no cuBLAS times on
+# large unaligned problems (torch._int_mm takes no sides that are not multiples of 8), and the split only made
+# its predictions worse (0.26-0.30 -> 0.30-0.40): the 16-bit types only.
+REFERENCE_KIND_DISTANCE = 2.0
+REFERENCE_KIND_MIN_WORK = {"matmul": 2**30, "bmm": 2**26}
+REFERENCE_BY_ALIGNMENT = ("bfloat16", "float16")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -173,6 +187,9 @@ class Model:
         self.aligned = {w: np.array([rows_allow(db.kernel, tuple(s), db.layout, w) for s in db.shapes], dtype=np.bool_)
                         for w in sorted(set(self.widths.tolist())) if w > 1}
         self._allowed: dict[str, np.ndarray] = {}
+        # each row's rows aligned as cuBLAS wants them (`cublas_rows_aligned`), where that sets its time
+        self.cublas_aligned = None if db.dtype not in REFERENCE_BY_ALIGNMENT else np.array(
+            [cublas_rows_aligned(db.kernel, db.dtype, db.layout, tuple(s)) for s in db.shapes], dtype=np.bool_)
         # the usable candidates' host time per call (`host_ms`)
         self._host_usable = np.array([host_ms(db.kernel, db.candidates[j].implementation, self.configs[j])
                                       for j in self.usable], dtype=np.float64)
@@ -307,9 +324,16 @@ class Model:
         """The reference's (cuBLAS's) predicted time on `shape` in milliseconds, from the neighbour rows
         `order` (distances `dist`) that timed it: each neighbour's time scaled by the ratio of multiply-adds
         (its throughput carried over), averaged in log space with the weights the speed-ups get; None where
-        no neighbour timed it."""
+        no neighbour timed it. For cuBLAS on a large problem of a type whose unaligned rows it runs slowly,
+        as many neighbours again, those of the other alignment counted REFERENCE_KIND_DISTANCE farther."""
         if self.reference is None:
             return None
+        if (self.cublas_aligned is not None and self.reference == self.cublas and len(order)
+                and math.prod(shape) >= REFERENCE_KIND_MIN_WORK.get(self.db.kernel, math.inf)):
+            aligned = cublas_rows_aligned(self.db.kernel, self.db.dtype, self.db.layout, shape)
+            dist = dist + REFERENCE_KIND_DISTANCE * (self.cublas_aligned != aligned)
+            order = np.argsort(dist, kind="stable")[:len(order)]
+            order = order[np.isfinite(dist[order])]
         times = self.times[order, self.reference]
         ok = np.isfinite(times) & (times > 0)
         if not ok.any():
@@ -477,6 +501,15 @@ def rows_allow(kernel: str, shape: tuple[int, ...], layout: str, width: int) -> 
     a_inner = M if layout in ("tn", "tt") else K
     b_inner = K if layout in ("nt", "tt") else N
     return a_inner % width == 0 and b_inner % width == 0
+
+
+def cublas_rows_aligned(kernel: str, dtype: str, layout: str, shape: tuple[int, ...]) -> bool:
+    """Whether the rows cuBLAS wants aligned for `dtype` (`Dtype.cublas_aligned_rows`: A's and B's, C's
+    too for some types) start 16-byte aligned on `shape` in `layout`, the arrays taken to start aligned."""
+    width = 16 // dtypes.DTYPE_SIZES[dtype]
+    wanted = dtypes.get(dtype).cublas_aligned_rows
+    c_aligned = "c" not in wanted or kernel == "matvec" or shape[-2] % width == 0
+    return rows_allow(kernel, shape, layout, width) and c_aligned
 
 
 def _log_fill(kernel: str, config: Config, shape: tuple[int, ...], device: DeviceLimits) -> float:

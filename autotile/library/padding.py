@@ -67,13 +67,13 @@ class MeasuredSizes:
 @dataclasses.dataclass(frozen=True)
 class DtypeRule:
     """What the plan knows of one element type: where it was measured to pay whatever the predictions say
-    (`measured`); whether the padded shape's cuBLAS is itself worth padding for (`cublas_wants_aligned`:
-    cuBLAS runs rows that do not start 16-byte aligned several times slower); whether C's rows are padded
-    too (`align_c`)."""
+    (`measured`), and whether a batch under those sizes takes it on the predictions as one matrix does
+    (`batches_predicted`). Where cuBLAS runs the type's rows slowly unless they start 16-byte aligned
+    (`autotile.codegen.dtypes.Dtype.cublas_aligned_rows`), the padded shape's cuBLAS is itself worth padding
+    for, and, where C's rows are among those, C's rows are padded too."""
 
     measured: MeasuredSizes
-    cublas_wants_aligned: bool = False
-    align_c: bool = False
+    batches_predicted: bool = False
 
 
 # float32: H100 and H200, 2026-11-27: 1.41-1.75x cuBLAS on random shapes with N or K odd, seeds 1 and 2 of
@@ -93,27 +93,33 @@ _FLOAT32 = DtypeRule(MeasuredSizes(1024, 512, 2**33))
 # padded call's 30-32 us of host time lost on the smaller of those (bfloat16 1332x1414x701 nt 0.94x,
 # 729x1720x955 0.76x torch.matmul, while 1.85x and 1.80x on the GPU; tools/pad_probe.py --max-side 2048, seed
 # 6): from 2^31 multiply-adds, 1.01-1.35x back to back as well. C's rows are padded too: cuBLAS's 16-bit GEMMs
-# run unaligned rows of C slowly as well (83-200 TFLOP/s on nt shapes of an odd N).
-_SIXTEEN_BIT = DtypeRule(MeasuredSizes(256, 256, 2**31, min_flops_per_byte=107.0), cublas_wants_aligned=True,
-                         align_c=True)
+# run unaligned rows of C slowly as well (83-200 TFLOP/s on nt shapes of an odd N). Batches: BATCH_NOTE.
+_SIXTEEN_BIT = DtypeRule(MeasuredSizes(256, 256, 2**31, min_flops_per_byte=107.0), batches_predicted=True)
 # int8 (H100, 2026-11-28, tools/pad_probe.py --dtype int8 --all, 16 nt shapes with K or N an odd multiple of 8,
 # against torch._int_mm): cuBLAS's int8 GEMM runs rows that are not 16-byte aligned up to 3x slower too
 # (3120x568x6776: 133 us, 40 on the padded shape). Forced, the plan ran 1.35-1.61x on every shape of K at
 # least 512 and at least 1000 flops per byte copied; under that 0.81-1.66x (487x7984x5048 0.84x, 1258x704x280
 # 0.81x), and 0.96x at K = 360 (2448x3944x360). C is int32: rows of a multiple of 8 elements, the sizes
 # torch._int_mm takes, are aligned already, and cuBLAS takes no other.
-_INT8 = DtypeRule(MeasuredSizes(256, 512, 2**31, min_flops_per_byte=1000.0), cublas_wants_aligned=True)
+_INT8 = DtypeRule(MeasuredSizes(256, 512, 2**31, min_flops_per_byte=1000.0))
 RULES = {"float32": _FLOAT32, "bfloat16": _SIXTEEN_BIT, "float16": _SIXTEEN_BIT, "int8": _INT8}
 # What the copies cost on the GPU (`copy_ms`): on an H100 (2026-11-27, `tools/pad_probe.py --all`, 47 shapes),
 # the copies' time fits 3.0e9 bytes per ms and 1.6 us per launch; a little slower here, to be safe
 COPY_BYTES_PER_MS = 2.8e9  # bytes read and written per millisecond
 COPY_LAUNCH_MS = 0.0025  # each copy kernel's launch and tail
-# BATCH_NOTE: batches take the plan at the measured sizes (`DtypeRule.measured`) only. On 120 random batches of
-# issue 28 (H100 and H200, 2026-11-27) the predictions took 4, two of them at 0.80x and 0.92x cuBLAS (small
-# padded batches ran 1.35-1.5x slower than the model predicted: 2x924x416x1264 47 us predicted, 72 measured),
-# the others at 1.11x and 1.17x: there the copies cost 30-60% of the padded product. Measured before a batch of
-# the wgmma_direct kernels copied with the TMA (2026-11-28: 4.5-12.9x faster than through registers on aligned
-# bfloat16 batches); padded 16-bit batches now run those copies, so the rule awaits a new measurement.
+# BATCH_NOTE: batches of the 16-bit types take the plan on predictions as one matrix does
+# (`DtypeRule.batches_predicted`); float32's and int8's at the measured sizes only. On 120 random float32 batches
+# of issue 28 (H100 and H200, 2026-11-27) the predictions took 4, two of them at 0.80x and 0.92x cuBLAS (small
+# padded batches ran 1.35-1.5x slower than the model predicted), and forced on 40 (H200, 2026-11-28,
+# `tools/pad_probe.py --bmm --all`, seed 3) the plan won on 3 only (float32's padded batches run through
+# registers: its wgmma kernels' 3-D tensor maps are not shipped). The 16-bit types' padded batches run cuBLAS
+# on aligned rows or the wgmma_direct kernels' 3-D tensor maps: forced on the same 40 bfloat16 batches (H200,
+# 2026-11-28) the plan ran 1.15-3.08x the call as it is on 16 of the 20 it applied to (cuBLAS runs unaligned
+# 16-bit batches at 25-100 TFLOP/s). Weighed on the predictions (the model's cuBLAS times learned from rows
+# aligned as the problem's: `autotile.dispatch.model.REFERENCE_KIND_DISTANCE`) it reached 1.183x cuBLAS on those
+# 40 (1.027 without the plan, 1.186 the better of the two on every batch), and 1.066 on 40 held out (seed 11;
+# 1.017 without, 1.077 the better), where one batch it took ran 0.78x (135x115x314x187: cuBLAS's time
+# predicted 1.7x too long).
 # The plan's predicted time must be this much shorter than the call's as it is (on the runs above, 0.1 and
 # 0.15 reach the same geomean on single matrices, within 0.001; 0.2 and more leave winners out).
 MARGIN = 0.15
@@ -175,13 +181,18 @@ def misaligned(dtype: str, kernel: str, layout: str, shape: tuple[int, ...]) -> 
     from autotile.dispatch.model import rows_allow
 
     width = shapes_mod.ALIGN_BYTES // dtypes.get(dtype).size
-    return not rows_allow(kernel, shape, layout, width) or (RULES[dtype].align_c and shape[-2] % width != 0)
+    return not rows_allow(kernel, shape, layout, width) or (_align_c(dtype) and shape[-2] % width != 0)
 
 
 def plan(layout: str, shape: tuple[int, ...], dtype: str) -> shapes_mod.PaddedShape:
-    """The padded problem the plan runs (`autotile.codegen.padding.padded`): C's rows aligned too where the
-    type's rule says so (`DtypeRule.align_c`)."""
-    return shapes_mod.padded(layout, shape, dtypes.get(dtype).size, align_c=RULES[dtype].align_c)
+    """The padded problem the plan runs (`autotile.codegen.padding.padded`): C's rows aligned too where
+    cuBLAS wants them so (`_align_c`)."""
+    return shapes_mod.padded(layout, shape, dtypes.get(dtype).size, align_c=_align_c(dtype))
+
+
+def _align_c(dtype: str) -> bool:
+    """Whether the plan pads C's rows too: cuBLAS runs the type's unaligned rows of C slowly as well."""
+    return "c" in dtypes.get(dtype).cublas_aligned_rows
 
 
 def copy_ms(layout: str, shape: tuple[int, ...], dtype: str, batch_strides: tuple[int, ...] = ()) -> float:
@@ -218,21 +229,25 @@ def pays(direct: Selection, padded: Selection, layout: str, shape: tuple[int, ..
     tuned record or the shape database's model picked, its own or borrowed from another layout; cuBLAS only
     for the types whose rule says cuBLAS wants aligned rows; never a fallback that knows nothing of the
     shape); then either the problem is as large as the sizes measured to pay (`RULES[dtype].measured`), or,
-    for one matrix (not a batch) where both choices have a predicted time, the padded shape's plus the
-    copies' (`copy_ms`), or the host's time per call (HOST_MS) where that is longer, is under the direct
-    choice's by MARGIN."""
+    for one matrix or a batch of a type whose rule takes batches on predictions (`batches_predicted`), where
+    both choices have a predicted time, the padded shape's plus the copies' (`copy_ms`), or the host's time
+    per call (HOST_MS) where that is longer, is under the direct choice's by MARGIN."""
     if padded.step not in ("exact", "model"):
         return False
     rule = RULES[dtype]
-    if padded.config is None and not (rule.cublas_wants_aligned and padded.implementation == "cublas"):
+    cublas_wants_aligned = bool(dtypes.get(dtype).cublas_aligned_rows)
+    if padded.config is None and not (cublas_wants_aligned and padded.implementation == "cublas"):
         return False
     if rule.measured.holds(layout, shape, dtype):
         return True
-    # batches: the measured sizes only (BATCH_NOTE); a choice borrowed from another layout or from one
-    # matrix has no predicted time
-    if len(shape) == 4 or direct.predicted_ms is None or padded.predicted_ms is None:
+    # batches: on predictions where the type's rule says so (BATCH_NOTE); a choice borrowed from another
+    # layout or from one matrix has no predicted time
+    if len(shape) == 4 and not rule.batches_predicted:
         return False
-    planned = max(padded.predicted_ms + copy_ms(layout, shape, dtype), HOST_MS)  # one matrix: no batch strides
+    if direct.predicted_ms is None or padded.predicted_ms is None:
+        return False
+    # the copies as if no operand were shared by the batch (a shared one is copied once: cheaper)
+    planned = max(padded.predicted_ms + copy_ms(layout, shape, dtype), HOST_MS)
     return planned * (1 + MARGIN) < direct.predicted_ms
 
 
@@ -307,7 +322,7 @@ class PaddedCall:
             parameters = ParameterBlock(("ptr", "ptr", "int32", "int32", "int32", "int64"))
             for slot, value in enumerate((self.m, self.n, self.np_, self.mp * self.np_), 2):
                 parameters.set(slot, value)
-            threads = shapes_mod.copy_threads(self.m, self.np_, self.out_size)
+            threads = shapes_mod.unpad_threads(self.m, self.n, self.np_, self.out_size)
             unpad = _copy_kernels(out_dtype, device)["autotile_unpad"]
             self.unpad = (unpad, (-(-threads // THREADS), 1, self.batch), parameters)
         runner = prepared.runner
