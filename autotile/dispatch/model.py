@@ -63,9 +63,9 @@ EXTRA_LAUNCH_MS = 0.005
 # 2^30), batched 0.41-0.73 -> 0.33-0.42 (from 2^26; it had predicted unaligned batches 2-3x faster than
 # measured, and their padded, aligned shapes 2x slower); single matrices under 2^30 lost (0.31-0.36 -> 0.40-0.42:
 # the same kind's neighbours lie farther, and a small problem's time is its launch's more than its rows'), and
-# batches under 2^26 (0.50-0.54 -> 0.54-0.55). int8's database has no cuBLAS times on
-# large unaligned problems (torch._int_mm takes no sides that are not multiples of 8), and the split only made
-# its predictions worse (0.26-0.30 -> 0.30-0.40): the 16-bit types only.
+# batches under 2^26 (0.50-0.54 -> 0.54-0.55). int8's database has no cuBLAS times on large unaligned problems
+# (torch._int_mm takes no sides that are not multiples of 8), and the split only made its predictions worse
+# (0.26-0.30 -> 0.30-0.40): the 16-bit types only.
 REFERENCE_KIND_DISTANCE = 2.0
 REFERENCE_KIND_MIN_WORK = {"matmul": 2**30, "bmm": 2**26}
 REFERENCE_BY_ALIGNMENT = ("bfloat16", "float16")
@@ -324,8 +324,9 @@ class Model:
         """The reference's (cuBLAS's) predicted time on `shape` in milliseconds, from the neighbour rows
         `order` (distances `dist`) that timed it: each neighbour's time scaled by the ratio of multiply-adds
         (its throughput carried over), averaged in log space with the weights the speed-ups get; None where
-        no neighbour timed it. For cuBLAS on a large problem of a type whose unaligned rows it runs slowly,
-        as many neighbours again, those of the other alignment counted REFERENCE_KIND_DISTANCE farther."""
+        no neighbour timed it. For cuBLAS on a large problem of a type whose unaligned rows it runs slowly
+        (REFERENCE_BY_ALIGNMENT), the same number of neighbours chosen again, a row whose rows are aligned
+        otherwise than the problem's counted REFERENCE_KIND_DISTANCE farther."""
         if self.reference is None:
             return None
         if (self.cublas_aligned is not None and self.reference == self.cublas and len(order)
