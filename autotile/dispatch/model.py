@@ -57,15 +57,16 @@ HOST_MS = {"generated": 0.012, "cublas": 0.027, "cublas matvec": 0.018}
 EXTRA_LAUNCH_MS = 0.005
 # cuBLAS's time on a large problem of a type whose unaligned rows it runs several times slower
 # (`Dtype.cublas_aligned_rows`) is learned from neighbours whose rows are aligned as the problem's are (or are
-# not): a neighbour of the other kind counts as this much farther (log2 units of `_distances`). Leave-one-out
-# on the H100's and H200's databases (2026-11-28), the mean |log2| error of cuBLAS's predicted time on problems
-# of at least REFERENCE_KIND_MIN_WORK multiply-adds: bfloat16 and float16 matmul 0.75-0.92 -> 0.33-0.54 (from
-# 2^30), batched 0.41-0.73 -> 0.33-0.42 (from 2^26; it had predicted unaligned batches 2-3x faster than
-# measured, and their padded, aligned shapes 2x slower); single matrices under 2^30 lost (0.31-0.36 -> 0.40-0.42:
-# the same kind's neighbours lie farther, and a small problem's time is its launch's more than its rows'), and
-# batches under 2^26 (0.50-0.54 -> 0.54-0.55). int8's database has no cuBLAS times on large unaligned problems
-# (torch._int_mm takes no sides that are not multiples of 8), and the split only made its predictions worse
-# (0.26-0.30 -> 0.30-0.40): the 16-bit types only.
+# not): a neighbour of the other kind counts as this much farther (log2 units of `_distances`). Each shape of the
+# H100's and H200's databases held out (`python tools/reference_loo.py`, 2026-11-28), the mean |log2| error of
+# cuBLAS's predicted time: bfloat16 and float16 batches of at least 2^26 multiply-adds 0.25-0.62 on unaligned
+# rows (0.55-1.02 without the split: it had predicted unaligned batches 2-3x faster than measured, and their
+# padded, aligned shapes 2x slower) and 0.29-0.39 on aligned ones (0.36-0.62); single matrices of at least 2^30
+# 0.29-0.56 (0.65-1.03). Single matrices under 2^30 lost with it (0.31-0.36 -> 0.40-0.42: the same kind's
+# neighbours lie farther, and a small problem's time is its launch's more than its rows'), and batches under
+# 2^26. int8's database has no cuBLAS times on large unaligned problems (torch._int_mm takes no sides that are
+# not multiples of 8), and the split only made its predictions worse (0.26-0.30 -> 0.30-0.40): the 16-bit types
+# only.
 REFERENCE_KIND_DISTANCE = 2.0
 REFERENCE_KIND_MIN_WORK = {"matmul": 2**30, "bmm": 2**26}
 REFERENCE_BY_ALIGNMENT = ("bfloat16", "float16")
