@@ -21,8 +21,9 @@ runs as it is by MARGIN. On an H100 (2026-11-27, `tools/pad_probe.py --all`, eve
 the plan; the constants were set on these runs), on 48 random matmul shapes with N or K odd (seeds 1 and 2),
 the rule took 20 and reached a geomean of 1.180x cuBLAS against 1.188 for the better of the two on every
 shape (1.040 without the plan); on an H200, 1.120 against 1.125 (1.033 without) on 24 held-out shapes.
-Batches take it at the measured sizes only (see BATCH_NOTE). float32 only where the setting allows the
-tf32x3 kernels (what its aligned shapes run). Each type's rule and where it was measured: RULES's notes.
+Batches of the 16-bit types weigh it on the predictions too, float32's and int8's at the measured sizes only
+(BATCH_NOTE). float32 only where the setting allows the tf32x3 kernels (what its aligned shapes run). Each
+type's rule and where it was measured: RULES's notes.
 """
 
 from __future__ import annotations
