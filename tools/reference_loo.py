@@ -5,9 +5,10 @@ from the other shapes (`autotile.dispatch.model.Model.reference_ms`, the neighbo
 once as the library does and once with the alignment split off (every neighbour counted as the same kind),
 and compared with the measured time. Prints the mean |log2(predicted / measured)| per database, by problem size
 (multiply-adds) and by whether cuBLAS's rows are aligned (`cublas_rows_aligned`): the measurements behind
-REFERENCE_KIND_DISTANCE and REFERENCE_KIND_MIN_WORK. Re-run it after a survey changes a database.
+REFERENCE_KIND_DISTANCE, REFERENCE_KIND_MIN_WORK and REFERENCE_WORK_EXPONENT. Re-run it after a survey
+changes a database.
 
-    python tools/reference_loo.py [--neighbours N]
+    python tools/reference_loo.py [--neighbours N] [--work-exponent E]
 """
 
 from __future__ import annotations
@@ -52,7 +53,11 @@ def held_out_errors(db: ShapeDatabase, device: DeviceLimits, neighbours: int) ->
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--neighbours", type=int, default=model_mod.ModelParams().neighbours)
+    parser.add_argument("--work-exponent", type=float, default=model_mod.REFERENCE_WORK_EXPONENT,
+                        help="a neighbour's time scaled by the ratio of multiply-adds to this power "
+                             "(REFERENCE_WORK_EXPONENT; default the library's)")
     args = parser.parse_args()
+    model_mod.REFERENCE_WORK_EXPONENT = args.work_exponent
     devices = {p.fingerprint: p for p in PROFILES.values()}
     print("mean |log2(predicted / measured)| of cuBLAS's time, each shape held out: as the library predicts "
           "(without the alignment split); n shapes")

@@ -70,6 +70,14 @@ EXTRA_LAUNCH_MS = 0.005
 REFERENCE_KIND_DISTANCE = 2.0
 REFERENCE_KIND_MIN_WORK = {"matmul": 2**30, "bmm": 2**26}
 REFERENCE_BY_ALIGNMENT = ("bfloat16", "float16")
+# A neighbour's cuBLAS time is carried over to the query scaled by (the query's multiply-adds / the neighbour's)
+# to this power. Held out on every shipped database (`python tools/reference_loo.py --work-exponent E`,
+# 2026-11-28), 1 (throughput carried over) was the worst of 0.6-1.0 on every one: 0.8 cut the mean |log2|
+# error of problems of at least 2^28 multiply-adds by 9-29% (the H200's bfloat16 batches 0.39 -> 0.33), 0.6
+# of smaller ones by 17-37% (a larger problem runs at a higher throughput, a small one near its launch's
+# time). It stays 1 until a GPU run measures what the changed predictions choose: they also weigh the host's
+# time per call on small problems (`choose`) and the padded plan (`padding.pays`).
+REFERENCE_WORK_EXPONENT = 1.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -343,7 +351,7 @@ class Model:
         if dist[order[0]] == 0 and ok[0]:  # a surveyed shape: its own measurement
             return float(times[0])
         work = math.prod(shape)
-        scaled = np.log2(times[ok]) + np.log2(work) - self.log_shapes[order[ok]].sum(axis=1)
+        scaled = np.log2(times[ok]) + REFERENCE_WORK_EXPONENT * (np.log2(work) - self.log_shapes[order[ok]].sum(axis=1))
         w = 1.0 / (0.25 + dist[order[ok]])
         return float(2 ** ((w * scaled).sum() / w.sum()))
 
