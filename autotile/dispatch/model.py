@@ -353,7 +353,8 @@ class Model:
         if dist[order[0]] == 0 and ok[0]:  # a surveyed shape: its own measurement
             return float(times[0])
         work = math.prod(shape)
-        scaled = np.log2(times[ok]) + REFERENCE_WORK_EXPONENT * (np.log2(work) - self.log_shapes[order[ok]].sum(axis=1))
+        exponent = REFERENCE_WORK_EXPONENT  # at 1, the sums below are the ones before it was named, bit for bit
+        scaled = np.log2(times[ok]) + exponent * np.log2(work) - exponent * self.log_shapes[order[ok]].sum(axis=1)
         w = 1.0 / (0.25 + dist[order[ok]])
         return float(2 ** ((w * scaled).sum() / w.sum()))
 
@@ -516,8 +517,9 @@ def rows_allow(kernel: str, shape: tuple[int, ...], layout: str, width: int) -> 
 
 
 def cublas_rows_aligned(kernel: str, dtype: str, layout: str, shape: tuple[int, ...]) -> bool:
-    """Whether the rows cuBLAS wants aligned for `dtype` (`Dtype.cublas_aligned_rows`: A's and B's, C's
-    too for some types) start 16-byte aligned on `shape` in `layout`, the arrays taken to start aligned."""
+    """Whether A's and B's rows, and C's where cuBLAS wants those aligned too for `dtype` (`"c"` in
+    `Dtype.cublas_aligned_rows`), start 16-byte aligned on `shape` in `layout`, the arrays taken to start
+    aligned: the rows the padded plan aligns (`autotile.library.padding.misaligned`)."""
     width = 16 // dtypes.DTYPE_SIZES[dtype]
     wanted = dtypes.get(dtype).cublas_aligned_rows
     c_aligned = "c" not in wanted or kernel == "matvec" or shape[-2] % width == 0

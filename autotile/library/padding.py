@@ -175,14 +175,13 @@ def applies(dtype: str, setting: str, kernel: str, layout: str, shape: tuple[int
 
 
 def misaligned(dtype: str, kernel: str, layout: str, shape: tuple[int, ...]) -> bool:
-    """Whether some operand's rows (or, for the types whose rule aligns C, C's) in `layout` on `shape` do not start
-    16-byte aligned, the arrays taken to start aligned as allocators give them."""
+    """Whether some operand's rows (or, for the types whose C cuBLAS wants aligned, C's) in `layout` on `shape`
+    do not start 16-byte aligned, the arrays taken to start aligned as allocators give them."""
     # imported here: `import autotile` loads this module, and the model's (the tuning cache's filelock) only
     # where a call is this large
-    from autotile.dispatch.model import rows_allow
+    from autotile.dispatch.model import cublas_rows_aligned
 
-    width = shapes_mod.ALIGN_BYTES // dtypes.get(dtype).size
-    return not rows_allow(kernel, shape, layout, width) or (_align_c(dtype) and shape[-2] % width != 0)
+    return not cublas_rows_aligned(kernel, dtype, layout, shape)
 
 
 def plan(layout: str, shape: tuple[int, ...], dtype: str) -> shapes_mod.PaddedShape:
