@@ -32,6 +32,9 @@ class Launch:
     tickets: int = 0  # last_block: one unsigned int counter per output tile, zero between launches (0: none)
     tensor_maps: tuple[TensorBox, ...] = ()  # TMA copies of the inputs (wgmma LOADER=tma, wgmma_direct): one map each
     workspace_dtype: str | None = None  # last_block: the partial results' type where it is not the output's
+    # wgmma LOADER=presplit: the split operands' K stride (`presplit_k`, K rounded up to 4: a row of the
+    # workspace holds big then small, 2 presplit_k floats); its tensor maps (`tensor_maps`) read the workspace
+    presplit_k: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,8 +121,11 @@ class KernelSpec:
             cluster = config.get("CLUSTER_M", 1)
             grid = (min(grid[0], max(sm_count // cluster, 1) * cluster), grid[1], grid[2])
         direct = config.get("MATH") == "wgmma_direct"
+        presplit = config.get("LOADER") == "presplit"
         if direct:
             maps: tuple[TensorBox, ...] = _direct_boxes(config, shape[-3:], self.layout(layout), DTYPE_SIZES[dtype])
+        elif presplit:  # the copies read the workspace the split kernels write, batched or not
+            maps = _presplit_boxes(config, shape)
         else:
             maps = _tensor_boxes(config, shape[-3:], self.layout(layout)) if config.get("LOADER") == "tma" else ()
         if len(shape) == 4 and direct:
@@ -127,13 +133,14 @@ class KernelSpec:
             # through registers still (boxes of batch 0: the runner encodes none): a 3-D copy there alters
             # the kernels the shipped bmm databases timed, which wait for a survey on every GPU they cover.
             maps = tuple(dataclasses.replace(box, batch=shape[0]) for box in maps)
+        split_k = presplit_k(shape[-1]) if presplit else 0
         if config["SPLIT_K"] > 1 and config.get("SPLIT_REDUCE", "atomic") == "last_block":
             workspace, tickets = self.split_buffers(config, shape)
             # partial sums are kept in the accumulator's type: float32 for the 16-bit types, int8's int32
             accumulator = dtypes.get(dtype).accumulator
             partial = accumulator if accumulator != dtype else None
-            return Launch(grid, block, dynamic, False, workspace, tickets, maps, partial)
-        return Launch(grid, block, dynamic, config["SPLIT_K"] > 1, tensor_maps=maps)
+            return Launch(grid, block, dynamic, False, workspace, tickets, maps, partial, split_k)
+        return Launch(grid, block, dynamic, config["SPLIT_K"] > 1, tensor_maps=maps, presplit_k=split_k)
 
     def parse_shape(self, text: str | tuple[int, ...]) -> tuple[int, ...]:
         """'4096x4096x4096' -> (4096, 4096, 4096); see `problem.parse_shape`."""
@@ -202,6 +209,25 @@ def _tensor_boxes(config: Config, shape: tuple[int, ...], layout: str) -> tuple[
     a = TensorBox(0, M, K, 32, BK) if layout in ("tn", "tt") else TensorBox(0, K, M, 32, BM)
     b = TensorBox(1, K, N, 32, BN) if layout in ("nt", "tt") else TensorBox(1, N, K, 32, BK)
     return a, b
+
+
+def presplit_k(k: int) -> int:
+    """The K stride of a wgmma LOADER=presplit workspace's parts: `k` rounded up to 4 floats (16 bytes, the
+    copies' alignment)."""
+    return -(-k // 4) * 4
+
+
+def _presplit_boxes(config: Config, shape: tuple[int, ...]) -> tuple[TensorBox, ...]:
+    """The TMA copies of a wgmma LOADER=presplit kernel: A's big and small parts, then B's, from the
+    workspace the split kernels write (rows of M or N, each 2 presplit_k floats: big, then small; K-major in
+    every layout); each copy 32 floats (128 bytes) of K by BM or BN rows. The boxes' `operand` indexes the
+    workspace's four parts (`KernelRunner`); a batch's parts are one matrix per batch entry, or one shared."""
+    *batch, M, N, K = shape
+    stride = 2 * presplit_k(K)
+    count = batch[0] if batch else 0
+    rows = {0: M, 1: M, 2: N, 3: N}
+    box_rows = {0: config["BM"], 1: config["BM"], 2: config["BN"], 3: config["BN"]}
+    return tuple(TensorBox(part, K, rows[part], 32, box_rows[part], 4, count, stride) for part in range(4))
 
 
 def _direct_boxes(config: Config, shape: tuple[int, ...], layout: str, element_bytes: int

@@ -45,7 +45,9 @@ class TensorBox:
     the previous one (a row stride of `inner`). Each copy moves a box of `box_inner` x `box_outer`
     elements (box_inner x element_bytes bytes wide: 128 for the 128-byte swizzle). `operand` is the
     input's index among the kernel's inputs (0: A, 1: B). `batch`: 0 for one matrix (a 2-D map), else the
-    number of matrices of a batched launch (a 3-D map, each box one matrix's).
+    number of matrices of a batched launch (a 3-D map, each box one matrix's). `row_stride`: elements from
+    one row to the next where that is not `inner` (0): rows that hold more than the map reads (the wgmma
+    LOADER=presplit workspace: a row's big and small parts side by side, each its own map).
     """
 
     operand: int
@@ -55,11 +57,17 @@ class TensorBox:
     box_outer: int
     element_bytes: int = 4
     batch: int = 0
+    row_stride: int = 0
+
+    @property
+    def row_elements(self) -> int:
+        """Elements from one row to the next."""
+        return self.row_stride or self.inner
 
     def describable(self, pointer: int, batch_stride: int = 0) -> bool:
         """Whether a tensor map can describe this matrix (or batch, its matrices `batch_stride` elements
         apart) at `pointer`: 16-byte aligned address, rows and matrices."""
-        return (pointer % _ALIGNMENT == 0 and (self.inner * self.element_bytes) % _ALIGNMENT == 0
+        return (pointer % _ALIGNMENT == 0 and (self.row_elements * self.element_bytes) % _ALIGNMENT == 0
                 and (batch_stride * self.element_bytes) % _ALIGNMENT == 0)
 
 
@@ -90,7 +98,7 @@ def dimensions(box: TensorBox, batch_stride: int = 0) -> tuple[list[int], list[i
     """The map's extents (elements, innermost first), strides (bytes, of every dimension but the innermost)
     and box (elements): a matrix's two dimensions, and for a batched box a third, the batch (one matrix
     where the operand is shared: `batch_stride` 0)."""
-    row_bytes = box.inner * box.element_bytes
+    row_bytes = box.row_elements * box.element_bytes
     extents, strides, boxes = [box.inner, box.outer], [row_bytes], [box.box_inner, box.box_outer]
     if box.batch:
         count = box.batch if batch_stride else 1

@@ -155,10 +155,16 @@ class KernelRunner:
     (misaligned, rows or a batch's matrices not a multiple of 16 bytes apart) or the template copies no
     batch with maps (the tf32x3 wgmma kernels) the flag is 0 and the kernel loads through registers
     instead, with the same results.
+
+    A wgmma LOADER=presplit kernel (`Launch.presplit_k`) comes with its two split kernels (`splits`): each
+    call allocates a workspace on its stream (A's and B's big and small parts, (M + N) 2 presplit_k floats a
+    matrix; freed to the stream-ordered pool once enqueued), launches the splits into it, then the product,
+    whose maps describe the workspace (always describable: no flag, no register path).
     """
 
     def __init__(self, kernel: Any, launch: kernels.Launch, sizes: tuple[Any, ...], batched: bool = False,
-                 inputs: int = 2):
+                 inputs: int = 2, splits: tuple[Any, Any] | None = None,
+                 transposed: tuple[bool, bool] = (False, False)):
         from autotile.codegen import build
 
         self.kernel = kernel
@@ -170,11 +176,17 @@ class KernelRunner:
         # inputs, (last_block) workspace and tickets. The sizes never change: written once here.
         types = ("ptr",) * (inputs + 1) + tuple(str(np.asarray(s).dtype) for s in sizes)
         types += ("int64",) * (inputs if batched else 0) + (("ptr", "ptr") if launch.tickets else ())
-        self._first_map = len(types)  # (tensor maps) the flag's slot; the maps follow it
-        types += ("int32",) + ("tensormap",) * len(launch.tensor_maps) if launch.tensor_maps else ()
+        self._first_map = len(types)  # (tensor maps) the flag's slot; the maps follow it (presplit: no flag)
+        self._map_offset = 0 if launch.presplit_k else 1
+        if launch.tensor_maps:
+            types += ("int32",) * self._map_offset + ("tensormap",) * len(launch.tensor_maps)
         # A batch copies with tensor maps only where its boxes are 3-D (a template that takes the batch as the
         # copies' coordinate); else through registers
         copies = launch.tensor_maps and (not batched or all(box.batch for box in launch.tensor_maps))
+        if launch.presplit_k and (splits is None or len(sizes) != 3):
+            raise ValueError("a LOADER=presplit kernel needs its two split kernels and the sizes M, N, K")
+        self._splits = splits
+        self._transposed = transposed  # (presplit) A stored column-major, B stored N x K: the layout's "t"s
         self._tensor_maps = TensorMapCache(launch.tensor_maps) if copies else None
         self.parameters = ParameterBlock(types)
         # the inputs (pointers, batch strides) whose maps the block holds
@@ -212,9 +224,44 @@ class KernelRunner:
             if buffers is not None:
                 parameters.set(slot, buffers[1])
                 parameters.set(slot + 1, buffers[2])
-            if launch.tensor_maps:
+            if launch.presplit_k:
+                # the workspace is dropped once the product is enqueued: the pool hands it out again on
+                # this stream only, after this launch
+                _workspace, parts, part_strides = self._presplit(pointers, batch_strides, stream_ptr, allocate)
+                self._write_maps(parts, part_strides)
+            elif launch.tensor_maps:
                 self._write_maps(pointers, batch_strides)
             self.kernel.launch_packed(launch.grid, launch.block, launch.dynamic_smem_bytes, stream_ptr, parameters)
+
+    def _presplit(self, pointers: tuple[int, ...], batch_strides: tuple[int, ...], stream_ptr: int,
+                  allocate: Allocator) -> tuple[Any, tuple[int, ...], tuple[int, ...]]:
+        """LOADER=presplit: A's and B's big and small parts into a new workspace on the stream (the split
+        kernels, enqueued there). Returns the workspace's owner, the four parts' addresses (A big, A small,
+        B big, B small: each part's rows 2 presplit_k floats apart) and their batch strides in floats (0: a
+        matrix the batch shares)."""
+        assert self._splits is not None
+        kp = self.geometry.presplit_k
+        m, n, k = (int(size) for size in self.sizes)
+        a_trans, b_trans = self._transposed
+        strides = batch_strides or (0, 0)
+        batch = self.geometry.tensor_maps[0].batch or 1  # the presplit boxes count a batch's matrices
+        counts = [batch if stride else 1 for stride in strides]
+        rows = (m, n)
+        elems = [count * r * 2 * kp for count, r in zip(counts, rows, strict=True)]
+        workspace, base = allocate(elems[0] + elems[1], "float32", stream_ptr)
+        part_a, part_b = base, base + 4 * elems[0]
+        stream = cupy_stream(stream_ptr)
+        lds = (m if a_trans else k, k if b_trans else n)
+        for split, source, target, r, ld, count, stride in zip(self._splits, pointers[:2], (part_a, part_b), rows,
+                                                                lds, counts, strides, strict=True):
+            arguments: tuple[Any, ...] = (np.uint64(source), np.uint64(target), np.int32(r), np.int32(k), np.int32(ld),
+                                          np.int32(kp))
+            if self.batched:
+                arguments += (np.int64(stride),)
+            split(((k + 31) // 32, (r + 31) // 32, count), (32, 8, 1), arguments, stream=stream)
+        part_strides = tuple(2 * kp * r if stride else 0 for r, stride in ((m, strides[0]), (m, strides[0]),
+                                                                          (n, strides[1]), (n, strides[1])))
+        return workspace, (part_a, part_a + 4 * kp, part_b, part_b + 4 * kp), part_strides
 
     def bound_launch(self, batch_strides: tuple[int, ...] = (), out_nbytes: int = 0, dtype: str = "float32",
                      allocate: Allocator = cupy_allocator) -> Callable[[int, int, int, int], None]:
@@ -243,6 +290,9 @@ class KernelRunner:
         memset, zero, buffers = cupy.cuda.runtime.memsetAsync, launch.zero_output, self._buffers
         maps = bool(launch.tensor_maps)
 
+        if launch.presplit_k:  # a workspace and the splits on every call: the general launch
+            return general
+
         def run(a_ptr: int, b_ptr: int, out_ptr: int, stream_ptr: int) -> None:
             if zero:  # the splits add into the output: it starts at zero, on the launch's stream
                 memset(out_ptr, 0, out_nbytes, stream_ptr)
@@ -268,9 +318,10 @@ class KernelRunner:
         if self._maps_written_for == (pointers, batch_strides):
             return
         maps = self._tensor_maps.maps(pointers, batch_strides) if self._tensor_maps is not None else None
-        self.parameters.set(self._first_map, maps is not None)
+        if self._map_offset:
+            self.parameters.set(self._first_map, maps is not None)
         for i, tensor_map in enumerate(maps or ()):
-            self.parameters.set_bytes(self._first_map + 1 + i, tensor_map)
+            self.parameters.set_bytes(self._first_map + self._map_offset + i, tensor_map)
         self._maps_written_for = (pointers, batch_strides)
 
     def uses_tensor_maps(self, pointers: tuple[int, ...], batch_strides: tuple[int, ...] = ()) -> bool:
@@ -324,7 +375,13 @@ class Generated:
         source = self.source if self.source is not None else spec.render(self.config, key.dtype, key.layout)
         kernel = build.compile_kernel(source, "autotile_" + spec.name)
         launch = spec.launch(self.config, key.shape, key.dtype, key.layout, sm_count=_sm_count())
-        return KernelRunner(kernel, launch, spec.size_args(key.shape), spec.batched, spec.operand_count(key.dtype))
+        splits = None
+        if launch.presplit_k:  # the split kernels of the same source
+            splits = (build.compile_kernel(source, f"autotile_{spec.name}_split_a"),
+                      build.compile_kernel(source, f"autotile_{spec.name}_split_b"))
+        layout = spec.layout(key.layout)
+        return KernelRunner(kernel, launch, spec.size_args(key.shape), spec.batched, spec.operand_count(key.dtype),
+                            splits, (layout[0] == "t", layout[1] == "t"))
 
 
 _sm_counts: dict[int, int] = {}
