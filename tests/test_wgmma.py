@@ -137,7 +137,9 @@ def test_compiles_for_sm90a_within_the_register_model(compiled, case):
     name, layout, _ = case
     result = compiled[case]
     assert result.arch == "sm_90a"
-    (usage,) = result.usages
+    # the product's function (LOADER=presplit adds its two split kernels, checked for spills too)
+    (usage,) = [u for u in result.usages if not u.function.endswith(("_split_a", "_split_b"))]
+    assert all(u.spill_stores == 0 for u in result.usages if u is not usage), result.usages
     derived = WGMMA.derive(SPEC.space.named(name), Problem(PROFILES["h100"], "float32", layout))
     assert usage.registers <= min(255, 65536 // derived["threads"] // 8 * 8)
     assert usage.spill_stores <= SPILL_BOUND.get(name, 0), (name, layout, usage)

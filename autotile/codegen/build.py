@@ -388,6 +388,22 @@ class Kernel:
         self.launch_function(self._function.ptr, grid[0], grid[1], grid[2], block[0], block[1], block[2],
                              shared_mem, stream_ptr, parameters.address, 0)
 
+    def sibling(self, name: str) -> "Kernel":
+        """The entry function `name` of the same compiled source, on the same device (a kernel's helpers,
+        such as a wgmma LOADER=presplit kernel's split kernels). Raises CompileError where there is none."""
+        with _lock:
+            kernel = _kernels.get((self.result.key, self.device_id, name))
+            module = _modules.get((self.result.key, self.device_id))
+        if kernel is not None:
+            return kernel
+        if module is None or (self.result.usages and self.result.usage(name) is None):
+            raise CompileError(f"no entry function {name!r} next to {self.name!r}", "", self.result.options,
+                               self.result.log)
+        with _use_device(self.device_id):
+            kernel = Kernel(module.get_function(name), name, self.result, self.device_id)
+        with _lock:
+            return _kernels.setdefault((self.result.key, self.device_id, name), kernel)
+
     def __repr__(self) -> str:
         return f"Kernel({self.name!r}, {self.result.arch}, device {self.device_id})"
 

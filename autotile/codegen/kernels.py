@@ -35,6 +35,7 @@ class Launch:
     # wgmma LOADER=presplit: the split operands' K stride (`presplit_k`, K rounded up to 4: a row of the
     # workspace holds big then small, 2 presplit_k floats); its tensor maps (`tensor_maps`) read the workspace
     presplit_k: int = 0
+    presplit_transposed: tuple[bool, bool] = (False, False)  # A stored column-major, B stored N x K (the "t"s)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,13 +135,16 @@ class KernelSpec:
             # the kernels the shipped bmm databases timed, which wait for a survey on every GPU they cover.
             maps = tuple(dataclasses.replace(box, batch=shape[0]) for box in maps)
         split_k = presplit_k(shape[-1]) if presplit else 0
+        named_layout = self.layout(layout)
+        transposed = (named_layout[0] == "t", named_layout[1] == "t") if presplit else (False, False)
         if config["SPLIT_K"] > 1 and config.get("SPLIT_REDUCE", "atomic") == "last_block":
             workspace, tickets = self.split_buffers(config, shape)
             # partial sums are kept in the accumulator's type: float32 for the 16-bit types, int8's int32
             accumulator = dtypes.get(dtype).accumulator
             partial = accumulator if accumulator != dtype else None
-            return Launch(grid, block, dynamic, False, workspace, tickets, maps, partial, split_k)
-        return Launch(grid, block, dynamic, config["SPLIT_K"] > 1, tensor_maps=maps, presplit_k=split_k)
+            return Launch(grid, block, dynamic, False, workspace, tickets, maps, partial, split_k, transposed)
+        return Launch(grid, block, dynamic, config["SPLIT_K"] > 1, tensor_maps=maps, presplit_k=split_k,
+                      presplit_transposed=transposed)
 
     def parse_shape(self, text: str | tuple[int, ...]) -> tuple[int, ...]:
         """'4096x4096x4096' -> (4096, 4096, 4096); see `problem.parse_shape`."""

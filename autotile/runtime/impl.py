@@ -156,15 +156,14 @@ class KernelRunner:
     batch with maps (the tf32x3 wgmma kernels) the flag is 0 and the kernel loads through registers
     instead, with the same results.
 
-    A wgmma LOADER=presplit kernel (`Launch.presplit_k`) comes with its two split kernels (`splits`): each
-    call allocates a workspace on its stream (A's and B's big and small parts, (M + N) 2 presplit_k floats a
+    A wgmma LOADER=presplit kernel (`Launch.presplit_k`) has two split kernels in its source: each call
+    allocates a workspace on its stream (A's and B's big and small parts, (M + N) 2 presplit_k floats a
     matrix; freed to the stream-ordered pool once enqueued), launches the splits into it, then the product,
     whose maps describe the workspace (always describable: no flag, no register path).
     """
 
     def __init__(self, kernel: Any, launch: kernels.Launch, sizes: tuple[Any, ...], batched: bool = False,
-                 inputs: int = 2, splits: tuple[Any, Any] | None = None,
-                 transposed: tuple[bool, bool] = (False, False)):
+                 inputs: int = 2):
         from autotile.codegen import build
 
         self.kernel = kernel
@@ -183,10 +182,9 @@ class KernelRunner:
         # A batch copies with tensor maps only where its boxes are 3-D (a template that takes the batch as the
         # copies' coordinate); else through registers
         copies = launch.tensor_maps and (not batched or all(box.batch for box in launch.tensor_maps))
-        if launch.presplit_k and (splits is None or len(sizes) != 3):
-            raise ValueError("a LOADER=presplit kernel needs its two split kernels and the sizes M, N, K")
-        self._splits = splits
-        self._transposed = transposed  # (presplit) A stored column-major, B stored N x K: the layout's "t"s
+        # LOADER=presplit: the split kernels of the same source
+        self._splits = (kernel.sibling(kernel.name + "_split_a"), kernel.sibling(kernel.name + "_split_b")) \
+            if launch.presplit_k else None
         self._tensor_maps = TensorMapCache(launch.tensor_maps) if copies else None
         self.parameters = ParameterBlock(types)
         # the inputs (pointers, batch strides) whose maps the block holds
@@ -242,7 +240,7 @@ class KernelRunner:
         assert self._splits is not None
         kp = self.geometry.presplit_k
         m, n, k = (int(size) for size in self.sizes)
-        a_trans, b_trans = self._transposed
+        a_trans, b_trans = self.geometry.presplit_transposed
         strides = batch_strides or (0, 0)
         batch = self.geometry.tensor_maps[0].batch or 1  # the presplit boxes count a batch's matrices
         counts = [batch if stride else 1 for stride in strides]
@@ -375,13 +373,7 @@ class Generated:
         source = self.source if self.source is not None else spec.render(self.config, key.dtype, key.layout)
         kernel = build.compile_kernel(source, "autotile_" + spec.name)
         launch = spec.launch(self.config, key.shape, key.dtype, key.layout, sm_count=_sm_count())
-        splits = None
-        if launch.presplit_k:  # the split kernels of the same source
-            splits = (build.compile_kernel(source, f"autotile_{spec.name}_split_a"),
-                      build.compile_kernel(source, f"autotile_{spec.name}_split_b"))
-        layout = spec.layout(key.layout)
-        return KernelRunner(kernel, launch, spec.size_args(key.shape), spec.batched, spec.operand_count(key.dtype),
-                            splits, (layout[0] == "t", layout[1] == "t"))
+        return KernelRunner(kernel, launch, spec.size_args(key.shape), spec.batched, spec.operand_count(key.dtype))
 
 
 _sm_counts: dict[int, int] = {}
