@@ -376,6 +376,9 @@ def test_shipped_matmul_configs_compile_without_real_spills():
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
         results = dict(zip(distinct, pool.map(compile_one, distinct), strict=True))
     for name, config, _, _ in shipped:
-        (usage,) = results[sources[name]].usages
+        # the product (a wgmma LOADER=presplit source holds its two split kernels too, which spill nothing)
+        usages = results[sources[name]].usages
+        (usage,) = [u for u in usages if u.function == "autotile_matmul"]
+        assert all(u.spill_stores == 0 for u in usages if u is not usage), (name, usages)
         allowed = SHIPPED_SPILL_BYTES[config["MATH"]]
         assert usage.spill_stores <= allowed, f"{name} ({config.key()}): {usage.spill_stores} bytes spilled"
