@@ -167,6 +167,19 @@ def test_emulation_is_chosen_only_for_large_2d_float_problems():
     assert not emulation.pays("float64", (4, 8192, 8192, 8192))
 
 
+def test_float32_is_not_emulated_where_high_runs_the_kernels_that_split_once():
+    from autotile.codegen import kernels
+    from autotile.library import emulation
+
+    space = kernels.get("matmul").space
+    presplit, tma = space.named("wgmma-128-presplit"), space.named("wgmma-128-tma-p2")
+    shape = (8192, 8192, 8192)
+    assert not emulation.pays("float32", shape, presplit)  # measured 1.16x faster than the emulation (H200)
+    assert emulation.pays("float32", shape, tma) and emulation.pays("float32", shape, None)  # None: cuBLAS
+    assert emulation.pays("float64", shape, presplit)  # float64's native path is DGEMM: the config is not its
+    assert not emulation.pays("float32", (4096, 4096, 4096), tma)  # the size rule still holds first
+
+
 # -- on a GPU -------------------------------------------------------------------------------------------------
 
 
@@ -183,6 +196,8 @@ def emulate_everything(monkeypatch):
 
     for name in ("MIN_SIDE", "MIN_K", "MIN_VOLUME"):
         monkeypatch.setattr(emulation, name, {"float64": 1, "float32": 1})
+    # float32 too, whatever "high" runs
+    monkeypatch.setattr(emulation, "native_outruns_emulation", lambda native: False)
 
 
 def _within_native_bound(out: np.ndarray, a: np.ndarray, b: np.ndarray, dtype: str) -> np.ndarray:

@@ -115,7 +115,8 @@ def bench_case(shape: tuple[int, int, int], dtype: str, kind: str, flush: Any, s
     row: dict[str, Any] = {"dtype": dtype, "shape": list(shape), "inputs": kind, "emulated_ms": t_emulated,
                            "back_to_back_ms": t_back_to_back,
                            "cublas_ms": t_native, "phases_ms": dict(zip(PHASES, phases, strict=True)),
-                           "picked": emulation.pays(dtype, shape), "guard": guard,
+                           "picked": calls.emulation_pays("matmul", dtype, plan.layout, shape, op_a.device),
+                           "guard": guard,
                            "moduli": scheme(dtype, shape[2], bits).count, "beta": scheme(dtype, shape[2], bits).beta,
                            "int8_kernel": gemm((m, n, emulation.aligned_k(k)))
                            .prepared.selection.explain()}

@@ -395,7 +395,7 @@ def matmul_no_autograd(A: Any, B: Any, out: Any = None, precision: str | None = 
     if setting == precision_mod.EMULATED and plan.kernel in ("matmul", "bmm"):
         from autotile.library import emulation
 
-        if emulation.pays(dtype, plan.shape[-3:]):  # large calls: not memoized as repeated calls
+        if emulation_pays(plan.kernel, dtype, plan.layout, plan.shape, a.device):  # large: not memoized
             with _device_of(a.device):
                 emulation.run_batch(framework, a, b, c, plan.layout, plan.shape, plan.batch_strides, stream_ptr,
                                     _int8_gemm(framework, a.device))
@@ -602,6 +602,29 @@ def _scaled_mm(torch: Any, a: Any, b: Any, scale_a: Any, scale_b: Any, out: Any,
     return torch._scaled_mm(a, b, scale_a=scale_a, scale_b=scale_b, out_dtype=torch.bfloat16, out=out)
 
 
+_emulation_choices: dict[tuple[Any, ...], bool] = {}
+
+
+def emulation_pays(kernel: str, dtype: str, layout: str, shape: tuple[int, ...], device_id: int) -> bool:
+    """Whether a `kernel` ("matmul", or "bmm": each matrix) of `dtype` and `shape` runs emulated under the
+    "emulated" setting on `device_id`: `emulation.pays`, which for float32 weighs what "high" would run
+    (its selection, memoized per problem)."""
+    from autotile.library import emulation
+
+    if not emulation.pays(dtype, shape[-3:]):
+        return False
+    if dtype != "float32":
+        return True
+    memo_key = (device_id, kernel, layout, shape)
+    found = _emulation_choices.get(memo_key)
+    if found is None:
+        from autotile.dispatch.select import select
+
+        native = select(ProblemKey(kernel, dtype, layout, shape), _device(device_id), precision="high")
+        found = _emulation_choices.setdefault(memo_key, emulation.pays(dtype, shape[-3:], native.config))
+    return found
+
+
 def padded_plan(kernel: str, dtype: str, layout: str, shape: tuple[int, ...], setting: str,
                 device_id: int | None = None) -> _Prepared | None:
     """Where a matmul of `shape` ((batch,) M, N, K) in `layout` takes the padded plan
@@ -651,6 +674,7 @@ def forget() -> None:
         _calls.clear()
         _scaled_calls.clear()
         _residue_runners.clear()
+        _emulation_choices.clear()
 
 
 events.on_records_changed(forget)  # a record tuned in this process is served from the next call on

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -52,16 +53,31 @@ K_ALIGN = 16  # the int8 GEMMs' K: a multiple of 16 bytes, so that their tiles l
 RESIDUE_EPILOGUE = False
 
 
+def native_outruns_emulation(native: Mapping[str, Any] | None) -> bool:
+    """Whether "high"'s choice `native` runs a float32 product faster than its emulation wherever the size
+    rule would emulate: the tf32x3 wgmma kernels that split each operand once (LOADER=presplit). Measured on
+    an H200 (2026-11-28, `bench_emulation --dtype float32 --sizes 8192 16384 --random 12 --seed 23`): of the
+    four shapes the size rule took, the three these kernels serve ran 1.16-1.27x faster natively (8192³ 9.25
+    against 10.73 ms, 16384³ 74.1 against 88.7, 10719x13896x5950 15.2 against 19.2), and the one they do not
+    (6282x4602x10849, 1.57x cuBLAS natively) 1.24x faster emulated. The size rule was fitted against the
+    kernels before them (H100, 2026-11-25)."""
+    return native is not None and native.get("MATH") == "wgmma" and native.get("LOADER") == "presplit"
+
+
 def aligned_k(k: int) -> int:
     """The int8 GEMMs' K for a problem's `k`: rounded up to `K_ALIGN` (the residues' rows padded with zeros)."""
     return -(-k // K_ALIGN) * K_ALIGN
 
 
-def pays(dtype: str, shape: tuple[int, ...]) -> bool:
+def pays(dtype: str, shape: tuple[int, ...], native: Mapping[str, Any] | None = None) -> bool:
     """Whether the emulation is the choice for a 2-D `dtype` matmul of `shape` (M, N, K) under the
     "emulated" setting: K, M N K, M and N large enough (`MIN_K`, `MIN_VOLUME`, `MIN_SIDE`), K within the
-    int32 sums' exact range (`MAX_K`), M within the fix-up's grid."""
+    int32 sums' exact range (`MAX_K`), M within the fix-up's grid; for float32, not where `native` (the
+    config "high" runs for the problem, None for cuBLAS) is a tf32x3 kernel that splits its operands once
+    (`native_outruns_emulation`)."""
     if dtype not in MIN_SIDE or len(shape) != 3:
+        return False
+    if dtype == "float32" and native_outruns_emulation(native):
         return False
     m, n, k = shape
     return (k >= MIN_K[dtype] and m * n * k >= MIN_VOLUME[dtype] and min(m, n) >= MIN_SIDE[dtype]
