@@ -227,3 +227,68 @@ def test_sass_multiplies_with_hgmma_and_splits_in_the_producer_only(name, layout
     assert "WARPGROUP.DEPBAR" in sass
     if bm > 64:
         assert "USETMAXREG" in sass
+
+
+# -- LOADER=presplit: the split kernels' workspace and the copies that read it -------------------------------
+
+PRESPLIT = [n for n in NAMES if SPEC.space.named(n)["LOADER"] == "presplit"]
+
+
+def test_presplit_configs_are_named_and_take_one_producer():
+    assert {"wgmma-128-presplit", "wgmma-128x64-presplit", "wgmma-64-presplit"} <= set(PRESPLIT)
+    problem = Problem(PROFILES["h200"], "float32", "nn")
+    two = SPEC.space.with_overrides(SPEC.space.named("wgmma-64-presplit"), {"PRODUCERS": 2})
+    assert not SPEC.space.is_feasible(two, problem)
+    assert "wgmma presplit" in " ".join(SPEC.space.violations(two, problem))
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("shape", [(1000, 999, 997), (1, 7, 3), (3, 100, 50, 17)], ids=lambda s: "x".join(map(str, s)))
+def test_presplit_launch_describes_the_workspace(layout, shape):
+    """The four maps read the workspace (A big, A small, B big, B small): rows of 2 presplit_k floats, K
+    of them read, presplit_k = K rounded up to 4; a batch's maps count its matrices."""
+    config = SPEC.space.named("wgmma-128x64-presplit")
+    spec = kernels.get("bmm") if len(shape) == 4 else SPEC
+    launch = spec.launch(config, shape, "float32", layout, sm_count=132)
+    *batch, m, n, k = shape
+    kp = -(-k // 4) * 4
+    assert launch.presplit_k == kp == kernels.presplit_k(k) and kp % 4 == 0 and kp >= k
+    assert launch.presplit_transposed == (layout[0] == "t", layout[1] == "t")
+    assert [box.operand for box in launch.tensor_maps] == [0, 1, 2, 3]
+    for box, rows, box_rows in zip(launch.tensor_maps, (m, m, n, n), (128, 128, 64, 64), strict=True):
+        assert (box.inner, box.outer, box.box_inner, box.box_outer) == (k, rows, 32, box_rows)
+        assert box.row_elements == 2 * kp and box.element_bytes == 4
+        assert box.batch == (batch[0] if batch else 0)
+        assert box.describable(256, 0)  # every workspace part: 16-byte aligned rows at a 16-byte address
+
+
+def test_tensor_map_rows_may_hold_more_than_the_map_reads():
+    from autotile.codegen.tensor_map import TensorBox, dimensions
+
+    box = TensorBox(1, 997, 50, 32, 64, 4, 0, 2 * 1000)
+    assert dimensions(box) == ([997, 50], [8000], [32, 64])  # extents, byte strides, box
+    batched = TensorBox(1, 997, 50, 32, 64, 4, 3, 2 * 1000)
+    assert dimensions(batched, 100_000) == ([997, 50, 3], [8000, 400_000], [32, 64, 1])
+    assert not TensorBox(0, 997, 50, 32, 64, 4, 0, 2 * 999).describable(256)  # rows not 16-byte multiples
+    assert TensorBox(0, 997, 50, 32, 64).row_elements == 997  # no stride of its own: the rows are `inner` long
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_presplit_source_copies_split_tiles_and_holds_its_split_kernels(layout):
+    config = SPEC.space.named("wgmma-128-presplit")
+    source = SPEC.render(config, "float32", layout)
+    for part in ("a", "b"):
+        assert f"autotile_matmul_split_{part}(" in source
+    assert "int use_tma" not in source  # no register path: the workspace is always describable
+    # per stage, the four split tiles: BK / 32 copies of 32 floats each
+    assert source.count("tma_load_2d(a_big") == source.count("tma_load_2d(b_small") == config["BK"] // 32
+    assert "store_operand" not in source and "split_tf32(raw_" not in source  # the producer splits nothing
+    # an operand stored M- or N-contiguous is transposed by its split kernel through shared memory
+    assert ("__shared__ float tile[32][33]" in source) == (layout != "nt")
+
+
+def test_presplit_copies_any_rows_at_one_width():
+    from autotile.dispatch.model import copy_width
+
+    assert copy_width(SPEC.space.named("wgmma-128-presplit"), 4) == 1
+    assert copy_width(SPEC.space.named("wgmma-128-tma-p2"), 4) == 4

@@ -175,3 +175,15 @@ def test_tma_misaligned_operand_loads_through_registers(name):
     c, copied = _run_stored(MATMUL.space.named(name), cupy.asarray(a), cupy.asarray(b), "nn", (M, N, K))
     assert copied
     _check(c, a, b)
+
+
+@pytest.mark.parametrize("layout", ["nn", "tn", "nt"])
+def test_presplit_splits_an_operand_taller_than_one_launch_takes(layout):
+    """LOADER=presplit's split kernels take at most 65535 blocks of 32 rows a launch (grid y): a taller A is
+    split in slices, each written at its own rows of the workspace (A n: rows along K; A t: columns)."""
+    from autotile.runtime.impl import SPLIT_ROWS_PER_LAUNCH
+
+    _hopper()
+    rng = np.random.default_rng(11)
+    a, b = _operands(rng, SPLIT_ROWS_PER_LAUNCH + 37, 9, 5, layout)
+    _check(_run(MATMUL, MATMUL.space.named("wgmma-64-presplit"), a, b, layout), a, b)

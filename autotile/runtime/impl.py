@@ -23,6 +23,7 @@ from autotile.codegen.dtypes import TENSOR_CORE_DTYPES
 from autotile.codegen.problem import ProblemKey
 from autotile.codegen.space import Config
 from autotile.codegen.tensor_map import MAP_BYTES, TensorMapCache
+from autotile.errors import InvalidValueError
 from autotile.runtime.device import stream_is_capturing
 
 
@@ -132,6 +133,9 @@ class ParameterBlock:
                 word = ctypes.c_uint64.from_address(self._base + offset).value
                 values.append(np.uint64(word).astype(kinds[kind]))
         return tuple(values)
+
+
+SPLIT_ROWS_PER_LAUNCH = 65535 * 32  # a LOADER=presplit split kernel's rows per launch: grid y's limit, 32 rows a block
 
 
 class KernelRunner:
@@ -250,13 +254,23 @@ class KernelRunner:
         part_a, part_b = base, base + 4 * elems[0]
         stream = cupy_stream(stream_ptr)
         lds = (m if a_trans else k, k if b_trans else n)
-        for split, source, target, r, ld, count, stride in zip(self._splits, pointers[:2], (part_a, part_b), rows,
-                                                                lds, counts, strides, strict=True):
-            arguments: tuple[Any, ...] = (np.uint64(source), np.uint64(target), np.int32(r), np.int32(k), np.int32(ld),
-                                          np.int32(kp))
-            if self.batched:
-                arguments += (np.int64(stride),)
-            split(((k + 31) // 32, (r + 31) // 32, count), (32, 8, 1), arguments, stream=stream)
+        kcontig = (not a_trans, b_trans)  # the operand's rows run along K in memory
+        for split, source, target, r, ld, count, stride, along_k in zip(
+                self._splits, pointers[:2], (part_a, part_b), rows, lds, counts, strides, kcontig, strict=True):
+            # grid y takes 32 rows a block, at most 65535 blocks: one matrix's taller operand goes in slices
+            # (a batch's matrices are found from its own row count, so a batch goes in one launch)
+            if self.batched and r > SPLIT_ROWS_PER_LAUNCH:
+                raise InvalidValueError(f"a batch of matrices of {r} rows exceeds the {SPLIT_ROWS_PER_LAUNCH} "
+                                        "rows LOADER=presplit's split kernel takes per launch")
+            step = r if self.batched else SPLIT_ROWS_PER_LAUNCH
+            for first in range(0, r, step):
+                height = min(step, r - first)
+                offset = first * ld if along_k else first  # element (first, 0) of the operand
+                arguments: tuple[Any, ...] = (np.uint64(source + 4 * offset), np.uint64(target + 8 * kp * first),
+                                              np.int32(height), np.int32(k), np.int32(ld), np.int32(kp))
+                if self.batched:
+                    arguments += (np.int64(stride),)
+                split(((k + 31) // 32, (height + 31) // 32, count), (32, 8, 1), arguments, stream=stream)
         part_strides = tuple(2 * kp * r if stride else 0 for r, stride in ((m, strides[0]), (m, strides[0]),
                                                                           (n, strides[1]), (n, strides[1])))
         return workspace, (part_a, part_a + 4 * kp, part_b, part_b + 4 * kp), part_strides
