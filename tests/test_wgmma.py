@@ -292,3 +292,59 @@ def test_presplit_copies_any_rows_at_one_width():
 
     assert copy_width(SPEC.space.named("wgmma-128-presplit"), 4) == 1
     assert copy_width(SPEC.space.named("wgmma-128-tma-p2"), 4) == 4
+
+
+class _FakeKernel:
+    """Stands in for a compiled kernel: records its launches (`__call__`: grid, block, arguments)."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self.launches: list[tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]] = []
+        self.siblings: dict[str, _FakeKernel] = {}
+
+    def sibling(self, name: str) -> "_FakeKernel":
+        return self.siblings.setdefault(name, _FakeKernel(name))
+
+    def allow_dynamic_smem(self, nbytes: int) -> None:
+        pass
+
+    def __call__(self, grid, block, args, shared_mem=0, stream=None):
+        self.launches.append((tuple(grid), tuple(block), tuple(int(a) for a in args)))
+
+
+@pytest.mark.parametrize("layout", ["nn", "tn"])
+def test_presplit_runner_splits_into_the_workspace_in_slices(layout, monkeypatch):
+    """What a LOADER=presplit call enqueues before its product, without a GPU: one workspace of (M + N) 2 kp
+    floats, A's part first; each split kernel given its operand's rows, K, leading dimension and kp, a taller
+    operand in slices of SPLIT_ROWS_PER_LAUNCH rows, each slice reading from its first row (A n: rows along K,
+    A t: columns) and writing its own rows of the workspace; the four parts' addresses for the maps."""
+    from autotile.runtime import impl
+
+    monkeypatch.setattr(impl, "cupy_stream", lambda ptr: None)
+    m, n, k = 2 * impl.SPLIT_ROWS_PER_LAUNCH + 5, 9, 6
+    kp = kernels.presplit_k(k)
+    launch = SPEC.launch(SPEC.space.named("wgmma-64-presplit"), (m, n, k), "float32", layout, sm_count=132)
+    product = _FakeKernel("autotile_matmul")
+    runner = impl.KernelRunner(product, launch, SPEC.size_args((m, n, k)), False, 2)
+    allocated = []
+    base = 1 << 40
+
+    def allocate(elems, dtype, stream_ptr):
+        allocated.append((elems, dtype))
+        return object(), base
+
+    a_ptr, b_ptr = 1 << 32, 1 << 36
+    _, parts, strides = runner._presplit((a_ptr, b_ptr), (), 0, allocate)
+    assert allocated == [((m + n) * 2 * kp, "float32")]
+    part_b = base + 4 * m * 2 * kp
+    assert parts == (base, base + 4 * kp, part_b, part_b + 4 * kp) and strides == (0, 0, 0, 0)
+    split_a, split_b = product.siblings["autotile_matmul_split_a"], product.siblings["autotile_matmul_split_b"]
+    lda = k if layout[0] == "n" else m
+    step = impl.SPLIT_ROWS_PER_LAUNCH
+    expected = []
+    for first in (0, step, 2 * step):
+        height = min(step, m - first)
+        source = a_ptr + 4 * (first * lda if layout[0] == "n" else first)
+        expected.append(((1, -(-height // 32), 1), (32, 8, 1), (source, base + 8 * kp * first, height, k, lda, kp)))
+    assert split_a.launches == expected
+    assert split_b.launches == [((1, 1, 1), (32, 8, 1), (b_ptr, part_b, n, k, n, kp))]  # B n: K x N, ld N
