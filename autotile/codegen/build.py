@@ -400,9 +400,7 @@ class Kernel:
             raise CompileError(f"no entry function {name!r} next to {self.name!r}", "", self.result.options,
                                self.result.log)
         with _use_device(self.device_id):
-            kernel = Kernel(module.get_function(name), name, self.result, self.device_id)
-        with _lock:
-            return _kernels.setdefault((self.result.key, self.device_id, name), kernel)
+            return _entry(module, name, self.result, self.device_id)
 
     def __repr__(self) -> str:
         return f"Kernel({self.name!r}, {self.result.arch}, device {self.device_id})"
@@ -457,6 +455,11 @@ def compile_kernel(source: str, name: str, options: tuple[str, ...] = COMPILE_OP
         module = _load_module(result.binary)
         with _lock:  # two threads may have loaded it: keep the first, the other is unloaded when dropped
             module = _modules.setdefault((result.key, device_id), module)
+    return _entry(module, name, result, device_id)
+
+
+def _entry(module: Any, name: str, result: CompileResult, device_id: int) -> Kernel:
+    """The entry function `name` of a loaded module, memoized (the first of two threads' wins)."""
     kernel = Kernel(module.get_function(name), name, result, device_id)
     with _lock:
         return _kernels.setdefault((result.key, device_id, name), kernel)

@@ -288,6 +288,8 @@ class KernelRunner:
         def general(a_ptr: int, b_ptr: int, out_ptr: int, stream_ptr: int) -> None:
             self.launch((a_ptr, b_ptr), out_ptr, out_nbytes, dtype, stream_ptr, batch_strides, allocate)
 
+        if self.geometry.presplit_k:  # a workspace and the splits on every call: the general launch
+            return general
         launch, parameters = self.geometry, self.parameters
         import cupy
 
@@ -301,9 +303,6 @@ class KernelRunner:
             parameters.address
         memset, zero, buffers = cupy.cuda.runtime.memsetAsync, launch.zero_output, self._buffers
         maps = bool(launch.tensor_maps)
-
-        if launch.presplit_k:  # a workspace and the splits on every call: the general launch
-            return general
 
         def run(a_ptr: int, b_ptr: int, out_ptr: int, stream_ptr: int) -> None:
             if zero:  # the splits add into the output: it starts at zero, on the launch's stream
