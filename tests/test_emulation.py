@@ -180,6 +180,25 @@ def test_float32_is_not_emulated_where_high_runs_the_kernels_that_split_once():
     assert not emulation.pays("float32", (4096, 4096, 4096), tma)  # the size rule still holds first
 
 
+def test_the_library_weighs_what_high_runs_not_the_config_a_cublas_record_keeps(monkeypatch):
+    from autotile.codegen import kernels
+    from autotile.dispatch import select as select_mod
+    from autotile.dispatch.select import Selection
+    from autotile.library import calls
+
+    presplit = kernels.get("matmul").space.named("wgmma-128-presplit")
+    runs: dict[str, str] = {}
+    monkeypatch.setattr(select_mod, "select", lambda key, device, precision=None: Selection(
+        presplit, "exact", key.shape, implementation=runs[key.layout]))
+    monkeypatch.setattr(calls, "_device", lambda device_id: None)
+    monkeypatch.setattr(calls, "_emulation_choices", {})
+    runs.update(nn="generated", nt="cublas")
+    assert not calls.emulation_pays("matmul", "float32", "nn", (8192, 8192, 8192), 0)  # the presplit kernel runs
+    assert calls.emulation_pays("matmul", "float32", "nt", (8192, 8192, 8192), 0)  # cuBLAS runs
+    assert calls.emulation_pays("matmul", "float64", "nn", (8192, 8192, 8192), 0)
+    assert not calls.emulation_pays("matmul", "float32", "nn", (2048, 2048, 2048), 0)  # the size rule first
+
+
 # -- on a GPU -------------------------------------------------------------------------------------------------
 
 

@@ -621,7 +621,9 @@ def emulation_pays(kernel: str, dtype: str, layout: str, shape: tuple[int, ...],
         from autotile.dispatch.select import select
 
         native = select(ProblemKey(kernel, dtype, layout, shape), _device(device_id), precision="high")
-        found = _emulation_choices.setdefault(memo_key, emulation.pays(dtype, shape[-3:], native.config))
+        # a record that runs cuBLAS keeps its best config all the same: what runs is cuBLAS
+        config = native.config if native.implementation == "generated" else None
+        found = _emulation_choices.setdefault(memo_key, emulation.pays(dtype, shape[-3:], config))
     return found
 
 
