@@ -347,41 +347,53 @@ def test_torch_tensors_take_the_emulated_path(emulate_everything):
     assert np.linalg.norm(out.cpu().numpy() - ref) / np.linalg.norm(ref) < 1e-14
 
 
-def _kernel_residue(v: float, m: int, real: str) -> int:
-    """The split kernel's residue of the integer v (a float of type `real`), step by step: q from one FMA
-    with the magic constant, v - q m from another, read back as an int, one step into the symmetric range.
-    Each FMA rounds once: computed exactly in Python integers/fractions and rounded to `real`."""
+def _kernel_residue(v: float, m: int, s: emu.Scheme) -> int:
+    """The split kernel's residue byte of the integer v (a value of the kernel's type), step by step as the
+    template computes it: v cut into vh 2^bits + vl, y = vh c + vl (c = 2^bits mod m), y + MAGIC from a
+    second FMA, q + MAGIC from a third, and the residue as the difference of their low bits times m in 32-bit
+    integers. Each FMA rounds once: computed exactly in fractions and rounded to the kernel's type."""
     from fractions import Fraction
+
+    real = emu.residue_real(s)
 
     def rounded(x: Fraction) -> float:  # to the nearest double; then float32 (no tie falls between them here)
         return float(x) if real == "double" else float(np.float32(float(x)))
 
     magic = 1.5 * 2.0**52 if real == "double" else 1.5 * 2.0**23
     inv = 1.0 / m if real == "double" else float(np.float32(1.0 / m))
-    t = rounded(Fraction(v) * Fraction(inv) + Fraction(magic))
-    q = t - magic
-    residue = Fraction(v) - Fraction(q) * m  # exact: a small integer
-    s = int(residue)
-    assert residue == s
-    if s >= (m + 1) // 2:
-        s -= m
-    elif s < -(m // 2):
-        s += m
-    return s
+    bits = emu.split_bits(s)
+    c = emu.symmetric_residue(2**bits, m)
+    vh = rounded(Fraction(v) * Fraction(2) ** -bits + Fraction(magic)) - magic
+    vl = rounded(Fraction(v) - Fraction(vh) * 2**bits)
+    assert Fraction(vl) == Fraction(v) - Fraction(vh) * 2**bits and abs(vl) <= 2 ** (bits - 1)
+    vl_magic = rounded(Fraction(vl) + Fraction(magic))
+    y = rounded(Fraction(vh) * c + Fraction(vl))
+    assert Fraction(y) == Fraction(vh) * c + Fraction(vl)  # exact: far inside the type's integers
+    y_magic = rounded(Fraction(vh) * c + Fraction(vl_magic))
+    q_magic = rounded(Fraction(y) * Fraction(inv) + Fraction(magic))
+
+    def low_bits(x: float) -> int:  # x = MAGIC + i: x's low 32 bits hold i mod 2^32
+        assert x == int(x) and abs(x - magic) < magic / 3  # within the binade where an ulp is 1
+        return int(x - magic) % 2**32
+
+    r = (low_bits(y_magic) - low_bits(q_magic) * m + 2**31) % 2**32 - 2**31  # 32-bit integers wrap
+    assert -128 <= r <= 128 and (r - int(y)) % m == 0  # the nearest quotient: the residue is this small
+    return (r + 128) % 256 - 128  # the byte the kernel stores, read as int8
 
 
 @pytest.mark.parametrize("dtype", emu.EMULATED_DTYPES)
 def test_the_split_kernels_floating_point_residues_are_exact(dtype):
     s = emu.scheme(dtype, 8192)
-    real = "double" if dtype == "float64" else "float"
     rng = np.random.default_rng(11)
     top = 2**s.beta
     values = [0, 1, -1, top, -top, top - 1, 1 - top] + [int(x) for x in rng.integers(-top, top, 400)]
+    # and values a half of a modulus from a multiple of it, where the nearest quotient is decided
+    values += [q * m + (m // 2) * sign for m in s.moduli for q in (0, 1, 12345, top // m - 1) for sign in (-1, 1)]
     # the scaled values are the inputs' own significands times a power of two: 53 or 24 significant bits
     values = [int(np.float64(v)) if dtype == "float64" else int(np.float32(v)) for v in values]
     for v in values:
         for m in s.moduli:
-            assert _kernel_residue(float(v), m, real) == emu.symmetric_residue(v, m), (v, m)
+            assert _kernel_residue(float(v), m, s) == emu.symmetric_residue(v, m), (v, m)
 
 
 @pytest.mark.gpu
@@ -514,3 +526,46 @@ def test_int32_and_residue_products_rebuild_the_same_bits(dtype, emulate_everyth
                   calls._int8_gemm(framework, op_a.device), report=report)
     assert cupy.array_equal(fused, plain)
     assert report["residue_epilogue"] in (0, 1)  # 0 where the selection runs cuBLAS for these int8 products
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", emu.EMULATED_DTYPES)
+def test_products_in_one_batched_cublas_call_rebuild_the_same_bits(dtype):
+    import cupy
+
+    from autotile.codegen.problem import ProblemKey
+    from autotile.dispatch.select import Selection
+    from autotile.library import calls, emulation
+    from autotile.library.plan import plan_matmul
+    from autotile.runtime.cublas import CublasCall
+    from autotile.runtime.impl import Cublas
+    from autotile.runtime.operands import as_framework, framework_by_type
+
+    g = cupy.random.default_rng(8)
+    a = g.standard_normal((700, 1100)).astype(dtype)
+    b = g.standard_normal((1100, 900)).astype(dtype)
+    b[3, 5] = 1e25  # a column spread over 25 decades: the guard sends it to the fix-up (the magnitudes are read)
+    framework = framework_by_type(a, b)
+    op_a, op_b = as_framework(framework, a, "A"), as_framework(framework, b, "B")
+    plan = plan_matmul(op_a.shape, op_a.strides, op_b.shape, op_b.strides)
+    device = op_a.device
+
+    def cublas_products(shape):  # cuBLAS's int8 GEMM, whatever the selection would run
+        key = ProblemKey("matmul", "int8", "nt", shape)
+        prepared = calls._Prepared(Cublas().prepare(key), Selection(None, "forced", None, None, "cublas"),
+                                   direct=CublasCall(key, device))
+        return calls._Int8Products(prepared, shape, framework.allocate)
+
+    outs, reports = [], []
+    for batched in (False, True):
+        out = cupy.full((700, 900), cupy.nan, dtype)
+        report: dict[str, int] = {}
+        emulation.run(framework, op_a, op_b, as_framework(framework, out, "out"), plan.layout, plan.shape,
+                      cupy.cuda.get_current_stream().ptr, cublas_products, report=report,
+                      batched_products=batched)
+        outs.append(out)
+        reports.append(report)
+    assert [r["batched_products"] for r in reports] == [0, 1]
+    assert reports[0]["failed_runs"] == reports[1]["failed_runs"] > 0
+    assert cupy.array_equal(outs[0], outs[1])
+    _assert_within_native_bound(cupy.asnumpy(outs[1]), cupy.asnumpy(a), cupy.asnumpy(b), dtype)

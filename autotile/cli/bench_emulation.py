@@ -78,6 +78,7 @@ def sampled_errors(outs: list[Any], a: Any, b: Any, samples: int, seed: int) -> 
 
 def bench_case(shape: tuple[int, int, int], dtype: str, kind: str, flush: Any, samples: int = 64,
                seed: int = 0, bits: int | None = None, residue_epilogue: bool | None = None,
+               batched_products: bool | None = None,
                int8_config: str | None = None) -> dict[str, Any]:
     """One problem: times (ms), the emulation's phases (ms), the errors, the rule's choice. `int8_config`: a
     named int8 matmul config the products run instead of the library's selection."""
@@ -102,7 +103,7 @@ def bench_case(shape: tuple[int, int, int], dtype: str, kind: str, flush: Any, s
     def emulate(events: list[Any] | None = None, report: dict[str, int] | None = None) -> None:
         stream = cupy.cuda.get_current_stream().ptr
         emulation.run(framework, op_a, op_b, op_c, plan.layout, shape, stream, gemm, events, report, bits,
-                      residue_epilogue)
+                      residue_epilogue, batched_products)
 
     t_emulated = time_launch(emulate, flush, min_reps=5, target_ms=300.0).median_ms
     events: list[Any] = []
@@ -167,8 +168,9 @@ def markdown(rows: list[dict[str, Any]], device: str) -> str:
              "| dtype | M x N x K | inputs | moduli, beta | emulated | back to back | cuBLAS | speedup | picked | "
              "autotile high | error emulated | error cuBLAS | error high | "
              "phases (stats, residues, int8, rebuild, fix-up) | guard failed (runs of 32, whole tiles) | "
-             "int8 residue epilogue | int8 products |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "int8 residue epilogue | int8 products in one call | int8 products |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- "
+             "| --- |"]
     for r in rows:
         phases = ", ".join(f"{v:.2f}" for v in r["phases_ms"].values())
         high = f"{r['high_ms']:.2f}" if "high_ms" in r else "-"
@@ -179,7 +181,8 @@ def markdown(rows: list[dict[str, Any]], device: str) -> str:
                      f"{r['cublas_ms']:.2f} | {r['speedup']:.2f}x | {'yes' if r['picked'] else 'no'} | {high} | "
                      f"{r['emulated_error']:.1e} | {r['cublas_error']:.1e} | {high_err} | {phases} | "
                      f"{r['guard']['failed_runs']}, {r['guard']['whole_tiles']} of {r['guard']['tiles']} | "
-                     f"{'yes' if r['guard'].get('residue_epilogue') else 'no'} | {r.get('int8_kernel', '-')} |")
+                     f"{'yes' if r['guard'].get('residue_epilogue') else 'no'} | "
+                     f"{'yes' if r['guard'].get('batched_products') else 'no'} | {r.get('int8_kernel', '-')} |")
     return "\n".join(lines) + "\n"
 
 
@@ -196,6 +199,10 @@ def main(argv: list[str] | None = None, prog: str = "python -m autotile.cli.benc
     parser.add_argument("--residue-epilogue", nargs="+", choices=["on", "off"], default=None,
                         help="time the int8 products leaving as int8 residues (on), as int32 sums (off), or both "
                              "(default: the library's setting, autotile.library.emulation.RESIDUE_EPILOGUE)")
+    parser.add_argument("--batched-products", nargs="+", choices=["on", "off"], default=None,
+                        help="time the int8 products as one batched cuBLAS call (on, where cuBLAS is the int8 "
+                             "selection), one call each (off), or both (default: the library's setting, "
+                             "autotile.library.emulation.BATCHED_PRODUCTS)")
     parser.add_argument("--int8-config", nargs="+", default=None, metavar="NAME",
                         help="named int8 matmul configs the products run instead of the library's selection "
                              "('library': the selection), each timed")
@@ -212,11 +219,12 @@ def main(argv: list[str] | None = None, prog: str = "python -m autotile.cli.benc
     cases = [((s, s, s), d, kind) for d in args.dtype for s in args.sizes for kind in args.inputs]
     cases += [(shape, d, "normal") for d in args.dtype for shape in random_shapes(args.random, args.seed)]
     epilogues = [None] if args.residue_epilogue is None else [v == "on" for v in args.residue_epilogue]
+    batching = [None] if args.batched_products is None else [v == "on" for v in args.batched_products]
     configs = [None if name == "library" else name for name in args.int8_config or ["library"]]
     rows = []
-    for (shape, dtype, kind), epilogue, config in itertools.product(cases, epilogues, configs):
+    for (shape, dtype, kind), epilogue, batched, config in itertools.product(cases, epilogues, batching, configs):
         rows.append(bench_case(shape, dtype, kind, flush, seed=args.seed, bits=args.bits, residue_epilogue=epilogue,
-                               int8_config=config))
+                               batched_products=batched, int8_config=config))
         print(json.dumps(rows[-1]), flush=True)
         cupy.get_default_memory_pool().free_all_blocks()
     out = pathlib.Path(args.out)

@@ -30,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import struct
 from collections.abc import Mapping
 from typing import Any
 
@@ -176,10 +177,42 @@ EXTRA_OPTIONS: tuple[str, ...] = ("--device-int128",)
 # FEW_PER_TILE: the most runs of 32 elements of a row holding failed elements that the fix-up recomputes
 # alone in an output tile (of its 128) rather than the whole tile; an eighth of it where A's rows and B's
 # columns both run along K (each failed element then costs a warp's pass over K, not a lane's).
+# REBUILD_ROWS: rows of its column each thread of the rebuild takes at a time (2 ran slower than 1 on an H200,
+# 2026-11-28: twice the registers, a third of the warps).
 DEFAULT_KNOBS: dict[str, int] = {"STATS_WARPS": 8, "STATS_COLUMN_WARPS": 32, "REBUILD_THREADS": 256,
-                                 "SPLIT_TILE": 32, "FEW_PER_TILE": 16}
+                                 "REBUILD_ROWS": 1, "FEW_PER_TILE": 16}
+# The split kernels' blocks (256 threads), as (lines, elements of K) each takes: where an operand's lines run
+# along memory, a warp per line and four elements per lane; where they run across it, a lane per line and
+# four elements per warp.
+SPLIT_THREADS = 256
+SPLIT_BLOCK = {True: (8, 128), False: (32, 32)}
+
+
+def split_grid(lines: int, kp: int, contiguous: bool) -> tuple[int, int, int]:
+    """The grid of a split kernel over `lines` lines of `kp` elements (`contiguous`: lines run along memory);
+    the kernel loops over lines beyond CUDA's 65535 blocks along y."""
+    block_lines, block_k = SPLIT_BLOCK[contiguous]
+    return (-(-kp // block_k), min(-(-lines // block_lines), 65535), 1)
+
+
+def split_bits(s: Scheme) -> int:
+    """Where the split kernels cut each scaled value v = vh 2^bits + vl before taking residues (see the
+    template): 26 in doubles, 14 in floats, so that vh (2^bits mod m) + vl stays far inside the type's exact
+    integers."""
+    return 26 if residue_real(s) == "double" else 14
+
+
+def residue_real(s: Scheme) -> str:
+    """The C type the split kernels compute residues in: float where the scaled values fit its 24 bits plus
+    the FMA's quotient range (float32 up to beta 28), else double."""
+    return "double" if s.dtype == "float64" or s.beta > 28 else "float"
 KERNEL_NAMES = ("emu_stats_a", "emu_stats_b", "emu_split_a", "emu_split_b", "emu_rebuild", "emu_rebuild_residues",
                 "emu_fixup")
+
+
+def _to_float32(value: float) -> float:
+    """`value` rounded to the nearest float32."""
+    return float(struct.unpack("f", struct.pack("f", value))[0])
 
 
 def _double_literal(value: float) -> str:
@@ -196,13 +229,20 @@ def _render_cached(dtype: str, moduli: tuple[int, ...], beta: int, knob_items: t
     total = s.modulus_product
     weights = s.weights()
     knobs = dict(knob_items)
+    real = residue_real(s)
+    if real == "double":
+        inv_moduli = [_double_literal(1.0 / m) for m in moduli]
+    else:
+        inv_moduli = [_double_literal(_to_float32(1.0 / m)) + "f" for m in moduli]
     return environment().get_template(TEMPLATE).render(
-        ctype=DTYPES[dtype].ctype, dtype=dtype, moduli=list(moduli), count=len(moduli), beta=beta,
-        limbs=s.limbs, limb_bits=LIMB_BITS,
+        ctype=DTYPES[dtype].ctype, dtype=dtype, moduli=list(moduli), count=len(moduli), beta=beta, real=real,
+        inv_moduli=inv_moduli,
+        split_bits=split_bits(s), split_residues=[symmetric_residue(2 ** split_bits(s), m) for m in moduli],
+        bound_factor=_double_literal(2.0 ** -(beta + 1) * (1 + 2.0**-20)), limbs=s.limbs, limb_bits=LIMB_BITS,
         weight_limbs=[[f"{v}.0" for v in s.limbs_of(w)] for w in weights],
         weight_fractions=[_double_literal(w / total) for w in weights],
         modulus_limbs=[f"{v}.0" for v in s.limbs_of(total)],
-        pow32=[2**32 % m for m in moduli], magnitude_bits=MAGNITUDE_BITS, fix_tile=FIX_TILE,
+        magnitude_bits=MAGNITUDE_BITS, fix_tile=FIX_TILE,
         unit_roundoff=_double_literal(s.unit_roundoff()), contig_k_a=contig_k_a, contig_k_b=contig_k_b,
         **knobs)
 

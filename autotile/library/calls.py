@@ -449,6 +449,21 @@ class _Int8Products:
     def __call__(self, pointers: tuple[int, int], out_ptr: int, out_nbytes: int, stream_ptr: int) -> None:
         self.prepared.call_pointers(pointers, out_ptr, out_nbytes, "int32", stream_ptr, self.allocate)
 
+    def batched(self, count: int) -> Callable[[tuple[int, int], int, int], None] | None:
+        """Where the selection runs cuBLAS: one launch (pointers, out, stream) of `count` products of this shape,
+        each operand's matrices packed one after another, as are the int32 results (one strided batched
+        GEMM: no gap between launches, one tail of partly filled waves instead of `count`); else None."""
+        if self.prepared.direct is None:
+            return None
+        m, n, k = self.shape
+        key = (self.prepared.direct.device, count, self.shape)
+        call = _batched_products.get(key)
+        if call is None:
+            call = _batched_products.setdefault(
+                key, CublasCall(ProblemKey("bmm", "int8", "nt", (count, m, n, k)), self.prepared.direct.device))
+        strides = (m * k, n * k)
+        return lambda pointers, out_ptr, stream_ptr: call(pointers, out_ptr, stream_ptr, strides)
+
     def residues(self, modulus: int) -> Callable[[tuple[int, int], int, int], None] | None:
         """A launch (pointers, out, stream) writing each sum modulo `modulus` (symmetric, int8), or None
         where the selection runs cuBLAS or a kernel whose splits add atomically into C."""
@@ -478,6 +493,8 @@ class _Int8Products:
 
 
 _residue_runners: dict[tuple[int, int], Any] = {}  # (the int32 runner's id, modulus) -> its residue twin
+# (device, count, shape) -> the emulation's products of that shape as one cuBLAS call
+_batched_products: dict[tuple[int, int, tuple[int, int, int]], CublasCall] = {}
 
 
 def _int8_gemm(framework: Framework, device: int) -> Callable[[tuple[int, int, int]], _Int8Products]:
@@ -676,6 +693,7 @@ def forget() -> None:
         _calls.clear()
         _scaled_calls.clear()
         _residue_runners.clear()
+        _batched_products.clear()
         _emulation_choices.clear()
 
 

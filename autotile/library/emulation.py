@@ -51,6 +51,11 @@ K_ALIGN = 16  # the int8 GEMMs' K: a multiple of 16 bytes, so that their tiles l
 # ...`) the same trade held with the ping-pong int8 kernels too (whose epilogue overlaps the other consumer's
 # products): 8192³ float64 17.04 ms off, 17.12 on, under direct8-128x256-c2p.
 RESIDUE_EPILOGUE = False
+# Whether the products (residues' and magnitudes') go to cuBLAS as one strided batched GEMM where cuBLAS is
+# the int8 selection, rather than one GEMM each. Off: on an H200 (2026-11-28, `bench-emulation
+# --batched-products off on`) cuBLAS's batched int8 GEMM ran the 17 products of an 8192^3 float64 emulation in
+# 16.35 ms against 12.56 ms as 17 calls (16384^3: 134.7 against 125.5 ms).
+BATCHED_PRODUCTS = False
 
 
 def native_outruns_emulation(native: Mapping[str, Any] | None) -> bool:
@@ -125,7 +130,7 @@ def _ptr(v: int) -> np.uint64:
 def run(framework: Framework, a: Operand, b: Operand, c: Operand, layout: str, shape: tuple[int, int, int],
         stream_ptr: int, int8_gemm: Any, events: list[Any] | None = None,
         report: dict[str, int] | None = None, bits: int | None = None,
-        residue_epilogue: bool | None = None) -> None:
+        residue_epilogue: bool | None = None, batched_products: bool | None = None) -> None:
     """C = A B by emulation, on the stream `stream_ptr` of the operands' device (current). `layout` and
     `shape` (M, N, K) as the call's plan has them; `int8_gemm(shape)` gives what runs an int8 nt matmul of
     `shape` as `(pointers, out_ptr, out_nbytes, stream_ptr) -> None`. `events`, where given, gets a
@@ -133,7 +138,7 @@ def run(framework: Framework, a: Operand, b: Operand, c: Operand, layout: str, s
     `report`, where given, the guard's counts once the call is done (it waits): runs of 32 elements of a
     row holding a failed one, output tiles recomputed whole, tiles in all. Both are the benchmark's, as
     is `bits` (the bits each scaled operand keeps; None: `autotile.codegen.emulation`'s default for the
-    type) and `residue_epilogue` (None: `RESIDUE_EPILOGUE`)."""
+    type), `residue_epilogue` (None: `RESIDUE_EPILOGUE`) and `batched_products` (None: `BATCHED_PRODUCTS`)."""
     import cupy
 
     from autotile.runtime.impl import cupy_stream
@@ -159,9 +164,10 @@ def run(framework: Framework, a: Operand, b: Operand, c: Operand, layout: str, s
             event.record(stream)
             events.append(event)
 
-    # per line of A (rows) and of B (columns): exponent, scaled sum of magnitudes, NaN/Inf, magnitude exponent
-    lines_a = [allocate(m, "int32"), allocate(m, "float64"), allocate(m, "int32"), allocate(m, "int32")]
-    lines_b = [allocate(n, "int32"), allocate(n, "float64"), allocate(n, "int32"), allocate(n, "int32")]
+    # per line of A (rows) and of B (columns): exponent, the guard's bound term and floor scale, the
+    # magnitudes' exponent (the statistics kernels say what each is)
+    lines_a = [allocate(m, "int32"), allocate(m, "float64"), allocate(m, "float64"), allocate(m, "int32")]
+    lines_b = [allocate(n, "int32"), allocate(n, "float64"), allocate(n, "float64"), allocate(n, "int32")]
     res_a, res_b = allocate(planes * m * kp, "int8"), allocate(planes * n * kp, "int8")
     products = int8_gemm((m, n, kp))
     # With RESIDUE_EPILOGUE, and where the selection runs a generated kernel that has one, each product
@@ -169,8 +175,14 @@ def run(framework: Framework, a: Operand, b: Operand, c: Operand, layout: str, s
     epilogue = RESIDUE_EPILOGUE if residue_epilogue is None else residue_epilogue
     residue_launches = [products.residues(modulus) if epilogue else None for modulus in s.moduli]
     fused = all(launch is not None for launch in residue_launches)
-    sums = allocate(s.count * m * n, "int8" if fused else "int32")
-    magnitudes = allocate(m * n, "int32")
+    one_launch = None if fused or not (BATCHED_PRODUCTS if batched_products is None else batched_products) \
+        else products.batched(planes)
+    if one_launch is not None:  # the magnitudes' product is the last of the batch
+        sums = allocate(planes * m * n, "int32")
+        magnitudes = sums + s.count * m * n * 4
+    else:
+        sums = allocate(s.count * m * n, "int8" if fused else "int32")
+        magnitudes = allocate(m * n, "int32")
     tile_counts = allocate(tiles_m * tiles_n, "int32")  # runs of 32 holding a failed element, per tile
     cupy.cuda.runtime.memsetAsync(tile_counts, 0, 4 * tiles_m * tiles_n, stream_ptr)
     if events is not None:
@@ -186,26 +198,27 @@ def run(framework: Framework, a: Operand, b: Operand, c: Operand, layout: str, s
         kernels[f"emu_stats_{name}"]((blocks, 1, 1), (warps * 32, 1, 1),
                                      (_ptr(x), _i64(ld), _i32(count), _i32(k), *map(_ptr, stats)), stream=stream)
     phase_done()
-    tile = knobs["SPLIT_TILE"]
-    for name, x, ld, count, stats, _, out in operands:
-        grid = (-(-kp // tile), min(-(-count // tile), 65535), 1)
-        kernels[f"emu_split_{name}"](grid, (tile * 8, 1, 1), (_ptr(x), _i64(ld), _i32(count), _i32(k), _i32(kp),
-                                                               _ptr(stats[0]), _ptr(stats[3]), _ptr(out)),
-                                     stream=stream)
+    for name, x, ld, count, stats, contig, out in operands:
+        kernels[f"emu_split_{name}"](scheme_mod.split_grid(count, kp, contig), (scheme_mod.SPLIT_THREADS, 1, 1),
+                                     (_ptr(x), _i64(ld), _i32(count), _i32(k), _i32(kp), _ptr(stats[0]),
+                                      _ptr(stats[3]), _ptr(out)), stream=stream)
     phase_done()
-    for plane, launch in enumerate(residue_launches):
-        pointers = (res_a + plane * m * kp, res_b + plane * n * kp)
-        if launch is not None and fused:
-            launch(pointers, sums + plane * m * n, stream_ptr)
-        else:
-            products(pointers, sums + plane * m * n * 4, m * n * 4, stream_ptr)
-    products((res_a + s.count * m * kp, res_b + s.count * n * kp), magnitudes, m * n * 4, stream_ptr)
+    if one_launch is not None:
+        one_launch((res_a, res_b), sums, stream_ptr)
+    else:
+        for plane, launch in enumerate(residue_launches):
+            pointers = (res_a + plane * m * kp, res_b + plane * n * kp)
+            if launch is not None and fused:
+                launch(pointers, sums + plane * m * n, stream_ptr)
+            else:
+                products(pointers, sums + plane * m * n * 4, m * n * 4, stream_ptr)
+        products((res_a + s.count * m * kp, res_b + s.count * n * kp), magnitudes, m * n * 4, stream_ptr)
     phase_done()
     threads = knobs["REBUILD_THREADS"]
     kernels["emu_rebuild_residues" if fused else "emu_rebuild"](
-        (-(-n // threads), min(m, 65535), 1), (threads, 1, 1),
-        (_ptr(sums), _i64(m * n), _ptr(magnitudes), _i32(m), _i32(n), _i32(k), *map(_ptr, lines_a),
-         *map(_ptr, lines_b), _ptr(c.ptr), _ptr(tile_counts)), stream=stream)
+        (-(-n // threads), min(-(-m // knobs["REBUILD_ROWS"]), 65535), 1), (threads, 1, 1),
+        (_ptr(sums), _i64(m * n), _ptr(magnitudes), _i32(m), _i32(n), _i32(k), *map(_ptr, lines_a[:3]),
+         *map(_ptr, lines_b[:3]), _ptr(c.ptr), _ptr(tile_counts)), stream=stream)
     phase_done()
     # A's element (i, k) at A[i a_row + k a_col]; B's (k, j) at B[k b_row + j b_col]
     a_row, a_col = (k, 1) if layout[0] == "n" else (1, m)
@@ -213,7 +226,7 @@ def run(framework: Framework, a: Operand, b: Operand, c: Operand, layout: str, s
     kernels["emu_fixup"]((tiles_n, tiles_m, 1), (256, 1, 1),
                          (_ptr(a.ptr), _i64(a_row), _i64(a_col), _ptr(b.ptr), _i64(b_row), _i64(b_col),
                           _ptr(c.ptr), _i32(m), _i32(n), _i32(k), _ptr(tile_counts), _ptr(magnitudes),
-                          *map(_ptr, lines_a), *map(_ptr, lines_b)),
+                          *map(_ptr, lines_a[:3]), *map(_ptr, lines_b[:3])),
                          stream=stream)
     phase_done()
     if report is not None:  # the benchmark's diagnostics: waits for the GPU
@@ -224,7 +237,7 @@ def run(framework: Framework, a: Operand, b: Operand, c: Operand, layout: str, s
         if layout == "nt":
             few //= 8
         report.update(failed_runs=int(host.sum()), whole_tiles=int((host > few).sum()), tiles=int(host.size),
-                      residue_epilogue=int(fused))
+                      residue_epilogue=int(fused), batched_products=int(one_launch is not None))
     keep.clear()  # back to the framework's pool on this stream: later work on it is ordered after ours
 
 
