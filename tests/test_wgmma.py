@@ -295,7 +295,8 @@ def test_presplit_copies_any_rows_at_one_width():
 
 
 class _FakeKernel:
-    """Stands in for a compiled kernel: records its launches (`__call__`: grid, block, arguments)."""
+    """Stands in for a compiled kernel: records its launches (grid, block, arguments), CuPy's generic call's
+    and packed ones alike."""
 
     def __init__(self, name: str):
         self.name = name
@@ -311,16 +312,18 @@ class _FakeKernel:
     def __call__(self, grid, block, args, shared_mem=0, stream=None):
         self.launches.append((tuple(grid), tuple(block), tuple(int(a) for a in args)))
 
+    def launch_packed(self, grid, block, shared_mem, stream_ptr, parameters):
+        self.launches.append((tuple(grid), tuple(block), tuple(int(a) for a in parameters.arguments())))
+
 
 @pytest.mark.parametrize("layout", ["nn", "tn"])
-def test_presplit_runner_splits_into_the_workspace_in_slices(layout, monkeypatch):
+def test_presplit_runner_splits_into_the_workspace_in_slices(layout):
     """What a LOADER=presplit call enqueues before its product, without a GPU: one workspace of (M + N) 2 kp
     floats, A's part first; each split kernel given its operand's rows, K, leading dimension and kp, a taller
     operand in slices of SPLIT_ROWS_PER_LAUNCH rows, each slice reading from its first row (A n: rows along K,
     A t: columns) and writing its own rows of the workspace; the four parts' addresses for the maps."""
     from autotile.runtime import impl
 
-    monkeypatch.setattr(impl, "cupy_stream", lambda ptr: None)
     m, n, k = 2 * impl.SPLIT_ROWS_PER_LAUNCH + 5, 9, 6
     kp = kernels.presplit_k(k)
     launch = SPEC.launch(SPEC.space.named("wgmma-64-presplit"), (m, n, k), "float32", layout, sm_count=132)

@@ -4,7 +4,8 @@ A model calls the library back to back; a problem whose GPU work is shorter than
 runs at the host's pace. For each entry point (matmul, matvec, bmm, `x @ W.T`, column-major gemv, and a matmul
 with odd sizes that takes the padded plan's copies) this
 times, on torch tensors and on CuPy arrays, the call the user would make instead (torch's, CuPy's) and
-autotile's, repeated on the same arrays:
+autotile's, repeated on the same arrays (and a 1024³ matmul: on an H200, float32's tf32x3 kernels that split
+their operands once, three launches and a workspace a call):
 
 - enqueue: microseconds of host time per call, without synchronising (the median over rounds of
   `--calls` calls; the GPU's queue never fills at these sizes);
@@ -79,6 +80,7 @@ def cases(torch: Any, cupy: Any, autotile: Any, dtype: str = "float32") -> list[
     w, xs = t(4096, 4096), t(16, 4096)
     gemv_a, gemv_x = t(3000, 3000).T, t(3000)  # column-major A: about 9 million elements
     odd_a, odd_b = t(2053, 2049), t(2049, 2051)  # rows not 16-byte aligned: the padded plan's copies
+    big_a, big_b = t(1024, 1024), t(1024, 1024)  # float32 on an H200: the tf32x3 kernels that split once
     out = {"mm": t(64, 64), "odd": t(2053, 2051)}
     found: list[Case] = [
         ("torch matmul 64x64x64", lambda: torch.matmul(a, b), lambda: autotile.matmul(a, b),
@@ -97,6 +99,8 @@ def cases(torch: Any, cupy: Any, autotile: Any, dtype: str = "float32") -> list[
          ("matmul", "nt", (16, 4096, 4096))),
         ("torch matmul 2053x2051x2049, out=", lambda: torch.matmul(odd_a, odd_b, out=out["odd"]),
          lambda: autotile.matmul(odd_a, odd_b, out=out["odd"]), ("matmul", "nn", (2053, 2051, 2049))),
+        ("torch matmul 1024x1024x1024", lambda: torch.matmul(big_a, big_b), lambda: autotile.matmul(big_a, big_b),
+         ("matmul", "nn", (1024, 1024, 1024))),
         ("torch gemv column-major 3000x3000", lambda: torch.mv(gemv_a, gemv_x),
          lambda: autotile.matvec(gemv_a, gemv_x), ("matvec", "col", (3000, 3000))),
     ]

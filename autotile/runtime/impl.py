@@ -189,6 +189,11 @@ class KernelRunner:
         # LOADER=presplit: the split kernels of the same source
         self._splits = (kernel.sibling(kernel.name + "_split_a"), kernel.sibling(kernel.name + "_split_b")) \
             if launch.presplit_k else None
+        # their parameters (source, target, rows, K, leading dimension, presplit K, (batched) batch stride),
+        # packed as the product's are: CuPy's generic call would convert them on every launch
+        split_types = ("ptr", "ptr", "int32", "int32", "int32", "int32") + (("int64",) if batched else ())
+        self._split_parameters = (ParameterBlock(split_types), ParameterBlock(split_types)) \
+            if launch.presplit_k else None
         self._tensor_maps = TensorMapCache(launch.tensor_maps) if copies else None
         self.parameters = ParameterBlock(types)
         # the inputs (pointers, batch strides) whose maps the block holds
@@ -252,25 +257,30 @@ class KernelRunner:
         elems = [count * r * 2 * kp for count, r in zip(counts, rows, strict=True)]
         workspace, base = allocate(elems[0] + elems[1], "float32", stream_ptr)
         part_a, part_b = base, base + 4 * elems[0]
-        stream = cupy_stream(stream_ptr)
         lds = (m if a_trans else k, k if b_trans else n)
         kcontig = (not a_trans, b_trans)  # the operand's rows run along K in memory
-        for split, source, target, r, ld, count, stride, along_k in zip(
-                self._splits, pointers[:2], (part_a, part_b), rows, lds, counts, strides, kcontig, strict=True):
+        assert self._split_parameters is not None
+        for split, parameters, source, target, r, ld, count, stride, along_k in zip(
+                self._splits, self._split_parameters, pointers[:2], (part_a, part_b), rows, lds, counts, strides,
+                kcontig, strict=True):
             # grid y takes 32 rows a block, at most 65535 blocks: one matrix's taller operand goes in slices
             # (a batch's matrices are found from its own row count, so a batch goes in one launch)
             if self.batched and r > SPLIT_ROWS_PER_LAUNCH:
                 raise InvalidValueError(f"a batch of matrices of {r} rows exceeds the {SPLIT_ROWS_PER_LAUNCH} "
                                         "rows LOADER=presplit's split kernel takes per launch")
             step = r if self.batched else SPLIT_ROWS_PER_LAUNCH
-            for first in range(0, r, step):
-                height = min(step, r - first)
-                offset = first * ld if along_k else first  # element (first, 0) of the operand
-                arguments: tuple[Any, ...] = (np.uint64(source + 4 * offset), np.uint64(target + 8 * kp * first),
-                                              np.int32(height), np.int32(k), np.int32(ld), np.int32(kp))
-                if self.batched:
-                    arguments += (np.int64(stride),)
-                split(((k + 31) // 32, (height + 31) // 32, count), (32, 8, 1), arguments, stream=stream)
+            with parameters.lock:
+                for slot, value in ((3, k), (4, ld), (5, kp), (6, stride)):
+                    if slot < len(parameters.types):
+                        parameters.set(slot, value)
+                for first in range(0, r, step):
+                    height = min(step, r - first)
+                    offset = first * ld if along_k else first  # element (first, 0) of the operand
+                    parameters.set(0, source + 4 * offset)
+                    parameters.set(1, target + 8 * kp * first)
+                    parameters.set(2, height)
+                    split.launch_packed(((k + 31) // 32, (height + 31) // 32, count), (32, 8, 1), 0, stream_ptr,
+                                        parameters)
         part_strides = tuple(2 * kp * r if stride else 0 for r, stride in ((m, strides[0]), (m, strides[0]),
                                                                           (n, strides[1]), (n, strides[1])))
         return workspace, (part_a, part_a + 4 * kp, part_b, part_b + 4 * kp), part_strides
