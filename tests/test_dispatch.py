@@ -243,9 +243,12 @@ def test_a_neighbour_under_the_floor_is_forgiven_where_the_host_still_makes_the_
     assert with_nearest_at(0.8).choose(mid).config is None
 
 
-def test_host_time_counts_the_zeroing_launch_of_atomic_splits():
+def test_host_time_counts_the_zeroing_launch_of_atomic_splits_and_the_presplit_launches():
     space = kernels.get("matmul").space
     config = space.named("tf32x3-64")
+    presplit = space.named("wgmma-128-presplit")
+    assert model.host_ms("matmul", "generated", presplit) == pytest.approx(
+        model.HOST_MS["generated"] + model.PRESPLIT_EXTRA_MS)
     atomic = space.with_overrides(config, {"SPLIT_K": 4})
     last_block = space.with_overrides(config, {"SPLIT_K": 4, "SPLIT_REDUCE": "last_block"})
     generated = model.HOST_MS["generated"]

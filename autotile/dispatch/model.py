@@ -55,6 +55,10 @@ FILL_WEIGHT = 1.0  # how much a difference of one octave in blocks per wave coun
 # kernel ran 1.66x: they stay.
 HOST_MS = {"generated": 0.012, "cublas": 0.027, "cublas matvec": 0.018}
 EXTRA_LAUNCH_MS = 0.005
+# A LOADER=presplit call's host time beyond a generated kernel's: its workspace's allocation and the two split
+# launches (`python -m autotile.cli.overhead`, H200, 2026-11-28: a 1024³ presplit call enqueued in 31-33 us
+# where a 64³ generated call without `out=` took 16-20 us on the same host, in the same run).
+PRESPLIT_EXTRA_MS = 0.015
 # cuBLAS's time on a large problem of a type whose unaligned rows it runs several times slower
 # (`Dtype.cublas_aligned_rows`) is learned from neighbours whose rows are aligned as the problem's are (or are
 # not): a neighbour of the other kind counts as this much farther (log2 units of `_distances`). Each shape of the
@@ -128,12 +132,15 @@ class Choice:
 
 def host_ms(kernel: str, implementation: str, config: Config | None) -> float:
     """The host's time per repeated call of a candidate for `kernel`, in ms: `HOST_MS` by implementation
-    (cuBLAS's GEMV apart), and EXTRA_LAUNCH_MS for a split-K kernel that needs C zeroed first."""
+    (cuBLAS's GEMV apart), EXTRA_LAUNCH_MS for a split-K kernel that needs C zeroed first, and
+    PRESPLIT_EXTRA_MS for a tf32x3 kernel that splits its operands first."""
     if implementation == "cublas":
         return HOST_MS["cublas matvec" if kernel == "matvec" else "cublas"]
-    extra = (config is not None and config.get("SPLIT_K", 1) > 1
-             and config.get("SPLIT_REDUCE", "atomic") == "atomic")
-    return HOST_MS["generated"] + (EXTRA_LAUNCH_MS if extra else 0.0)
+    if config is None:
+        return HOST_MS["generated"]
+    zeroes = config.get("SPLIT_K", 1) > 1 and config.get("SPLIT_REDUCE", "atomic") == "atomic"
+    presplit = config.get("LOADER") == "presplit"
+    return HOST_MS["generated"] + (EXTRA_LAUNCH_MS if zeroes else 0.0) + (PRESPLIT_EXTRA_MS if presplit else 0.0)
 
 
 def worth_timing(kernel: str, config: Config, shape: tuple[int, ...], sm_count: int) -> bool:
