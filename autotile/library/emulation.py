@@ -5,7 +5,8 @@ the library already serves (its tuned int8 matmul, layout nt), launched in order
 A call (A and B in any of the four layouts; a batch runs its matrices one after another) runs, all on one
 stream, with no synchronisation:
 
-1. the statistics of A's rows and B's columns (exponent, scaled sum of magnitudes, NaN/Inf present);
+1. the statistics of A's rows and B's columns (exponent, and the guard's terms from their largest magnitude,
+   their sum of magnitudes and whether they hold a NaN or Inf);
 2. A's and B's residue matrices, one per modulus, and their magnitudes, int8 and K-major (K padded to 16);
 3. one int8 GEMM (exact int32 sums) per modulus, and one of the magnitudes;
 4. the rebuild: C from the residues of its products, and the guard's flags on output tiles;
