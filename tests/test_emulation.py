@@ -451,6 +451,30 @@ def test_batches_emulate_each_matrix(a_shape, b_shape, emulate_everything):
         _assert_within_native_bound(out[index], a3[index], b3[index], "float64")
 
 
+def test_the_library_weighs_the_padded_plan_high_would_run(monkeypatch):
+    """An odd float32 shape that "high" pads onto a presplit kernel is not emulated; where the padded plan
+    does not pay, what the shape runs as it is decides."""
+    from autotile.codegen import kernels
+    from autotile.dispatch import select as select_mod
+    from autotile.dispatch.select import Selection
+    from autotile.library import calls, padding
+
+    space = kernels.get("matmul").space
+    presplit, other = space.named("wgmma-128-presplit"), space.named("tf32x3-64")
+    shape = (8191, 8191, 8191)  # rows of 8191 floats: not 16-byte aligned
+    assert padding.applies("float32", "high", "matmul", "nn", shape)
+    padded_pays = [True]
+    monkeypatch.setattr(select_mod, "select", lambda key, device, precision=None: Selection(
+        other if key.shape == shape else presplit, "model", None))
+    monkeypatch.setattr(padding, "pays", lambda direct, padded, layout, shape, dtype: padded_pays[0])
+    monkeypatch.setattr(calls, "_device", lambda device_id: None)
+    monkeypatch.setattr(calls, "_emulation_choices", {})
+    assert not calls.emulation_pays("matmul", "float32", "nn", shape, 0)  # the padded presplit kernel runs
+    padded_pays[0] = False
+    monkeypatch.setattr(calls, "_emulation_choices", {})
+    assert calls.emulation_pays("matmul", "float32", "nn", shape, 0)  # tf32x3-64 on the shape as it is
+
+
 # -- the int8 kernels' residue epilogue -----------------------------------------------------------------------
 
 INT8_DIRECT = [name for name, config in kernels.get("matmul").space.named_configs.items()

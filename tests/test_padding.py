@@ -433,3 +433,31 @@ def test_the_rule_takes_the_plan_on_a_large_odd_shape(monkeypatch):
     assert bool(taken) == expected
     ref = kernels.to_float64(a) @ kernels.to_float64(b)
     assert relative_error(out, ref) <= kernels.tolerance("float32", shape[-1])
+
+
+def test_the_padded_plan_prepares_the_padded_shape_only_where_it_pays(monkeypatch):
+    """Without a GPU: both shapes' selections weighed by `padding.pays`, the padded shape prepared where the
+    plan pays, nothing where it does not (each decision made once per problem)."""
+    import contextlib
+
+    from autotile.dispatch import select as select_mod
+    from autotile.library import calls
+
+    shape = (2053, 2051, 2049)
+    padded_shape = padding.padded_shape("nn", shape, "float32")
+    selected, prepared, plan_pays = [], [], [True]
+    monkeypatch.setattr(select_mod, "select", lambda key, device, precision=None: selected.append(key.shape)
+                        or Selection(None, "model", None))
+    monkeypatch.setattr(padding, "pays", lambda direct, padded, layout, shape, dtype: plan_pays[0])
+    monkeypatch.setattr(calls, "_device", lambda device_id: None)
+    monkeypatch.setattr(calls, "_device_of", lambda device_id: contextlib.nullcontext())
+    monkeypatch.setattr(calls, "_prepare", lambda kernel, dtype, layout, s, setting, device_id:
+                        prepared.append(s) or "prepared")
+    monkeypatch.setattr(calls, "_padded_plans", {})
+    assert calls.padded_plan("matmul", "float32", "nn", shape, "high", 0) == "prepared"
+    assert selected == [shape, padded_shape] and prepared == [padded_shape]
+    assert calls.padded_plan("matmul", "float32", "nn", shape, "high", 0) == "prepared" and len(selected) == 2
+    plan_pays[0] = False
+    monkeypatch.setattr(calls, "_padded_plans", {})
+    assert calls.padded_plan("matmul", "float32", "nn", shape, "high", 0) is None
+    assert selected == [shape, padded_shape] * 2 and prepared == [padded_shape]

@@ -635,13 +635,28 @@ def emulation_pays(kernel: str, dtype: str, layout: str, shape: tuple[int, ...],
     memo_key = (device_id, kernel, layout, shape)
     found = _emulation_choices.get(memo_key)
     if found is None:
-        from autotile.dispatch.select import select
-
-        native = select(ProblemKey(kernel, dtype, layout, shape), _device(device_id), precision="high")
+        direct, padded = _padded_choice(kernel, dtype, layout, shape, "high", device_id)
+        native = padded[0] if padded is not None else direct  # the padded plan's product, where it pays
         # a record that runs cuBLAS keeps its best config all the same: what runs is cuBLAS
         config = native.config if native.implementation == "generated" else None
         found = _emulation_choices.setdefault(memo_key, emulation.pays(dtype, shape[-3:], config))
     return found
+
+
+def _padded_choice(kernel: str, dtype: str, layout: str, shape: tuple[int, ...], setting: str, device_id: int
+                   ) -> tuple[Selection, tuple[Selection, tuple[int, ...]] | None]:
+    """The selection of a matmul of `shape` as it is, and where the padded plan (`autotile.library.padding`)
+    pays under the precision `setting`, the padded shape's selection and that shape: the selections of the
+    two problems weighed by `padding.pays`. Nothing is prepared."""
+    from autotile.dispatch.select import select
+
+    device = _device(device_id)
+    direct = select(ProblemKey(kernel, dtype, layout, shape), device, precision=setting)
+    if not padding.applies(dtype, setting, kernel, layout, shape):
+        return direct, None
+    padded_shape = padding.padded_shape(layout, shape, dtype)
+    padded = select(ProblemKey(kernel, dtype, layout, padded_shape), device, precision=setting)
+    return direct, ((padded, padded_shape) if padding.pays(direct, padded, layout, shape, dtype) else None)
 
 
 def padded_plan(kernel: str, dtype: str, layout: str, shape: tuple[int, ...], setting: str,
@@ -657,16 +672,11 @@ def padded_plan(kernel: str, dtype: str, layout: str, shape: tuple[int, ...], se
     memo_key = (device_id, kernel, dtype, layout, shape, setting)
     if memo_key in _padded_plans:
         return _padded_plans[memo_key]
-    from autotile.dispatch.select import select
-
-    device = _device(device_id)
-    padded_shape = padding.padded_shape(layout, shape, dtype)
-    direct = select(ProblemKey(kernel, dtype, layout, shape), device, precision=setting)
-    padded = select(ProblemKey(kernel, dtype, layout, padded_shape), device, precision=setting)
+    _, padded = _padded_choice(kernel, dtype, layout, shape, setting, device_id)
     found = None
-    if padding.pays(direct, padded, layout, shape, dtype):
+    if padded is not None:
         with _device_of(device_id):  # its kernel is compiled and loaded there
-            found = _prepare(kernel, dtype, layout, padded_shape, setting, device_id)
+            found = _prepare(kernel, dtype, layout, padded[1], setting, device_id)
     with _lock:
         return _padded_plans.setdefault(memo_key, found)
 
