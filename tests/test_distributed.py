@@ -272,6 +272,26 @@ def test_judge_orders_claims_by_trial_number(tmp_path):
     assert study_mod.judge(study, e, "BM=16", budget=3) == (study_mod.REPEAT, 1.5)
 
 
+def test_judge_counts_the_trials_queued_below_a_claim(tmp_path):
+    """A trial queued (WAITING) with a number below a fresh trial, as when one worker enqueues its proposal
+    while another's ask creates a new trial: judged later, it sees only the trials below it. So the fresh
+    trial counts the queued one's place and config as taken: the budget is never exceeded and no config
+    runs twice, whichever is asked first."""
+    study = optuna.create_study(storage=study_mod.open_storage(f"journal:{tmp_path / 's.journal'}"),
+                                study_name="queued")
+    dist = {"BM": optuna.distributions.CategoricalDistribution([16, 32, 64])}
+    first = study.ask(dist)
+    assert study_mod.judge(study, first, "BM=16", budget=2) == (study_mod.RUN, None)
+    study_mod.enqueue(study, {"BM": 32}, "BM=32")  # trial 1, WAITING
+    # trial 2, created while trial 1 still waits (another worker's ask that did not see it)
+    fresh = optuna.trial.Trial(study, study._storage.create_new_trial(study._study_id))
+    assert study_mod.judge(study, fresh, "BM=64", budget=2) == (study_mod.OVER, None)  # the budget's last place
+    assert study_mod.judge(study, fresh, "BM=32", budget=3) == (study_mod.REPEAT, None)  # the queued config
+    queued = study.ask(dist)
+    assert queued.number == 1 and queued.params["BM"] == 32
+    assert study_mod.judge(study, queued, "BM=32", budget=2) == (study_mod.RUN, None)
+
+
 def test_gpus_of_different_models_are_refused(replay):
     from autotile.tuning.gpu_workers import same_model
 

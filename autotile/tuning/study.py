@@ -6,14 +6,19 @@ that every optuna storage guarantees: trials get distinct numbers in creation or
 journal: the log order). So each worker, after drawing a config into a trial, decides that trial's fate
 (its *verdict*) from the trials numbered below it alone, once all of those have a verdict of their own:
 
-- ``run``: no trial below holds the same config in a live ``run``, and fewer than ``trials`` live runs
-  lie below: the study's budget, counted across all workers;
-- ``repeat``: a trial below already runs (or ran) this config: it is not timed twice;
+- ``run``: no trial below holds the same config in a live ``run`` or in the queue, and fewer than
+  ``trials`` live runs and queued trials lie below: the study's budget, counted across all workers;
+- ``repeat``: a trial below already runs (or ran, or waits in the queue to run) this config: it is not
+  timed twice;
 - ``over``: the budget is taken by the trials below.
 
 Because every verdict is made from the same ordered prefix, two workers can never both win a config or
 the last place in the budget, whatever the interleaving (a worker waits, briefly, for a trial below that
-has been drawn but not judged yet). A run is *live* while RUNNING with a beating heart, or finished with
+has been drawn but not judged yet). A queued (WAITING) trial is numbered when it is enqueued and judged
+when some worker asks for it: an enqueue and another worker's ask can cross, so that a trial numbered
+above it is judged first. While it waits, the trials above it count its place and its config (`enqueue`
+records it) as taken; judged later, it sees only what lies below it. (Without that rule, both could win:
+the likely cause of the 25 configs CI's two cores once timed on a budget of 24, 2026-11-28.) A run is *live* while RUNNING with a beating heart, or finished with
 a result (COMPLETE, or FAIL with a failure status such as ``compile``).
 
 Dead workers: each worker beats the heart of its running trials (system attribute ``autotile_heartbeat``,
@@ -43,6 +48,7 @@ VERDICT = "autotile_verdict"  # user attribute: RUN, REPEAT, OVER or INFEASIBLE
 KEY = "config_key"  # user attribute: the config a trial drew (Config.key())
 FAILURE = "failure"  # user attribute: the status of a candidate that ran and failed (compile, wrong result...)
 RETRY_OF = "autotile_retry_of"  # user attribute of a retry: the numbers of the dead trials it replaces
+QUEUED = "autotile_queued_key"  # user attribute of an enqueued trial: the config it will run (Config.key())
 HEARTBEAT = "autotile_heartbeat"  # system attribute: Unix time (s) of the last beat
 WORKER = "autotile_worker"  # system attribute: {"host", "machine", "pid"} of the worker running the trial
 RUN, REPEAT, OVER, INFEASIBLE = "run", "repeat", "over", "infeasible"
@@ -244,6 +250,15 @@ def is_dead(trial: Any, grace_s: float, now: float | None = None) -> bool:
     return beat is not None and (now if now is not None else time.time()) - beat > grace_s
 
 
+def enqueue(study: Any, params: dict[str, Any], key: str | None, user_attrs: dict[str, Any] | None = None) -> None:
+    """Queue a trial of the config `key` (its `params`) in `study`: the next `ask` of any worker takes it, and
+    while it waits, `judge` counts its place and its config for the trials numbered after it."""
+    attrs = dict(user_attrs or {})
+    if key:
+        attrs[QUEUED] = key
+    study.enqueue_trial(params, user_attrs=attrs)
+
+
 def recover_dead(study: Any, grace_s: float = GRACE_S, max_retries: int = MAX_RETRIES,
                  retry: Callable[[Any, Any, list[int]], None] | None = None) -> list[int]:
     """Fail the RUNNING trials whose worker is gone, and enqueue each dead run's config again (unless it
@@ -268,7 +283,7 @@ def recover_dead(study: Any, grace_s: float = GRACE_S, max_retries: int = MAX_RE
                 retry(study, trial, history)
         elif trial.user_attrs.get(VERDICT) == RUN and trial.params and len(history) <= max_retries:
             attrs = {k: v for k, v in trial.user_attrs.items() if k in ("seed", "named")}
-            study.enqueue_trial(dict(trial.params), user_attrs=dict(attrs, **{RETRY_OF: history}))
+            enqueue(study, dict(trial.params), trial.user_attrs.get(KEY), dict(attrs, **{RETRY_OF: history}))
     return failed
 
 
@@ -282,6 +297,8 @@ class Ledger:
     finished: int = 0  # runs finished with a result (COMPLETE or a failure status)
     running: int = 0
     pending: int = 0  # RUNNING trials without a verdict yet (drawn, not judged)
+    waiting: int = 0  # WAITING trials: enqueued, not asked for yet
+    queued: set[str] = dataclasses.field(default_factory=set)  # the configs of the WAITING trials (`enqueue`)
     owned: dict[str, tuple[float | None, str | None, bool]] = dataclasses.field(default_factory=dict)
     # config key -> (time in ms or None: failed or still running, seed name, finished)
 
@@ -294,7 +311,12 @@ class Ledger:
         for t in trials:
             if below is not None and t.number >= below:
                 continue
-            if t.state in (state.WAITING, state.PRUNED):
+            if t.state == state.WAITING:
+                ledger.waiting += 1
+                if t.user_attrs.get(QUEUED):
+                    ledger.queued.add(t.user_attrs[QUEUED])
+                continue
+            if t.state == state.PRUNED:
                 continue
             verdict = t.user_attrs.get(VERDICT)
             key = t.user_attrs.get(KEY)
@@ -349,9 +371,14 @@ def judge(study: Any, trial: Any, key: str, budget: int, *, grace_s: float = GRA
             recover_dead(study, grace_s)
             last_recovery = time.monotonic()
         time.sleep(POLL_S)
+    # A trial below that still waits in the queue was numbered before this one but is judged after it (an
+    # enqueue and another worker's ask crossed): its place and its config count as taken here, or both
+    # could win them.
     if key in ledger.owned:
         verdict, value = REPEAT, ledger.owned[key][0]
-    elif ledger.runs >= budget:
+    elif key in ledger.queued:
+        verdict, value = REPEAT, None
+    elif ledger.runs + ledger.waiting >= budget:
         verdict, value = OVER, None
     else:
         verdict, value = RUN, None
@@ -368,5 +395,5 @@ def check_name(name: str | None, *, what: str = "study name") -> str | None:
     return name
 
 
-__all__ = ["GRACE_S", "HEARTBEAT_S", "Heartbeat", "Ledger", "OVER", "REPEAT", "RUN", "INFEASIBLE", "VERDICT",
-           "default_journal", "judge", "open_storage", "postgres_url", "recover_dead"]
+__all__ = ["GRACE_S", "HEARTBEAT_S", "Heartbeat", "Ledger", "OVER", "QUEUED", "REPEAT", "RUN", "INFEASIBLE", "VERDICT",
+           "default_journal", "enqueue", "judge", "open_storage", "postgres_url", "recover_dead"]

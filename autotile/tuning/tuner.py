@@ -545,7 +545,7 @@ class Tuner:
                             skips = MAX_SKIPS
                             break
                         counts[kind] = counts.get(kind, 0) + 1
-                        study.enqueue_trial(dict(proposed), user_attrs={PROPOSED: kind})
+                        study_mod.enqueue(study, dict(proposed), proposed.key(), {PROPOSED: kind})
                     else:
                         counts["model"] = counts.get("model", 0) + 1
                     missed = None
@@ -711,6 +711,7 @@ class Tuner:
         the grid) that the study has not run, is not running and has not queued. Two workers starting at
         the same moment may both enqueue one: the second copy is judged a repeat and never timed."""
 
+        from autotile.tuning import study as study_mod
         from autotile.tuning.study import Ledger
 
         opts = self.options
@@ -728,14 +729,14 @@ class Tuner:
                 continue  # outside a narrowed space: nothing to start from
             if config.key() not in taken and self.space.is_feasible(config, problem):
                 seed = seeds.get(config.key())  # a seed stays a seed, the baseline it is reported as
-                study.enqueue_trial(dict(config), user_attrs={"seed": seed} if seed else {"named": name})
+                study_mod.enqueue(study, dict(config), config.key(), {"seed": seed} if seed else {"named": name})
                 taken.add(config.key())
         # The seeds run next: they are the baselines every result is reported against. The space's
         # other named configs (hand-picked starting points) follow, then the sampler's own draws.
         for name, config in self._named_starts(problem) if opts.named_first else ():
             if config.key() not in taken and self.space.is_feasible(config, problem):
                 attrs = {"seed": name} if name.startswith(SEED_PREFIX) else {"named": name}
-                study.enqueue_trial(dict(config), user_attrs=attrs)
+                study_mod.enqueue(study, dict(config), config.key(), attrs)
                 taken.add(config.key())
         if opts.sampler == "tpe" and opts.warm_starts > 0:
             self._enqueue_warm_starts(study, problem, taken)
@@ -743,7 +744,7 @@ class Tuner:
             for config in self.space.feasible(problem, limit=opts.trials + len(taken)):
                 # Filtered here: optuna's own skip_if_exists check is quadratic in the number of trials.
                 if config.key() not in taken:
-                    study.enqueue_trial(dict(config))
+                    study_mod.enqueue(study, dict(config), config.key())
                     taken.add(config.key())
 
     def _waiting(self, trials: list[Any]) -> list[Config]:
@@ -795,6 +796,7 @@ class Tuner:
         """Queue the cache's winners of other shapes and GPUs (`autotile.tuning.transfer`), each fitted to the
         shape (`propose.filled`), once per study: a resumed study has them already, run or queued."""
         from autotile.dispatch.cache import TuningCache
+        from autotile.tuning import study as study_mod
         from autotile.tuning import transfer
 
         if any(t.user_attrs.get(PROPOSED) == TRANSFER for t in study.get_trials(deepcopy=False)):
@@ -806,7 +808,7 @@ class Tuner:
             # one's SMs idle has its K split to fill them.
             config = self._fitted(problem, found)
             if config.key() not in taken:
-                study.enqueue_trial(dict(config), user_attrs={PROPOSED: TRANSFER, "transfer": where})
+                study_mod.enqueue(study, dict(config), config.key(), {PROPOSED: TRANSFER, "transfer": where})
                 taken.add(config.key())
 
     def _searched(self) -> str:
