@@ -18,8 +18,9 @@ has been drawn but not judged yet). A queued (WAITING) trial is numbered when it
 when some worker asks for it: an enqueue and another worker's ask can cross, so that a trial numbered
 above it is judged first. While it waits, the trials above it count its place and its config (`enqueue`
 records it) as taken; judged later, it sees only what lies below it. (Without that rule, both could win:
-the likely cause of the 25 configs CI's two cores once timed on a budget of 24, 2026-11-28.) A run is *live* while RUNNING with a beating heart, or finished with
-a result (COMPLETE, or FAIL with a failure status such as ``compile``).
+the likely cause of the 25 configs CI's two cores once timed on a budget of 24, 2026-11-28.) A run is
+*live* while RUNNING with a beating heart, or finished with a result (COMPLETE, or FAIL with a failure
+status such as ``compile``).
 
 Dead workers: each worker beats the heart of its running trials (system attribute ``autotile_heartbeat``,
 Unix seconds) every few seconds; any worker fails a RUNNING trial whose heart stopped for ``grace_s`` (or
