@@ -159,6 +159,18 @@ def cached_config(cache: Path) -> str:
     return replay_space().config({k: str(v) for k, v in config.items()}).key()
 
 
+def _trials_told(study, keys: list[str]) -> str:
+    """Each trial of `study` as number, state, verdict, retry-of and whether its config was timed more than
+    once: a failing count's explanation."""
+    twice = {k for k, n in Counter(keys).items() if n > 1}
+    rows = []
+    for t in study.get_trials(deepcopy=False):
+        key = t.user_attrs.get(study_mod.KEY) or t.user_attrs.get("drew") or t.user_attrs.get(study_mod.QUEUED)
+        rows.append(f"{t.number} {t.state.name} {t.user_attrs.get(study_mod.VERDICT)} "
+                    f"{t.user_attrs.get(study_mod.RETRY_OF)}{' TIMED TWICE' if key in twice else ''}")
+    return f"{len(keys)} timed, {len(set(keys))} configs; trials: " + "; ".join(rows)
+
+
 def runs(study) -> list:
     """The study's runs finished with a result."""
     return [t for t in study.get_trials(deepcopy=False) if t.user_attrs.get(study_mod.VERDICT) == study_mod.RUN
@@ -174,7 +186,8 @@ def test_four_workers_share_one_budget_and_time_each_config_once(replay, storage
     assert done.returncode == 0, done.stderr
     timed = evaluations(log)
     keys = [k for _, _, k in timed]
-    assert len(keys) == 24 and len(set(keys)) == 24  # the budget exactly, no config twice
+    # the budget exactly, no config twice (else: what each trial was, to tell a race from a retry)
+    assert len(keys) == 24 and len(set(keys)) == 24, _trials_told(load(storage, name), keys)
     assert len({pid for pid, _, _ in timed}) >= 2  # the work was shared
     assert Counter(keys)[min(seed_keys())] == 1 and seed_keys() <= set(keys)  # each seed once
     study = load(storage, name)
