@@ -102,6 +102,24 @@ def test_model_picks_the_config_where_it_wins_and_cublas_where_it_loses():
     assert "fast" in big.explain() and "2896x2896x2896" in big.explain()
 
 
+def test_where_the_model_keeps_cublas_it_names_the_runner_up_and_select_hands_it_out(tmp_path):
+    """A config predicted 1.02x (under the margin) loses to cuBLAS, but the choice keeps it as the runner-up
+    with its config and predicted speed-up; `select.runner_up` hands those out (the emulation's products
+    weigh them, `calls._sustained_products`), and nothing where the model picked a config."""
+    close = _synthetic_db(speedup_big=1.02)
+    choice = model.Model(close, H100).choose((3000, 3100, 2900))
+    fast = kernels.get("matmul").space.named("tf32x3-128")
+    assert choice is not None and choice.candidate.implementation == "cublas"
+    assert choice.runner_up_config == fast and choice.runner_up_predicted == pytest.approx(1.02, rel=0.01)
+    cache = TuningCache(root=tmp_path, shipped_root=None)
+    database.save(cache, close)
+    found = select.runner_up(ProblemKey("matmul", "float32", "row", (3000, 3100, 2900)), H100, cache)
+    assert found is not None and found[0] == fast and found[1] == pytest.approx(1.02, rel=0.01)
+    database.save(cache, _synthetic_db(speedup_big=1.3))  # the model now runs the config itself
+    assert select.runner_up(ProblemKey("matmul", "float32", "row", (3000, 3100, 2900)), H100, cache) is None
+    assert select.runner_up(ProblemKey("matmul", "float64", "row", (3000, 3100, 2900)), H100, cache) is None
+
+
 def test_model_never_picks_a_config_slower_than_the_floor_at_a_neighbour():
     # Faster on average but 0.5x at some neighbours: the floor refuses it.
     db = _synthetic_db(speedup_big=1.3)

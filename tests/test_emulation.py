@@ -593,3 +593,41 @@ def test_products_in_one_batched_cublas_call_rebuild_the_same_bits(dtype):
     assert reports[0]["failed_runs"] == reports[1]["failed_runs"] > 0
     assert cupy.array_equal(outs[0], outs[1])
     _assert_within_native_bound(cupy.asnumpy(outs[1]), cupy.asnumpy(a), cupy.asnumpy(b), dtype)
+
+
+def test_large_products_run_the_models_runner_up_where_it_was_predicted_close(monkeypatch):
+    """The emulation's products, a dozen of one shape back to back, run the int8 model's runner-up instead
+    of cuBLAS from `SUSTAINED_MIN_WORK` multiply-adds where it was predicted at least `SUSTAINED_FLOOR` x
+    cuBLAS on one product; smaller products, a farther runner-up, a generated choice or a tuned record keep
+    the selection."""
+    import contextlib
+    import dataclasses
+
+    from autotile.dispatch import select
+    from autotile.library import calls, emulation
+    from autotile.runtime import impl
+
+    config = kernels.get("matmul").space.named("direct8-128x256-c2p")
+    predicted = {"value": 0.95}
+    monkeypatch.setattr(calls, "_device", lambda device_id: None)
+    monkeypatch.setattr(calls, "_device_of", lambda device: contextlib.nullcontext())
+    monkeypatch.setattr(calls, "_sustained", {})
+    monkeypatch.setattr(impl.Generated, "prepare", lambda self, key: ("runner", self.config, key.shape))
+    monkeypatch.setattr(select, "runner_up", lambda key, device: (config, predicted["value"]))
+    by_model = select.Selection(None, "model (615 surveyed shapes)", None, None, "cublas", "cuBLAS kept", step="model")
+    cublas = calls._Prepared("cuBLAS", by_model, direct=object())  # type: ignore[arg-type]
+    big = (8192, 8192, 8192)
+    chosen = calls._sustained_products(cublas, big, 0)
+    assert chosen.direct is None and chosen.selection.config == config and chosen.runner == ("runner", config, big)
+    assert "runner-up, predicted 0.95x" in chosen.selection.explain()
+    assert calls._sustained_products(cublas, big, 0) is chosen  # decided once
+    small = (4096, 4096, 4096)
+    assert emulation.SUSTAINED_MIN_WORK > math.prod(small)
+    assert calls._sustained_products(cublas, small, 0) is cublas
+    predicted["value"] = emulation.SUSTAINED_FLOOR - 0.01
+    assert calls._sustained_products(cublas, (8192, 8192, 16384), 0) is cublas
+    tuned = calls._Prepared("cuBLAS", dataclasses.replace(by_model, step="exact"), direct=object())  # type: ignore[arg-type]
+    assert calls._sustained_products(tuned, (16384, 16384, 16384), 0) is tuned
+    by_kernel = dataclasses.replace(by_model, config=config, implementation="generated")
+    generated = calls._Prepared("kernel", by_kernel)  # type: ignore[arg-type]
+    assert calls._sustained_products(generated, (16384, 16384, 8192), 0) is generated

@@ -118,6 +118,10 @@ class Choice:
     predicted_ms: float | None = None  # the predicted time on the shape (`Model.reference_ms` / `predicted`)
     # the predicted speed-up counting the host's time per call (`host_ms`), where that is what chose it
     with_host: float | None = None
+    # where the reference was chosen: the best eligible candidate's config and predicted speed-up (the
+    # runner-up), for callers whose work runs differently from the database's timings (`select.runner_up`)
+    runner_up_config: Config | None = None
+    runner_up_predicted: float | None = None
 
     def explain(self) -> str:
         near = ", ".join(f"{'x'.join(map(str, s))} {'-' if r is None else format(r, '.2f') + 'x'}"
@@ -317,14 +321,16 @@ class Model:
         if not reference_runs:
             safe = eligible
         if not safe.any():
-            runner_up = None
+            runner_up, runner_up_config, runner_up_predicted = None, None, None
             if eligible.any():
                 k = int(np.argmax(np.where(eligible, predicted, -np.inf)))
                 runner_up = f"{self.db.candidates[self.usable[k]].name} {2 ** predicted[k]:.2f}x"
+                runner_up_config, runner_up_predicted = self.configs[self.usable[k]], float(2 ** predicted[k])
             near: tuple[tuple[tuple[int, ...], float, float | None], ...] = tuple(
                 (tuple(int(d) for d in self.db.shapes[i]), float(dist[i]), None) for i in order)
             return Choice(self.db.candidates[self.reference], self.configs[self.reference], 1.0, near, runner_up,
-                          self.reference_name, reference_ms)
+                          self.reference_name, reference_ms, runner_up_config=runner_up_config,
+                          runner_up_predicted=runner_up_predicted)
         # the best score; among equal scores (launches that all wait on the host) the best on the GPU
         k = int(np.lexsort((np.where(safe, predicted, -np.inf), np.where(safe, score, -np.inf)))[-1])
         j = self.usable[k]

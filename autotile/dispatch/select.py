@@ -205,6 +205,27 @@ def model(ctx: Context) -> Selection | None:
                      choice.candidate.implementation, choice.explain(), ctx.precision, "model", choice.predicted_ms)
 
 
+def runner_up(key: ProblemKey, device: DeviceLimits, cache: TuningCache | None = None,
+              precision: str | None = None) -> tuple[Config, float] | None:
+    """Where the model step weighs `key`'s candidates against cuBLAS and keeps cuBLAS: the best generated
+    candidate it weighed and its predicted speed-up over cuBLAS (below the margin the model asks for), for
+    a caller whose work the shape database's timings do not describe (the emulation's products, run a
+    dozen at a time back to back). None where the model has no database for `key` or no such candidate."""
+    from autotile.dispatch import database
+    from autotile.dispatch.model import model_for, params_of
+
+    if _cublas_cannot(key):
+        return None
+    setting = precision_mod.resolve(precision)
+    db = database.find(cache if cache is not None else TuningCache(), device.fingerprint, *_key_parts(key))
+    if db is None or not db.shapes or not db.covers(key.shape):
+        return None
+    choice = model_for(db, device).choose(key.shape, params_of(db), setting=setting)
+    if choice is None or choice.runner_up_config is None or choice.runner_up_predicted is None:
+        return None
+    return choice.runner_up_config, choice.runner_up_predicted
+
+
 def nearest(ctx: Context) -> Selection | None:
     best: tuple[tuple[float, int, float, str], Record] | None = None
     for rank, path, record in ctx.cache.records(ctx.device.fingerprint, ctx.key, kernels.compat_hash(ctx.key.kernel)):

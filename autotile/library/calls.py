@@ -498,12 +498,48 @@ _batched_products: dict[tuple[int, int, tuple[int, int, int]], CublasCall] = {}
 
 
 def _int8_gemm(framework: Framework, device: int) -> Callable[[tuple[int, int, int]], _Int8Products]:
-    """What the emulation's int8 products run, per shape (M, N, K): `_Int8Products`."""
+    """What the emulation's int8 products run, per shape (M, N, K): `_Int8Products` of the int8 selection, or
+    of the model's runner-up where the products are large enough to run as a sustained load
+    (`_sustained_products`)."""
 
     def gemm(shape: tuple[int, int, int]) -> _Int8Products:
-        return _Int8Products(_prepare("matmul", "int8", "nt", shape, None, device), shape, framework.allocate)
+        prepared = _sustained_products(_prepare("matmul", "int8", "nt", shape, None, device), shape, device)
+        return _Int8Products(prepared, shape, framework.allocate)
 
     return gemm
+
+
+_sustained: dict[tuple[int, tuple[int, int, int]], _Prepared] = {}
+
+
+def _sustained_products(prepared: _Prepared, shape: tuple[int, int, int], device: int) -> _Prepared:
+    """`prepared`, the int8 selection of the products' `shape`; or, where that is cuBLAS on the model's word,
+    the model's runner-up if the products are of at least `emulation.SUSTAINED_MIN_WORK` multiply-adds and it
+    was predicted at least `emulation.SUSTAINED_FLOOR` x cuBLAS (why: `autotile.library.emulation`). Decided
+    once per device and shape."""
+    from autotile.dispatch.select import Selection, runner_up
+    from autotile.library import emulation
+    from autotile.runtime.impl import Generated
+
+    if prepared.direct is None or prepared.selection.step != "model":  # a generated kernel, or a tuned record
+        return prepared
+    found = _sustained.get((device, shape))
+    if found is not None:
+        return found
+    chosen = prepared
+    if math.prod(shape) >= emulation.SUSTAINED_MIN_WORK:
+        key = ProblemKey("matmul", "int8", "nt", shape)
+        best = runner_up(key, _device(device))
+        if best is not None and best[1] >= emulation.SUSTAINED_FLOOR:
+            config, predicted = best
+            why = (f"the model's runner-up, predicted {predicted:.2f}x cuBLAS on one product, for products run back "
+                   f"to back ({prepared.selection.why})")
+            selection = Selection(config, "sustained products", None, None, "generated", why,
+                                  prepared.selection.precision, "model", None)
+            with _device_of(device):
+                chosen = _Prepared(Generated(config).prepare(key), selection)
+    with _lock:
+        return _sustained.setdefault((device, shape), chosen)
 
 
 def matvec_no_autograd(A: Any, x: Any, out: Any = None, precision: str | None = None, stream: Any = None) -> Any:

@@ -44,6 +44,18 @@ MIN_VOLUME = {"float64": 2**39, "float32": 2**37}  # M N K
 MIN_SIDE = {"float64": 2048, "float32": 2048}  # M and N
 # CUDA's grid limit on the fix-up's tiles along y (65535 rows of FIX_TILE-row tiles)
 MAX_M = 65535 * FIX_TILE
+# The products run back to back, 10 (float32) to 17 (float64) of one shape: a sustained load, under which
+# kernels keep less of their speed than in the shape databases' timings (one product at a time, L2 flushed).
+# Where the int8 selection keeps cuBLAS on the model's word, the model's best generated candidate (the
+# runner-up) runs products of at least SUSTAINED_MIN_WORK multiply-adds if it was predicted at least
+# SUSTAINED_FLOOR x cuBLAS. Measured on an H200 (2026-11-28, `bench-emulation --int8-config library
+# direct8-128x256-c2p library direct8-128x256-c2p`, the runner-up there, predicted 0.93-0.99x cuBLAS; emulated
+# time with it against cuBLAS's products): float64 4096³ 5% slower (2.53 against 2.40 ms), 6144³ 3% faster,
+# 8192³ 6-8% (15.9-16.5 against 17.2-17.4 ms), 10240³ 6%, 12288³ 9%, 16384³ 13-14% (118-120 against 136-138
+# ms); float32 6144³ even, 12288³ 8%, 16384³ 18% (68.3 against 81.1-82.7 ms). On random shapes whose sides
+# cuBLAS's int8 GEMM refuses the generated kernels run anyway.
+SUSTAINED_MIN_WORK = 2**38  # M N K of one product: 6502³
+SUSTAINED_FLOOR = 0.9
 K_ALIGN = 16  # the int8 GEMMs' K: a multiple of 16 bytes, so that their tiles load with the TMA
 # Whether the residue products leave the int8 kernel as int8 residues (its RESIDUES epilogue) rather than as
 # int32 sums. Off: on an H100 (2026-11-25) it cut the rebuild by 30% (8192³ float64: 1.94 -> 1.34 ms) but
