@@ -631,3 +631,14 @@ def test_large_products_run_the_models_runner_up_where_it_was_predicted_close(mo
     by_kernel = dataclasses.replace(by_model, config=config, implementation="generated")
     generated = calls._Prepared("kernel", by_kernel)  # type: ignore[arg-type]
     assert calls._sustained_products(generated, (16384, 16384, 8192), 0) is generated
+
+
+def test_the_emulation_benchmarks_random_shapes_round_up_to_a_multiple():
+    """`bench-emulation --random N --multiple Q`: the same draw, each side rounded up to a multiple of Q."""
+    from autotile.cli.bench_emulation import random_shapes
+
+    plain, rounded = random_shapes(12, seed=41), random_shapes(12, seed=41, multiple=64)
+    assert plain == random_shapes(12, seed=41) and len(plain) == 12
+    assert all(1024 <= side <= 16384 for shape in plain for side in shape)
+    for before, after in zip(plain, rounded, strict=True):
+        assert all(a % 64 == 0 and 0 <= a - b < 64 for a, b in zip(after, before, strict=True))

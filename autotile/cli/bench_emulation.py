@@ -135,31 +135,44 @@ def bench_case(shape: tuple[int, int, int], dtype: str, kind: str, flush: Any, s
 
 
 def _forced_gemm(framework: Any, name: str) -> Any:
-    """What `calls._int8_gemm` gives, running the named int8 config on every shape (prepared once per shape)."""
+    """What `calls._int8_gemm` gives, running the named int8 config ("cublas": cuBLAS's int8 GEMM) on every
+    shape (prepared once per shape)."""
+    import cupy
+
     from autotile.codegen import kernels
     from autotile.codegen.problem import ProblemKey
     from autotile.dispatch.select import Selection
     from autotile.library import calls
-    from autotile.runtime.impl import Generated
+    from autotile.runtime.cublas import CublasCall
+    from autotile.runtime.impl import Cublas, Generated
 
-    config = kernels.get("matmul").space.named(name)
+    config = None if name == "cublas" else kernels.get("matmul").space.named(name)
     prepared: dict[tuple[int, int, int], Any] = {}
 
     def gemm(shape: tuple[int, int, int]) -> Any:
         if shape not in prepared:
-            runner = Generated(config).prepare(ProblemKey("matmul", "int8", "nt", shape))
-            selection = Selection(config, "forced (--int8-config)", None)
-            prepared[shape] = calls._Int8Products(calls._Prepared(runner, selection), shape, framework.allocate)
+            key = ProblemKey("matmul", "int8", "nt", shape)
+            if config is None:  # cuBLAS's int8 GEMM, called on pointers as the library calls it
+                selection = Selection(None, "forced (--int8-config)", None, None, "cublas")
+                runner = Cublas().prepare(key)
+                direct = CublasCall(key, cupy.cuda.Device().id)
+                made = calls._Prepared(runner, selection, direct=direct)
+            else:
+                forced = Selection(config, "forced (--int8-config)", None)
+                made = calls._Prepared(Generated(config).prepare(key), forced)
+            prepared[shape] = calls._Int8Products(made, shape, framework.allocate)
         return prepared[shape]
 
     return gemm
 
 
-def random_shapes(count: int, seed: int, low: int = 1024, high: int = 16384) -> list[tuple[int, int, int]]:
-    """`count` shapes, each side log-uniform in [low, high], drawn at run time from `seed`."""
+def random_shapes(count: int, seed: int, low: int = 1024, high: int = 16384,
+                  multiple: int = 1) -> list[tuple[int, int, int]]:
+    """`count` shapes, each side log-uniform in [low, high], drawn at run time from `seed`, then rounded up to
+    a multiple of `multiple` (the sizes frameworks pad to)."""
     rng = np.random.default_rng(seed)
     sides = np.exp(rng.uniform(math.log(low), math.log(high), (count, 3))).astype(int)
-    return [(int(x), int(y), int(z)) for x, y, z in sides]
+    return [tuple(-(-int(side) // multiple) * multiple for side in row) for row in sides]  # type: ignore[misc]
 
 
 def markdown(rows: list[dict[str, Any]], device: str) -> str:
@@ -205,7 +218,9 @@ def main(argv: list[str] | None = None, prog: str = "python -m autotile.cli.benc
                              "autotile.library.emulation.BATCHED_PRODUCTS)")
     parser.add_argument("--int8-config", nargs="+", default=None, metavar="NAME",
                         help="named int8 matmul configs the products run instead of the library's selection "
-                             "('library': the selection), each timed")
+                             "('library': the selection; 'cublas': cuBLAS's int8 GEMM), each timed")
+    parser.add_argument("--multiple", type=int, default=1, metavar="Q",
+                        help="round every side of the random shapes up to a multiple of Q")
     parser.add_argument("--out", default="bench-results")
     args = parser.parse_args(argv)
     if gpu_or_error(parser.prog) is None:
@@ -217,7 +232,8 @@ def main(argv: list[str] | None = None, prog: str = "python -m autotile.cli.benc
     device = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)["name"].decode()
     flush = L2Flusher(int(cupy.cuda.Device().attributes["L2CacheSize"]))
     cases = [((s, s, s), d, kind) for d in args.dtype for s in args.sizes for kind in args.inputs]
-    cases += [(shape, d, "normal") for d in args.dtype for shape in random_shapes(args.random, args.seed)]
+    drawn = random_shapes(args.random, args.seed, multiple=args.multiple)
+    cases += [(shape, d, "normal") for d in args.dtype for shape in drawn]
     epilogues = [None] if args.residue_epilogue is None else [v == "on" for v in args.residue_epilogue]
     batching = [None] if args.batched_products is None else [v == "on" for v in args.batched_products]
     configs = [None if name == "library" else name for name in args.int8_config or ["library"]]
