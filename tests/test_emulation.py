@@ -163,6 +163,8 @@ def test_emulation_is_chosen_only_for_large_2d_float_problems():
     assert not emulation.pays("float64", (16384, 16384, 2048))  # a short K: the int32 products' traffic
     assert not emulation.pays("float64", (64, 8192, 8192))
     assert not emulation.pays("float16", (8192, 8192, 8192))
+    assert emulation.pays("float64", (2596, 13656, 10317))  # 2^38.4: measured 1.32x DGEMM (H200)
+    assert not emulation.pays("float64", (2283, 8800, 11968))  # 2^37.8 (1.09x measured): under MIN_VOLUME
     assert not emulation.pays("float64", (8192, 8192, emu.MAX_K + 1))
     assert not emulation.pays("float64", (4, 8192, 8192, 8192))
 

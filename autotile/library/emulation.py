@@ -38,9 +38,12 @@ if TYPE_CHECKING:
 # and their int32 results (moduli + 1) M N words written and read again: a short K or a small M N cannot
 # pay that back. On 24 random shapes drawn afterwards (seed 23), every shape this rule took ran faster
 # than the native path; some it leaves would have too (float64 10658x2839x14303 at 1.15x). float32's sides
-# start at 2048: 13835x1061x10179 ran 0.94x the tf32x3 kernels.
+# start at 2048: 13835x1061x10179 ran 0.94x the tf32x3 kernels. float64's M N K starts at 2^38 since its
+# large products run a generated int8 kernel (`SUSTAINED_MIN_WORK`): on an H200 (2026-11-28, `python
+# tools/emulation_band.py`: 10 random shapes with K 8192-16384, M and N 2048-16384, M N K 2^37.5-2^39) every
+# one ran faster emulated, the seven of at least 2^38 1.22-1.41x DGEMM, the three below 1.09-1.37x.
 MIN_K = {"float64": 8192, "float32": 4096}
-MIN_VOLUME = {"float64": 2**39, "float32": 2**37}  # M N K
+MIN_VOLUME = {"float64": 2**38, "float32": 2**37}  # M N K
 MIN_SIDE = {"float64": 2048, "float32": 2048}  # M and N
 # CUDA's grid limit on the fix-up's tiles along y (65535 rows of FIX_TILE-row tiles)
 MAX_M = 65535 * FIX_TILE
