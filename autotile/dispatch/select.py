@@ -30,7 +30,7 @@ import dataclasses
 import functools
 import math
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from autotile.codegen import build, dtypes, kernels
 from autotile.codegen.limits import DeviceLimits
@@ -41,6 +41,10 @@ from autotile.dispatch.cache import TuningCache
 from autotile.dispatch.record import Record
 from autotile.errors import ArgumentError, AutotileError, UnknownNameError
 from autotile.runtime.impl import Cublas, Generated, Implementation
+
+if TYPE_CHECKING:  # the model's modules are imported when the model step first runs
+    from autotile.dispatch.database import ShapeDatabase
+    from autotile.dispatch.model import Choice
 
 # K per split (elements) below which raising a served config's splits only adds atomics (the floor for
 # timing any split is `model.MIN_K_PER_SPLIT`)
@@ -185,12 +189,14 @@ def exact(ctx: Context) -> Selection | None:
                       "exact")
 
 
-def model(ctx: Context) -> Selection | None:
+def _model_choice(ctx: Context) -> tuple[ShapeDatabase, Choice, bool] | None:
+    """The model step's reading: the shape database that covers `ctx.key` (the GPU's, or a sibling's where
+    `ctx.siblings`), the model's `Choice` on it, and whether cuBLAS can run the problem; None where no
+    database covers it."""
     from autotile.dispatch import database
     from autotile.dispatch.model import model_for, params_of
 
-    parts = _key_parts(ctx.key)
-    db = (database.find if ctx.siblings else database.load)(ctx.cache, ctx.device.fingerprint, *parts)
+    db = (database.find if ctx.siblings else database.load)(ctx.cache, ctx.device.fingerprint, *_key_parts(ctx.key))
     if db is None or not db.shapes or not db.covers(ctx.key.shape):
         return None
     # where the vendor's call cannot run the problem (int8 shapes cuBLAS refuses; an 8-bit float problem
@@ -198,7 +204,15 @@ def model(ctx: Context) -> Selection | None:
     # none is predicted safely faster (against cuBLAS's column they would be unknown where it was not timed)
     cublas_runs = not _cublas_cannot(ctx.key) and not (ctx.serves is not None and _cublas_cannot(ctx.serves))
     choice = model_for(db, ctx.device, cublas_runs).choose(ctx.key.shape, params_of(db), setting=ctx.precision)
-    if choice is None or (choice.config is None and not cublas_runs):
+    return None if choice is None else (db, choice, cublas_runs)
+
+
+def model(ctx: Context) -> Selection | None:
+    found = _model_choice(ctx)
+    if found is None:
+        return None
+    db, choice, cublas_runs = found
+    if choice.config is None and not cublas_runs:
         return None
     whose = "" if db.device == ctx.device.fingerprint else f" on {db.environment.get('gpu', db.device)}"
     return Selection(choice.config, f"model ({len(db.shapes)} surveyed shapes{whose})", None, None,
@@ -210,18 +224,14 @@ def runner_up(key: ProblemKey, device: DeviceLimits, cache: TuningCache | None =
     """Where the model step weighs `key`'s candidates against cuBLAS and keeps cuBLAS: the best generated
     candidate it weighed and its predicted speed-up over cuBLAS (below the margin the model asks for), for
     a caller whose work the shape database's timings do not describe (the emulation's products, run a
-    dozen at a time back to back). None where the model has no database for `key` or no such candidate."""
-    from autotile.dispatch import database
-    from autotile.dispatch.model import model_for, params_of
-
-    if _cublas_cannot(key):
+    dozen at a time back to back). None where no database covers `key`, cuBLAS cannot run it, the model
+    runs a generated candidate, or none was eligible."""
+    ctx = Context(key, device, cache if cache is not None else TuningCache(), counts, precision_mod.resolve(precision))
+    found = _model_choice(ctx)
+    if found is None or not found[2]:
         return None
-    setting = precision_mod.resolve(precision)
-    db = database.find(cache if cache is not None else TuningCache(), device.fingerprint, *_key_parts(key))
-    if db is None or not db.shapes or not db.covers(key.shape):
-        return None
-    choice = model_for(db, device).choose(key.shape, params_of(db), setting=setting)
-    if choice is None or choice.runner_up_config is None or choice.runner_up_predicted is None:
+    choice = found[1]
+    if choice.runner_up_config is None or choice.runner_up_predicted is None:
         return None
     return choice.runner_up_config, choice.runner_up_predicted
 
