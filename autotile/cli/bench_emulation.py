@@ -171,8 +171,8 @@ def random_shapes(count: int, seed: int, low: int = 1024, high: int = 16384,
     """`count` shapes, each side log-uniform in [low, high], drawn at run time from `seed`, then rounded up to
     a multiple of `multiple` (the sizes frameworks pad to)."""
     rng = np.random.default_rng(seed)
-    sides = np.exp(rng.uniform(math.log(low), math.log(high), (count, 3))).astype(int)
-    return [tuple(-(-int(side) // multiple) * multiple for side in row) for row in sides]  # type: ignore[misc]
+    sides = -(-np.exp(rng.uniform(math.log(low), math.log(high), (count, 3))).astype(int) // multiple) * multiple
+    return [(int(x), int(y), int(z)) for x, y, z in sides]
 
 
 def markdown(rows: list[dict[str, Any]], device: str) -> str:

@@ -113,13 +113,14 @@ class Choice:
     config: Config | None
     predicted: float
     neighbours: tuple[tuple[tuple[int, ...], float, float | None], ...]
-    runner_up: str | None = None
+    # where the reference was chosen: the best eligible candidate (the runner-up), its config and predicted
+    # speed-up, for `explain` and for callers whose work runs differently from the database's timings
+    # (`select.runner_up`)
+    runner_up: Candidate | None = None
     reference: str = "cuBLAS"  # what the speed-ups are over (`Model.reference`)
     predicted_ms: float | None = None  # the predicted time on the shape (`Model.reference_ms` / `predicted`)
     # the predicted speed-up counting the host's time per call (`host_ms`), where that is what chose it
     with_host: float | None = None
-    # where the reference was chosen: the best eligible candidate's config and predicted speed-up (the
-    # runner-up), for callers whose work runs differently from the database's timings (`select.runner_up`)
     runner_up_config: Config | None = None
     runner_up_predicted: float | None = None
 
@@ -128,10 +129,15 @@ class Choice:
                          for s, _, r in self.neighbours)
         fallback = self.candidate.implementation == "cublas" or self.candidate.name == self.reference
         why = (f"predicted {self.predicted:.2f}x {self.reference}" if not fallback
-               else f"no candidate predicted safely faster (best: {self.runner_up or '-'})")
+               else f"no candidate predicted safely faster (best: {self._runner_up_text()})")
         if self.with_host is not None and not fallback:
             why += f" on the GPU, {self.with_host:.2f}x back to back (the host's time per call counted)"
         return f"{self.candidate.name}, {why}; at the nearest surveyed shapes: {near}"
+
+    def _runner_up_text(self) -> str:
+        if self.runner_up is None or self.runner_up_predicted is None:
+            return "-"
+        return f"{self.runner_up.name} {self.runner_up_predicted:.2f}x"
 
 
 def host_ms(kernel: str, implementation: str, config: Config | None) -> float:
@@ -324,8 +330,9 @@ class Model:
             runner_up, runner_up_config, runner_up_predicted = None, None, None
             if eligible.any():
                 k = int(np.argmax(np.where(eligible, predicted, -np.inf)))
-                runner_up = f"{self.db.candidates[self.usable[k]].name} {2 ** predicted[k]:.2f}x"
-                runner_up_config, runner_up_predicted = self.configs[self.usable[k]], float(2 ** predicted[k])
+                j = self.usable[k]
+                runner_up, runner_up_config = self.db.candidates[j], self.configs[j]
+                runner_up_predicted = float(2 ** predicted[k])
             near: tuple[tuple[tuple[int, ...], float, float | None], ...] = tuple(
                 (tuple(int(d) for d in self.db.shapes[i]), float(dist[i]), None) for i in order)
             return Choice(self.db.candidates[self.reference], self.configs[self.reference], 1.0, near, runner_up,

@@ -741,6 +741,7 @@ def forget() -> None:
         _residue_runners.clear()
         _batched_products.clear()
         _emulation_choices.clear()
+        _sustained.clear()
 
 
 events.on_records_changed(forget)  # a record tuned in this process is served from the next call on
