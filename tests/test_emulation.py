@@ -13,7 +13,7 @@ from fractions import Fraction
 
 import numpy as np
 import pytest
-from direct_support import compile_once
+from direct_support import compile_once, require_hopper
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -556,7 +556,10 @@ def test_int32_and_residue_products_rebuild_the_same_bits(dtype, emulate_everyth
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", emu.EMULATED_DTYPES)
-def test_products_in_one_batched_cublas_call_rebuild_the_same_bits(dtype):
+@pytest.mark.parametrize("products_on", ["cublas", "direct8-128x256-c2p"])
+def test_products_in_one_batched_call_rebuild_the_same_bits(dtype, products_on):
+    """The products as one batched launch (cuBLAS's batched GEMM, or a generated kernel batched: its 3-D maps)
+    rebuild the bits of one launch a product, guard and fix-up included."""
     import cupy
 
     from autotile.codegen.problem import ProblemKey
@@ -564,9 +567,11 @@ def test_products_in_one_batched_cublas_call_rebuild_the_same_bits(dtype):
     from autotile.library import calls, emulation
     from autotile.library.plan import plan_matmul
     from autotile.runtime.cublas import CublasCall
-    from autotile.runtime.impl import Cublas
+    from autotile.runtime.impl import Cublas, Generated
     from autotile.runtime.operands import as_framework, framework_by_type
 
+    if products_on != "cublas":
+        require_hopper()
     g = cupy.random.default_rng(8)
     a = g.standard_normal((700, 1100)).astype(dtype)
     b = g.standard_normal((1100, 900)).astype(dtype)
@@ -576,10 +581,14 @@ def test_products_in_one_batched_cublas_call_rebuild_the_same_bits(dtype):
     plan = plan_matmul(op_a.shape, op_a.strides, op_b.shape, op_b.strides)
     device = op_a.device
 
-    def cublas_products(shape):  # cuBLAS's int8 GEMM, whatever the selection would run
+    def forced_products(shape):  # cuBLAS's int8 GEMM or the named kernel, whatever the selection would run
         key = ProblemKey("matmul", "int8", "nt", shape)
-        prepared = calls._Prepared(Cublas().prepare(key), Selection(None, "forced", None, None, "cublas"),
-                                   direct=CublasCall(key, device))
+        if products_on == "cublas":
+            prepared = calls._Prepared(Cublas().prepare(key), Selection(None, "forced", None, None, "cublas"),
+                                       direct=CublasCall(key, device))
+        else:
+            config = kernels.get("matmul").space.named(products_on)
+            prepared = calls._Prepared(Generated(config).prepare(key), Selection(config, "forced", None))
         return calls._Int8Products(prepared, shape, framework.allocate)
 
     outs, reports = [], []
@@ -587,7 +596,7 @@ def test_products_in_one_batched_cublas_call_rebuild_the_same_bits(dtype):
         out = cupy.full((700, 900), cupy.nan, dtype)
         report: dict[str, int] = {}
         emulation.run(framework, op_a, op_b, as_framework(framework, out, "out"), plan.layout, plan.shape,
-                      cupy.cuda.get_current_stream().ptr, cublas_products, report=report,
+                      cupy.cuda.get_current_stream().ptr, forced_products, report=report,
                       batched_products=batched)
         outs.append(out)
         reports.append(report)

@@ -213,9 +213,9 @@ def main(argv: list[str] | None = None, prog: str = "python -m autotile.cli.benc
                         help="time the int8 products leaving as int8 residues (on), as int32 sums (off), or both "
                              "(default: the library's setting, autotile.library.emulation.RESIDUE_EPILOGUE)")
     parser.add_argument("--batched-products", nargs="+", choices=["on", "off"], default=None,
-                        help="time the int8 products as one batched cuBLAS call (on, where cuBLAS is the int8 "
-                             "selection), one call each (off), or both (default: the library's setting, "
-                             "autotile.library.emulation.BATCHED_PRODUCTS)")
+                        help="time the int8 products as one batched call (on: cuBLAS's batched GEMM where cuBLAS "
+                             "runs them, the same kernel batched where a generated one does), one call each (off), "
+                             "or both (default: the library's setting, autotile.library.emulation.BATCHED_PRODUCTS)")
     parser.add_argument("--int8-config", nargs="+", default=None, metavar="NAME",
                         help="named int8 matmul configs the products run instead of the library's selection "
                              "('library': the selection; 'cublas': cuBLAS's int8 GEMM), each timed")

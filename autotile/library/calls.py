@@ -450,19 +450,34 @@ class _Int8Products:
         self.prepared.call_pointers(pointers, out_ptr, out_nbytes, "int32", stream_ptr, self.allocate)
 
     def batched(self, count: int) -> Callable[[tuple[int, int], int, int], None] | None:
-        """Where the selection runs cuBLAS: one launch (pointers, out, stream) of `count` products of this shape,
-        each operand's matrices packed one after another, as are the int32 results (one strided batched
-        GEMM: no gap between launches, one tail of partly filled waves instead of `count`); else None."""
-        if self.prepared.direct is None:
-            return None
+        """One launch (pointers, out, stream) of `count` products of this shape, each operand's matrices packed
+        one after another, as are the int32 results: one strided batched GEMM, no gap between launches and one
+        tail of partly filled waves instead of `count`. cuBLAS's batched GEMM where the selection runs cuBLAS;
+        the same generated kernel, batched (its copies from 3-D tensor maps), where it runs a wgmma_direct
+        kernel whose K splits, if any, are summed by the last block; else None."""
+        from autotile.runtime.impl import Generated
+
         m, n, k = self.shape
-        key = (self.prepared.direct.device, count, self.shape)
-        call = _batched_products.get(key)
-        if call is None:
-            call = _batched_products.setdefault(
-                key, CublasCall(ProblemKey("bmm", "int8", "nt", (count, m, n, k)), self.prepared.direct.device))
         strides = (m * k, n * k)
-        return lambda pointers, out_ptr, stream_ptr: call(pointers, out_ptr, stream_ptr, strides)
+        bmm = ProblemKey("bmm", "int8", "nt", (count, m, n, k))
+        if self.prepared.direct is not None:
+            key = (self.prepared.direct.device, count, self.shape)
+            call = _batched_products.get(key)
+            if call is None:
+                call = _batched_products.setdefault(key, CublasCall(bmm, self.prepared.direct.device))
+            return lambda pointers, out_ptr, stream_ptr: call(pointers, out_ptr, stream_ptr, strides)
+        implementation = self.prepared.selection.implementation_object()
+        launch = getattr(self.prepared.runner, "geometry", None)
+        if (not isinstance(implementation, Generated) or launch is None or launch.zero_output
+                or implementation.config.get("MATH") != "wgmma_direct"):
+            return None
+        runner_key = (id(self.prepared.runner), count)
+        runner = _batched_runners.get(runner_key)
+        if runner is None:
+            runner = _batched_runners.setdefault(runner_key, implementation.prepare(bmm))
+        allocate, nbytes = self.allocate, count * m * n * 4
+        return lambda pointers, out_ptr, stream_ptr: runner.launch(pointers, out_ptr, nbytes, "int32", stream_ptr,
+                                                                   strides, allocate)
 
     def residues(self, modulus: int) -> Callable[[tuple[int, int], int, int], None] | None:
         """A launch (pointers, out, stream) writing each sum modulo `modulus` (symmetric, int8), or None
@@ -493,6 +508,7 @@ class _Int8Products:
 
 
 _residue_runners: dict[tuple[int, int], Any] = {}  # (the int32 runner's id, modulus) -> its residue twin
+_batched_runners: dict[tuple[int, int], Any] = {}  # (the int32 runner's id, count) -> its batched twin
 # (device, count, shape) -> the emulation's products of that shape as one cuBLAS call
 _batched_products: dict[tuple[int, int, tuple[int, int, int]], CublasCall] = {}
 
@@ -740,6 +756,7 @@ def forget() -> None:
         _scaled_calls.clear()
         _residue_runners.clear()
         _batched_products.clear()
+        _batched_runners.clear()
         _emulation_choices.clear()
         _sustained.clear()
 
