@@ -142,6 +142,61 @@ def test_kernels_compile_for_ampere_and_hopper_without_spills(dtype, layout):
         assert all(u.spill_stores == 0 and u.stack_frame == 0 for u in result.usages), result.usages
 
 
+def test_one_modulus_fewer_keeps_the_least_bits_or_is_not_offered():
+    for dtype in emu.EMULATED_DTYPES:
+        for k in (1, 257, 4096, 8192, 16384, 65536, emu.MAX_K):
+            s = emu.scheme(dtype, k)
+            f = emu.fewer(s)
+            if f is None:
+                assert emu.max_beta(k, s.count - 1) < emu.LEAST_BITS[dtype]
+                continue
+            assert f.moduli == s.moduli[:-1] and f.beta == emu.max_beta(k, f.count) >= emu.LEAST_BITS[dtype]
+    assert (emu.fewer(emu.scheme("float64", 8192)).count, emu.fewer(emu.scheme("float64", 8192)).beta) == (15, 51)
+    assert (emu.fewer(emu.scheme("float32", 8192)).count, emu.fewer(emu.scheme("float32", 8192)).beta) == (8, 24)
+
+
+def test_normal_lines_choose_fewer_moduli_and_lines_of_wide_spread_do_not():
+    rng = np.random.default_rng(5)
+    for dtype in emu.EMULATED_DTYPES:
+        f = emu.fewer(emu.scheme(dtype, 8192))
+        normal = [emu.line_peak(list(rng.standard_normal(8192))) for _ in range(20)]
+        assert max(normal) <= 4  # the largest of 2^13 normal values is about 4 times their mean magnitude
+        assert emu.chooses_fewer(f, 8192, max(normal), max(normal))
+        # values spread over +-20 binades at random: a sum of magnitudes led by its largest (peak 7, and the
+        # independence the rule assumes holds); a line whose one large value dwarfs the rest does not pass
+        spread = list(rng.standard_normal(8192) * np.exp2(rng.integers(-20, 21, 8192)))
+        assert emu.line_peak(spread) <= 8
+        outlier = list(rng.standard_normal(8192))
+        outlier[5] = 2.0**20
+        assert emu.line_peak(outlier) >= 12
+        assert not emu.chooses_fewer(f, 8192, emu.line_peak(outlier), max(normal))
+    # the threshold: (|A||B|)_ij as the lines' mean magnitudes make it, 2^PEAK_MARGIN_BITS above the bound
+    f = emu.fewer(emu.scheme("float64", 8192))
+    assert emu.fewer_exponent(f) == 51 + 1 - 53 - emu.PEAK_MARGIN_BITS
+    assert emu.chooses_fewer(f, 8192, 7, 7) and not emu.chooses_fewer(f, 8192, 8, 1)
+
+
+def test_the_scheme_of_fewer_moduli_reads_the_full_schemes_lines_and_planes():
+    s = emu.scheme("float64", 8192)
+    f = emu.fewer(s)
+    full, fewer_source = emu.render(s, "nn"), emu.render(f, "nn", full=s)
+    assert "constexpr int FEWER = 0;" in full and "constexpr int MAG_PLANE = 16;" in full
+    assert "constexpr int FEWER = 1;" in fewer_source and "constexpr int MAG_PLANE = 16;" in fewer_source
+    assert "constexpr int COUNT = 15;" in fewer_source and "constexpr int BETA = 51;" in fewer_source
+    assert f"* {float(2.0**4).hex()} + rounding" in fewer_source  # the full scheme's bound terms, 2^(55 - 51) x
+    assert f"ldexp((double)K, {emu.fewer_exponent(f)})" in full
+    assert "*choice = 0;" in emu.render(emu.scheme("float64", 65536), "nn")  # no fewer scheme there
+
+
+@pytest.mark.skipif(build.nvrtc_unavailable_reason() is not None, reason="NVRTC is not available")
+@pytest.mark.parametrize("dtype", emu.EMULATED_DTYPES)
+def test_the_kernels_of_fewer_moduli_compile_without_spills(dtype):
+    s = emu.scheme(dtype, 8192)
+    result = build.compile(emu.render(emu.fewer(s), "tn", full=s), "sm_90", build.COMPILE_OPTIONS + emu.EXTRA_OPTIONS)
+    assert {u.function for u in result.usages} == set(emu.KERNEL_NAMES)
+    assert all(u.spill_stores == 0 and u.stack_frame == 0 for u in result.usages), result.usages
+
+
 def test_render_refuses_unknown_layouts_and_knobs():
     s = emu.scheme("float64", 64)
     with pytest.raises(InvalidValueError, match="layout 'xx' is not one of nn, nt, tn, tt"):
@@ -494,6 +549,79 @@ def test_int8_residue_epilogue_compiles_and_leaves_the_plain_kernel_alone(name):
     assert "using TC = signed char;" in residues and "RESIDUES=True" in residues
     result = compile_once(residues, "sm_90a")  # the -p configs' kernels are the same code as their others'
     assert all(u.spill_stores == 0 for u in result.usages)
+
+
+@pytest.mark.skipif(build.nvrtc_unavailable_reason() is not None, reason="NVRTC is not available")
+def test_int8_skip_variant_takes_a_word_and_returns_where_it_is_set():
+    spec = kernels.get("matmul")
+    config = spec.space.named_configs["direct8-128x256-c2p"]
+    plain, skipping = spec.render(config, "int8", "nt"), spec.render(config, "int8", "nt", {"SKIP": True})
+    assert "skip" not in plain and "int M, int N, int K, const int* __restrict__ skip" in skipping
+    assert "if (*skip != 0) return;" in skipping
+    assert all(u.spill_stores == 0 for u in compile_once(skipping, "sm_90a").usages)
+
+
+@pytest.mark.gpu
+def test_the_product_of_the_modulus_left_out_is_skipped_where_its_word_says_so():
+    require_hopper()
+    import cupy
+
+    from autotile.codegen.problem import ProblemKey
+    from autotile.dispatch.select import Selection
+    from autotile.library import calls
+    from autotile.runtime.impl import Generated
+    from autotile.runtime.operands import framework_by_type
+
+    m, n, k = 300, 200, 1024
+    g = cupy.random.default_rng(9)
+    a = g.integers(-128, 128, (m, k), dtype=cupy.int8)
+    b = g.integers(-128, 128, (n, k), dtype=cupy.int8)
+    config = kernels.get("matmul").space.named("direct8-128x256-c2p")
+    prepared = calls._Prepared(Generated(config).prepare(ProblemKey("matmul", "int8", "nt", (m, n, k))),
+                               Selection(config, "forced", None))
+    products = calls._Int8Products(prepared, (m, n, k), framework_by_type(a, b).allocate)
+    word = cupy.ones(1, cupy.int32)
+    launch = products.unless(word.data.ptr)
+    assert launch is not None
+    stream = cupy.cuda.get_current_stream().ptr
+    out = cupy.full((m, n), 7, cupy.int32)
+    launch((a.data.ptr, b.data.ptr), out.data.ptr, out.nbytes, stream)
+    assert bool((out == 7).all())  # skipped: untouched
+    word.fill(0)
+    launch((a.data.ptr, b.data.ptr), out.data.ptr, out.nbytes, stream)
+    assert np.array_equal(cupy.asnumpy(out), cupy.asnumpy(a).astype(np.int64) @ cupy.asnumpy(b).astype(np.int64).T)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", emu.EMULATED_DTYPES)
+def test_the_inputs_choose_the_moduli_and_either_choice_keeps_the_bound(dtype):
+    """Normal inputs (line peaks of 3-4) run one modulus fewer; a row whose one value dwarfs the rest keeps them
+    all; both within a native GEMM's bound; with the choice off, every modulus."""
+    import cupy
+
+    from autotile.library import calls, emulation
+    from autotile.library.plan import plan_matmul
+    from autotile.runtime.operands import as_framework, framework_by_type
+
+    m, n, k = 96, 80, 8192
+    rng = np.random.default_rng(12)
+    normal_a = rng.standard_normal((m, k)).astype(dtype)
+    wide_a = normal_a.copy()
+    wide_a[17, 5] = 2.0**20  # a row whose one value dwarfs the rest: a peak of 13
+    b = rng.standard_normal((k, n)).astype(dtype)
+    reports = {}
+    for name, a_host, fewer_moduli in (("normal", normal_a, None), ("wide", wide_a, None), ("off", normal_a, False)):
+        a, b_dev = cupy.asarray(a_host), cupy.asarray(b)
+        out = cupy.full((m, n), cupy.nan, dtype)
+        framework = framework_by_type(a, b_dev)
+        op_a, op_b, op_c = (as_framework(framework, x, label) for x, label in ((a, "A"), (b_dev, "B"), (out, "out")))
+        plan = plan_matmul(op_a.shape, op_a.strides, op_b.shape, op_b.strides)
+        report: dict[str, int] = {}
+        emulation.run(framework, op_a, op_b, op_c, plan.layout, plan.shape, cupy.cuda.get_current_stream().ptr,
+                      calls._int8_gemm(framework, op_a.device), report=report, fewer_moduli=fewer_moduli)
+        _assert_within_native_bound(cupy.asnumpy(out), a_host, b, dtype)
+        reports[name] = report["fewer_moduli"]
+    assert reports == {"normal": 1, "wide": 0, "off": 0}
 
 
 @pytest.mark.gpu

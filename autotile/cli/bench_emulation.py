@@ -79,12 +79,11 @@ def sampled_errors(outs: list[Any], a: Any, b: Any, samples: int, seed: int) -> 
 def bench_case(shape: tuple[int, int, int], dtype: str, kind: str, flush: Any, samples: int = 64,
                seed: int = 0, bits: int | None = None, residue_epilogue: bool | None = None,
                batched_products: bool | None = None,
-               int8_config: str | None = None) -> dict[str, Any]:
+               int8_config: str | None = None, fewer_moduli: bool | None = None) -> dict[str, Any]:
     """One problem: times (ms), the emulation's phases (ms), the errors, the rule's choice. `int8_config`: a
     named int8 matmul config the products run instead of the library's selection."""
     import cupy
 
-    from autotile.codegen.emulation import scheme
     from autotile.library import calls, emulation
     from autotile.library.api import matmul
     from autotile.library.plan import plan_matmul
@@ -103,7 +102,7 @@ def bench_case(shape: tuple[int, int, int], dtype: str, kind: str, flush: Any, s
     def emulate(events: list[Any] | None = None, report: dict[str, int] | None = None) -> None:
         stream = cupy.cuda.get_current_stream().ptr
         emulation.run(framework, op_a, op_b, op_c, plan.layout, shape, stream, gemm, events, report, bits,
-                      residue_epilogue, batched_products)
+                      residue_epilogue, batched_products, fewer_moduli)
 
     t_emulated = time_launch(emulate, flush, min_reps=5, target_ms=300.0).median_ms
     events: list[Any] = []
@@ -118,7 +117,7 @@ def bench_case(shape: tuple[int, int, int], dtype: str, kind: str, flush: Any, s
                            "cublas_ms": t_native, "phases_ms": dict(zip(PHASES, phases, strict=True)),
                            "picked": calls.emulation_pays("matmul", dtype, plan.layout, shape, op_a.device),
                            "guard": guard,
-                           "moduli": scheme(dtype, shape[2], bits).count, "beta": scheme(dtype, shape[2], bits).beta,
+                           **_scheme_ran(dtype, shape[2], bits, guard),
                            "int8_kernel": gemm((m, n, emulation.aligned_k(k)))
                            .prepared.selection.explain()}
     if dtype == "float32":
@@ -132,6 +131,17 @@ def bench_case(shape: tuple[int, int, int], dtype: str, kind: str, flush: Any, s
         row["high_error"] = errors[2]
     row["speedup"] = t_native / t_emulated
     return row
+
+
+def _scheme_ran(dtype: str, k: int, bits: int | None, guard: dict[str, int]) -> dict[str, int]:
+    """The moduli and beta the call ran with: the type's scheme, or its scheme of one modulus fewer where the
+    call chose it (`guard`: `emulation.run`'s report)."""
+    from autotile.codegen.emulation import fewer, scheme
+
+    s = scheme(dtype, k, bits)
+    f = fewer(s) if guard.get("fewer_moduli") else None
+    ran = s if f is None else f
+    return {"moduli": ran.count, "beta": ran.beta}
 
 
 def _forced_gemm(framework: Any, name: str) -> Any:
@@ -216,6 +226,9 @@ def main(argv: list[str] | None = None, prog: str = "python -m autotile.cli.benc
                         help="time the int8 products as one batched call (on: cuBLAS's batched GEMM where cuBLAS "
                              "runs them, the same kernel batched where a generated one does), one call each (off), "
                              "or both (default: the library's setting, autotile.library.emulation.BATCHED_PRODUCTS)")
+    parser.add_argument("--fewer-moduli", nargs="+", choices=["on", "off"], default=None,
+                        help="let the call choose one modulus fewer where its inputs allow (on), never (off), or "
+                             "time both (default: the library's setting, autotile.library.emulation.FEWER_MODULI)")
     parser.add_argument("--int8-config", nargs="+", default=None, metavar="NAME",
                         help="named int8 matmul configs the products run instead of the library's selection "
                              "('library': the selection; 'cublas': cuBLAS's int8 GEMM), each timed")
@@ -237,10 +250,12 @@ def main(argv: list[str] | None = None, prog: str = "python -m autotile.cli.benc
     epilogues = [None] if args.residue_epilogue is None else [v == "on" for v in args.residue_epilogue]
     batching = [None] if args.batched_products is None else [v == "on" for v in args.batched_products]
     configs = [None if name == "library" else name for name in args.int8_config or ["library"]]
+    fewer = [None] if args.fewer_moduli is None else [v == "on" for v in args.fewer_moduli]
     rows = []
-    for (shape, dtype, kind), epilogue, batched, config in itertools.product(cases, epilogues, batching, configs):
+    for (shape, dtype, kind), epilogue, batched, config, fewer_moduli in itertools.product(
+            cases, epilogues, batching, configs, fewer):
         rows.append(bench_case(shape, dtype, kind, flush, seed=args.seed, bits=args.bits, residue_epilogue=epilogue,
-                               batched_products=batched, int8_config=config))
+                               batched_products=batched, int8_config=config, fewer_moduli=fewer_moduli))
         print(json.dumps(rows[-1]), flush=True)
         cupy.get_default_memory_pool().free_all_blocks()
     out = pathlib.Path(args.out)

@@ -57,6 +57,17 @@ EMULATED_DTYPES = tuple(MANTISSA_BITS)
 # binades, and recomputing them natively made that product 2.6x slower than SGEMM (H100, 2026-11-25),
 # where 9 moduli cost 7 % on every product and leave none to recompute.
 DEFAULT_BITS = {"float64": 53, "float32": 26}
+# Where the inputs allow it, one modulus fewer: a call's statistics kernels measure each line's peak (how far
+# its largest magnitude, rounded up to a power of two, stands above its mean magnitude) and `emu_choose`
+# takes the scheme of one modulus fewer where those peaks say the guard would pass every element of its
+# product with 2^PEAK_MARGIN_BITS to spare (`chooses_fewer`); the guard still checks every element, and the
+# native fix-up recomputes any it cannot vouch for. Normal inputs have peaks of 3-4 (2^13 elements); lines
+# whose values spread over many binades have far larger ones, and keep every modulus. The scheme of fewer
+# moduli must keep at least LEAST_BITS (on an H200, 2026-11-28, `bench-emulation --bits`: float64 8192³ with 15
+# moduli, beta 51, 15.7-15.8 ms against 16.8 with 16, error 1.1e-15 against DGEMM's 2.6e-15; float32 with 8,
+# beta 24, 8.94 ms against 9.70, error 1.4e-7 against SGEMM's 1.6e-6).
+LEAST_BITS = {"float64": 50, "float32": 23}
+PEAK_MARGIN_BITS = 4
 # Output tiles the guard flags and the native fix-up recomputes (rows x columns).
 FIX_TILE = 64
 
@@ -111,6 +122,39 @@ class Scheme:
     def unit_roundoff(self) -> float:
         """u of the emulated type: 2^-53 for float64, 2^-24 for float32."""
         return 2.0 ** -MANTISSA_BITS[self.dtype]
+
+
+def fewer(s: Scheme) -> Scheme | None:
+    """The scheme of one modulus fewer than `s` for the same K (its beta the most that allows), or None where
+    that keeps fewer than `LEAST_BITS` bits."""
+    if s.count < 2:
+        return None
+    beta = max_beta(s.k, s.count - 1)
+    return Scheme(s.dtype, s.k, s.moduli[:-1], beta) if beta >= LEAST_BITS[s.dtype] else None
+
+
+def fewer_exponent(f: Scheme) -> int:
+    """`emu_choose`'s threshold: the scheme of fewer moduli `f` runs where 2^peak_a + 2^peak_b <= K 2^this.
+    Why: with S_a, S_b the sums of a row's and a column's magnitudes in units of their scales 2^e (so that a
+    peak is log2(K / S)), the guard's bound 2^-(beta+1) (S_a + S_b) is under K u S_a S_b / K, what (|A||B|)_ij
+    would be were it the product of the two lines' mean magnitudes, K times over, exactly where
+    2^peak_a + 2^peak_b <= K u 2^(beta+1); PEAK_MARGIN_BITS to spare."""
+    return f.beta + 1 - MANTISSA_BITS[f.dtype] - PEAK_MARGIN_BITS
+
+
+def chooses_fewer(f: Scheme, k: int, peak_a: int, peak_b: int) -> bool:
+    """What `emu_choose` decides for the scheme of fewer moduli `f`, a K of `k` and the largest line peaks of A
+    and B (the arithmetic of the kernel, in Python)."""
+    return 2.0**peak_a + 2.0**peak_b <= math.ldexp(float(k), fewer_exponent(f))
+
+
+def line_peak(values: list[float]) -> int:
+    """A line's peak as the statistics kernels compute it: the exponent above K 2^e / sum |x|, 2^e the power of
+    two above its largest magnitude (a line of nonzero finite values; the kernels' sum is rounded up)."""
+    largest = max(abs(v) for v in values)
+    e = math.frexp(largest)[1]
+    scaled_sum = math.fsum(abs(v) for v in values) / 2.0**e
+    return math.frexp(len(values) / scaled_sum)[1]
 
 
 def scheme(dtype: str, k: int, bits: int | None = None) -> Scheme:
@@ -206,8 +250,8 @@ def residue_real(s: Scheme) -> str:
     """The C type the split kernels compute residues in: float where the scaled values fit its 24 bits plus
     the FMA's quotient range (float32 up to beta 28), else double."""
     return "double" if s.dtype == "float64" or s.beta > 28 else "float"
-KERNEL_NAMES = ("emu_stats_a", "emu_stats_b", "emu_split_a", "emu_split_b", "emu_rebuild", "emu_rebuild_residues",
-                "emu_fixup")
+KERNEL_NAMES = ("emu_stats_a", "emu_stats_b", "emu_choose", "emu_split_a", "emu_split_b", "emu_rebuild",
+                "emu_rebuild_residues", "emu_fixup")
 
 
 def _to_float32(value: float) -> float:
@@ -222,7 +266,8 @@ def _double_literal(value: float) -> str:
 
 @functools.lru_cache(maxsize=64)
 def _render_cached(dtype: str, moduli: tuple[int, ...], beta: int, knob_items: tuple[tuple[str, int], ...],
-                   contig_k_a: bool, contig_k_b: bool) -> str:
+                   contig_k_a: bool, contig_k_b: bool, full_count: int, full_beta: int,
+                   fewer_exp: int | None) -> str:
     from autotile.codegen.render import environment
 
     s = Scheme(dtype, 1, moduli, beta)
@@ -244,12 +289,16 @@ def _render_cached(dtype: str, moduli: tuple[int, ...], beta: int, knob_items: t
         modulus_limbs=[f"{v}.0" for v in s.limbs_of(total)],
         magnitude_bits=MAGNITUDE_BITS, fix_tile=FIX_TILE,
         unit_roundoff=_double_literal(s.unit_roundoff()), contig_k_a=contig_k_a, contig_k_b=contig_k_b,
-        **knobs)
+        is_fewer=len(moduli) < full_count, mag_plane=full_count, bound_scale=_double_literal(2.0 ** (full_beta - beta)),
+        fewer_exp=fewer_exp, peak_margin=PEAK_MARGIN_BITS, **knobs)
 
 
-def render(s: Scheme, layout: str, knobs: Mapping[str, Any] | None = None) -> str:
+def render(s: Scheme, layout: str, knobs: Mapping[str, Any] | None = None, full: Scheme | None = None) -> str:
     """The CUDA source of every kernel of the scheme `s` for operands in `layout` ("nn", "nt", "tn", "tt":
-    A row-major when its letter is "n", B row-major (K x N) when its letter is "n")."""
+    A row-major when its letter is "n", B row-major (K x N) when its letter is "n"). `full`: where `s` is the
+    scheme of one modulus fewer (`fewer`) that a call may choose instead of `full`, the latter: `s` then reads
+    the full scheme's statistics and writes its magnitudes where the full scheme does. Else `s` is a full
+    scheme, whose `emu_choose` chooses between it and its `fewer` scheme, where it has one."""
     if layout not in ("nn", "nt", "tn", "tt"):
         raise InvalidValueError(f"layout {layout!r} is not one of nn, nt, tn, tt")
     merged = dict(DEFAULT_KNOBS)
@@ -259,9 +308,14 @@ def render(s: Scheme, layout: str, knobs: Mapping[str, Any] | None = None) -> st
         raise InvalidValueError(f"unknown emulation knob(s) {', '.join(sorted(unknown))}; known: "
                                 f"{', '.join(DEFAULT_KNOBS)}")
     # A's rows run along K when A is row-major; B's columns run along K when B is stored N x K ("t").
+    if full is None:
+        f = fewer(s)
+        return _render_cached(s.dtype, s.moduli, s.beta, tuple(sorted(merged.items())), layout[0] == "n",
+                              layout[1] == "t", s.count, s.beta, None if f is None else fewer_exponent(f))
     return _render_cached(s.dtype, s.moduli, s.beta, tuple(sorted(merged.items())), layout[0] == "n",
-                          layout[1] == "t")
+                          layout[1] == "t", full.count, full.beta, None)
 
 
-__all__ = ["DEFAULT_BITS", "EMULATED_DTYPES", "EXTRA_OPTIONS", "FIX_TILE", "KERNEL_NAMES", "LIMB_BITS", "MAX_K",
-           "MODULI", "Scheme", "max_beta", "rebuild", "render", "scheme", "symmetric_residue"]
+__all__ = ["DEFAULT_BITS", "EMULATED_DTYPES", "EXTRA_OPTIONS", "FIX_TILE", "KERNEL_NAMES", "LEAST_BITS", "LIMB_BITS",
+           "MAX_K", "MODULI", "PEAK_MARGIN_BITS", "Scheme", "chooses_fewer", "fewer", "fewer_exponent", "line_peak",
+           "max_beta", "rebuild", "render", "scheme", "symmetric_residue"]

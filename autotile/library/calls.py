@@ -449,14 +449,26 @@ class _Int8Products:
     def __call__(self, pointers: tuple[int, int], out_ptr: int, out_nbytes: int, stream_ptr: int) -> None:
         self.prepared.call_pointers(pointers, out_ptr, out_nbytes, "int32", stream_ptr, self.allocate)
 
+    def _direct_kernel(self) -> tuple[Any, Any, Any]:
+        """(the Generated implementation, its runner, its launch geometry) where the selection runs a wgmma_direct
+        kernel whose K splits, if any, are summed by the last block: a variant of its source (`residues`,
+        `unless`) or its batched twin (`batched`) launches with the same geometry; else three Nones."""
+        from autotile.runtime.impl import Generated
+
+        implementation = self.prepared.selection.implementation_object()
+        runner = self.prepared.runner
+        launch = getattr(runner, "geometry", None)
+        if (not isinstance(implementation, Generated) or launch is None or launch.zero_output
+                or implementation.config.get("MATH") != "wgmma_direct"):
+            return None, None, None
+        return implementation, runner, launch
+
     def batched(self, count: int) -> Callable[[tuple[int, int], int, int], None] | None:
         """One launch (pointers, out, stream) of `count` products of this shape, each operand's matrices packed
         one after another, as are the int32 results: one strided batched GEMM, no gap between launches and one
         tail of partly filled waves instead of `count`. cuBLAS's batched GEMM where the selection runs cuBLAS;
         the same generated kernel, batched (its copies from 3-D tensor maps), where it runs a wgmma_direct
         kernel whose K splits, if any, are summed by the last block; else None."""
-        from autotile.runtime.impl import Generated
-
         m, n, k = self.shape
         strides = (m * k, n * k)
         bmm = ProblemKey("bmm", "int8", "nt", (count, m, n, k))
@@ -466,10 +478,8 @@ class _Int8Products:
             if call is None:
                 call = _batched_products.setdefault(key, CublasCall(bmm, self.prepared.direct.device))
             return lambda pointers, out_ptr, stream_ptr: call(pointers, out_ptr, stream_ptr, strides)
-        implementation = self.prepared.selection.implementation_object()
-        launch = getattr(self.prepared.runner, "geometry", None)
-        if (not isinstance(implementation, Generated) or launch is None or launch.zero_output
-                or implementation.config.get("MATH") != "wgmma_direct"):
+        implementation, _, _ = self._direct_kernel()
+        if implementation is None:
             return None
         runner_key = (id(self.prepared.runner), count)
         runner = _batched_runners.get(runner_key)
@@ -483,13 +493,10 @@ class _Int8Products:
         """A launch (pointers, out, stream) writing each sum modulo `modulus` (symmetric, int8), or None
         where the selection runs cuBLAS or a kernel whose splits add atomically into C."""
         from autotile.codegen import kernels
-        from autotile.runtime.impl import Generated, KernelRunner
+        from autotile.runtime.impl import KernelRunner
 
-        runner = self.prepared.runner
-        implementation = self.prepared.selection.implementation_object()
-        launch = getattr(runner, "geometry", None)
-        if (not isinstance(implementation, Generated) or launch is None or launch.zero_output
-                or implementation.config.get("MATH") != "wgmma_direct"):
+        implementation, runner, launch = self._direct_kernel()
+        if implementation is None:
             return None
         key = (id(runner), modulus)
         residue_runner = _residue_runners.get(key)
@@ -506,8 +513,35 @@ class _Int8Products:
         return lambda pointers, out_ptr, stream_ptr: residue_runner.launch(pointers, out_ptr, m * n, "int32",
                                                                            stream_ptr, (), allocate)
 
+    def unless(self, skip_ptr: int) -> Callable[[tuple[int, int], int, int, int], None] | None:
+        """A launch (pointers, out, out_nbytes, stream) of this product that does nothing where the int32 word at
+        `skip_ptr` (device memory, kept for the stream) is nonzero when it runs: the same generated kernel
+        with a `skip` argument, where the selection runs a wgmma_direct kernel whose K splits, if any, are
+        summed by the last block; else None (cuBLAS cannot be told: the caller runs the product anyway)."""
+        from autotile.codegen import kernels
+        from autotile.runtime.impl import KernelRunner
+
+        implementation, runner, launch = self._direct_kernel()
+        if implementation is None:
+            return None
+        key = (id(runner), skip_ptr)
+        skipping = _skipping_runners.get(key)
+        if skipping is None:
+            from autotile.codegen import build
+
+            spec = kernels.get("matmul")
+            source = spec.render(implementation.config, "int8", "nt", {"SKIP": True})
+            kernel = build.compile_kernel(source, "autotile_matmul")
+            sizes = (*spec.size_args(self.shape), np.uint64(skip_ptr))
+            skipping = _skipping_runners.setdefault(key, KernelRunner(kernel, launch, sizes, False, 2))
+        allocate = self.allocate
+        return lambda pointers, out_ptr, out_nbytes, stream_ptr: skipping.launch(pointers, out_ptr, out_nbytes, "int32",
+                                                                                 stream_ptr, (), allocate)
+
 
 _residue_runners: dict[tuple[int, int], Any] = {}  # (the int32 runner's id, modulus) -> its residue twin
+# (the int32 runner's id, the skip word's address) -> its twin that a device word can stop
+_skipping_runners: dict[tuple[int, int], Any] = {}
 _batched_runners: dict[tuple[int, int], Any] = {}  # (the int32 runner's id, count) -> its batched twin
 # (device, count, shape) -> the emulation's products of that shape as one cuBLAS call
 _batched_products: dict[tuple[int, int, tuple[int, int, int]], CublasCall] = {}
@@ -757,6 +791,7 @@ def forget() -> None:
         _residue_runners.clear()
         _batched_products.clear()
         _batched_runners.clear()
+        _skipping_runners.clear()
         _emulation_choices.clear()
         _sustained.clear()
 

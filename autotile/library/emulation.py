@@ -72,6 +72,11 @@ RESIDUE_EPILOGUE = False
 # --batched-products off on`) cuBLAS's batched int8 GEMM ran the 17 products of an 8192^3 float64 emulation in
 # 16.35 ms against 12.56 ms as 17 calls (16384^3: 134.7 against 125.5 ms).
 BATCHED_PRODUCTS = False
+# Whether a call may run one modulus fewer where its inputs' line peaks allow (`autotile.codegen.emulation.fewer`,
+# decided on the device by `emu_choose`, no synchronisation): both schemes' kernels are launched, the one not
+# chosen returning at once, and the product of the modulus left out is skipped where a generated kernel runs
+# it (cuBLAS's runs anyway, unread).
+FEWER_MODULI = True
 
 
 def native_outruns_emulation(native: Mapping[str, Any] | None) -> bool:
@@ -117,14 +122,15 @@ _lock = threading.Lock()
 _compiled: dict[tuple[Any, ...], _Kernels] = {}
 
 
-def _kernels(s: Scheme, layout: str, device: int) -> _Kernels:
-    key = (s.dtype, s.moduli, s.beta, layout, device)
+def _kernels(s: Scheme, layout: str, device: int, full: Scheme | None = None) -> _Kernels:
+    """The kernels of `s` (`full`: the scheme `s` has one modulus fewer than, whose statistics it reads)."""
+    key = (s.dtype, s.moduli, s.beta, layout, device, None if full is None else (full.moduli, full.beta))
     found = _compiled.get(key)
     if found is not None:
         return found
     from autotile.codegen.build import COMPILE_OPTIONS, compile_kernel
 
-    source = scheme_mod.render(s, layout)
+    source = scheme_mod.render(s, layout, full=full)
     options = COMPILE_OPTIONS + scheme_mod.EXTRA_OPTIONS
     made = _Kernels(s, {name: compile_kernel(source, name, options) for name in scheme_mod.KERNEL_NAMES})
     with _lock:
@@ -143,25 +149,46 @@ def _ptr(v: int) -> np.uint64:
     return np.uint64(v)
 
 
+# (device, stream) -> (owner, address) of the int32 word where a call's `emu_choose` writes its choice: kept, so
+# that the product it may skip is launched with the same argument every call (launches on one stream are
+# ordered: a call's choice is read by its own kernels before the next call's overwrites it)
+_choice_words: dict[tuple[int, int], tuple[Any, int]] = {}
+
+
+def _choice_word(framework: Framework, device: int, stream_ptr: int) -> int:
+    found = _choice_words.get((device, stream_ptr))
+    if found is None:
+        owner, pointer = framework.allocate(1, "int32", stream_ptr)
+        with _lock:
+            found = _choice_words.setdefault((device, stream_ptr), (owner, int(pointer)))
+    return found[1]
+
+
 def run(framework: Framework, a: Operand, b: Operand, c: Operand, layout: str, shape: tuple[int, int, int],
         stream_ptr: int, int8_gemm: Any, events: list[Any] | None = None,
         report: dict[str, int] | None = None, bits: int | None = None,
-        residue_epilogue: bool | None = None, batched_products: bool | None = None) -> None:
+        residue_epilogue: bool | None = None, batched_products: bool | None = None,
+        fewer_moduli: bool | None = None) -> None:
     """C = A B by emulation, on the stream `stream_ptr` of the operands' device (current). `layout` and
     `shape` (M, N, K) as the call's plan has them; `int8_gemm(shape)` gives what runs an int8 nt matmul of
     `shape` as `(pointers, out_ptr, out_nbytes, stream_ptr) -> None`. `events`, where given, gets a
     recorded CUDA event after each phase (statistics, residues, int8 products, rebuild, fix-up), and
     `report`, where given, the guard's counts once the call is done (it waits): runs of 32 elements of a
-    row holding a failed one, output tiles recomputed whole, tiles in all. Both are the benchmark's, as
-    is `bits` (the bits each scaled operand keeps; None: `autotile.codegen.emulation`'s default for the
-    type), `residue_epilogue` (None: `RESIDUE_EPILOGUE`) and `batched_products` (None: `BATCHED_PRODUCTS`)."""
+    row holding a failed one, output tiles recomputed whole, tiles in all, and whether one modulus fewer
+    was chosen. Both are the benchmark's, as is `bits` (the bits each scaled operand keeps; None:
+    `autotile.codegen.emulation`'s default for the type, and the choice of one modulus fewer where
+    `fewer_moduli`, None: `FEWER_MODULI`), `residue_epilogue` (None: `RESIDUE_EPILOGUE`) and
+    `batched_products` (None: `BATCHED_PRODUCTS`)."""
     import cupy
 
     from autotile.runtime.impl import cupy_stream
 
     m, n, k = shape
     s = scheme_mod.scheme(a.dtype, k, bits)
+    adaptive = bits is None and (FEWER_MODULI if fewer_moduli is None else fewer_moduli)
+    f = scheme_mod.fewer(s) if adaptive else None  # the scheme of one modulus fewer, where the inputs allow
     kernels = _kernels(s, layout, a.device).functions
+    schemes = [kernels] if f is None else [kernels, _kernels(f, layout, a.device, full=s).functions]
     knobs = scheme_mod.DEFAULT_KNOBS
     planes = s.count + 1  # the residues' products and the magnitudes'
     kp = aligned_k(k)
@@ -199,8 +226,11 @@ def run(framework: Framework, a: Operand, b: Operand, c: Operand, layout: str, s
     else:
         sums = allocate(s.count * m * n, "int8" if fused else "int32")
         magnitudes = allocate(m * n, "int32")
-    tile_counts = allocate(tiles_m * tiles_n, "int32")  # runs of 32 holding a failed element, per tile
-    cupy.cuda.runtime.memsetAsync(tile_counts, 0, 4 * tiles_m * tiles_n, stream_ptr)
+    # runs of 32 holding a failed element, per tile; then A's and B's largest line peaks
+    tile_counts = allocate(tiles_m * tiles_n + 2, "int32")
+    peaks = tile_counts + 4 * tiles_m * tiles_n
+    cupy.cuda.runtime.memsetAsync(tile_counts, 0, 4 * (tiles_m * tiles_n + 2), stream_ptr)
+    choice = 0 if f is None else _choice_word(framework, a.device, stream_ptr)  # 0: nullptr, no choice
     if events is not None:
         phase_done()  # the start
     # A's rows run along K when A is row-major ("n"); B's columns when B is stored N x K ("t").
@@ -208,52 +238,69 @@ def run(framework: Framework, a: Operand, b: Operand, c: Operand, layout: str, s
     ld_b = k if layout[1] == "t" else n
     operands = (("a", a.ptr, ld_a, m, lines_a, layout[0] == "n", res_a),
                 ("b", b.ptr, ld_b, n, lines_b, layout[1] == "t", res_b))
-    for name, x, ld, count, stats, contig, _ in operands:
+    for index, (name, x, ld, count, stats, contig, _) in enumerate(operands):
         warps = knobs["STATS_WARPS"] if contig else knobs["STATS_COLUMN_WARPS"]
         blocks = -(-count // warps) if contig else -(-count // 32)
+        peak = 0 if f is None else peaks + 4 * index
         kernels[f"emu_stats_{name}"]((blocks, 1, 1), (warps * 32, 1, 1),
-                                     (_ptr(x), _i64(ld), _i32(count), _i32(k), *map(_ptr, stats)), stream=stream)
+                                     (_ptr(x), _i64(ld), _i32(count), _i32(k), *map(_ptr, stats), _ptr(peak)),
+                                     stream=stream)
+    if f is not None:
+        kernels["emu_choose"]((1, 1, 1), (1, 1, 1), (_ptr(peaks), _i32(k), _ptr(choice)), stream=stream)
     phase_done()
-    for name, x, ld, count, stats, contig, out in operands:
-        kernels[f"emu_split_{name}"](scheme_mod.split_grid(count, kp, contig), (scheme_mod.SPLIT_THREADS, 1, 1),
-                                     (_ptr(x), _i64(ld), _i32(count), _i32(k), _i32(kp), _ptr(stats[0]),
-                                      _ptr(stats[3]), _ptr(out)), stream=stream)
+    for functions in schemes:  # the scheme not chosen returns at once
+        for name, x, ld, count, stats, contig, out in operands:
+            functions[f"emu_split_{name}"](
+                scheme_mod.split_grid(count, kp, contig), (scheme_mod.SPLIT_THREADS, 1, 1),
+                (_ptr(x), _i64(ld), _i32(count), _i32(k), _i32(kp), _ptr(stats[0]), _ptr(stats[3]), _ptr(out),
+                 _ptr(choice)), stream=stream)
     phase_done()
     if one_launch is not None:
         one_launch((res_a, res_b), sums, stream_ptr)
     else:
+        # the product of the modulus the scheme of fewer moduli leaves out: skipped where that scheme is chosen
+        # and a generated kernel runs it (cuBLAS's runs anyway; its result is then not read)
+        optional = products.unless(choice) if f is not None and not fused else None
         for plane, launch in enumerate(residue_launches):
             pointers = (res_a + plane * m * kp, res_b + plane * n * kp)
             if launch is not None and fused:
                 launch(pointers, sums + plane * m * n, stream_ptr)
+            elif optional is not None and plane == s.count - 1:
+                optional(pointers, sums + plane * m * n * 4, m * n * 4, stream_ptr)
             else:
                 products(pointers, sums + plane * m * n * 4, m * n * 4, stream_ptr)
         products((res_a + s.count * m * kp, res_b + s.count * n * kp), magnitudes, m * n * 4, stream_ptr)
     phase_done()
     threads = knobs["REBUILD_THREADS"]
-    kernels["emu_rebuild_residues" if fused else "emu_rebuild"](
-        (-(-n // threads), min(-(-m // knobs["REBUILD_ROWS"]), 65535), 1), (threads, 1, 1),
-        (_ptr(sums), _i64(m * n), _ptr(magnitudes), _i32(m), _i32(n), _i32(k), *map(_ptr, lines_a[:3]),
-         *map(_ptr, lines_b[:3]), _ptr(c.ptr), _ptr(tile_counts)), stream=stream)
+    for functions in schemes:
+        functions["emu_rebuild_residues" if fused else "emu_rebuild"](
+            (-(-n // threads), min(-(-m // knobs["REBUILD_ROWS"]), 65535), 1), (threads, 1, 1),
+            (_ptr(sums), _i64(m * n), _ptr(magnitudes), _i32(m), _i32(n), _i32(k), *map(_ptr, lines_a[:3]),
+             *map(_ptr, lines_b[:3]), _ptr(c.ptr), _ptr(tile_counts), _ptr(choice)), stream=stream)
     phase_done()
     # A's element (i, k) at A[i a_row + k a_col]; B's (k, j) at B[k b_row + j b_col]
     a_row, a_col = (k, 1) if layout[0] == "n" else (1, m)
     b_row, b_col = (n, 1) if layout[1] == "n" else (1, k)
-    kernels["emu_fixup"]((tiles_n, tiles_m, 1), (256, 1, 1),
-                         (_ptr(a.ptr), _i64(a_row), _i64(a_col), _ptr(b.ptr), _i64(b_row), _i64(b_col),
-                          _ptr(c.ptr), _i32(m), _i32(n), _i32(k), _ptr(tile_counts), _ptr(magnitudes),
-                          *map(_ptr, lines_a[:3]), *map(_ptr, lines_b[:3])),
-                         stream=stream)
+    for functions in schemes:
+        functions["emu_fixup"]((tiles_n, tiles_m, 1), (256, 1, 1),
+                               (_ptr(a.ptr), _i64(a_row), _i64(a_col), _ptr(b.ptr), _i64(b_row), _i64(b_col),
+                                _ptr(c.ptr), _i32(m), _i32(n), _i32(k), _ptr(tile_counts), _ptr(magnitudes),
+                                *map(_ptr, lines_a[:3]), *map(_ptr, lines_b[:3]), _ptr(choice)),
+                               stream=stream)
     phase_done()
     if report is not None:  # the benchmark's diagnostics: waits for the GPU
         stream.synchronize()
         host = np.empty(tiles_m * tiles_n, np.int32)
         cupy.cuda.runtime.memcpy(host.ctypes.data, tile_counts, host.nbytes, cupy.cuda.runtime.memcpyDeviceToHost)
+        chosen = np.zeros(1, np.int32)
+        if choice:
+            cupy.cuda.runtime.memcpy(chosen.ctypes.data, choice, 4, cupy.cuda.runtime.memcpyDeviceToHost)
         few = knobs["FEW_PER_TILE"]
         if layout == "nt":
             few //= 8
         report.update(failed_runs=int(host.sum()), whole_tiles=int((host > few).sum()), tiles=int(host.size),
-                      residue_epilogue=int(fused), batched_products=int(one_launch is not None))
+                      residue_epilogue=int(fused), batched_products=int(one_launch is not None),
+                      fewer_moduli=int(chosen[0]))
     keep.clear()  # back to the framework's pool on this stream: later work on it is ordered after ours
 
 
