@@ -79,15 +79,29 @@ BATCHED_PRODUCTS = False
 FEWER_MODULI = True
 
 
-def native_outruns_emulation(native: Mapping[str, Any] | None) -> bool:
-    """Whether "high"'s choice `native` runs a float32 product faster than its emulation wherever the size
-    rule would emulate: the tf32x3 wgmma kernels that split each operand once (LOADER=presplit). Measured on
-    an H200 (2026-11-28, `bench_emulation --dtype float32 --sizes 8192 16384 --random 12 --seed 23`): of the
-    four shapes the size rule took, the three these kernels serve ran 1.16-1.27x faster natively (8192³ 9.25
-    against 10.73 ms, 16384³ 74.1 against 88.7, 10719x13896x5950 15.2 against 19.2), and the one they do not
-    (6282x4602x10849, 1.57x cuBLAS natively) 1.24x faster emulated. The size rule was fitted against the
-    kernels before them (H100, 2026-11-25)."""
-    return native is not None and native.get("MATH") == "wgmma" and native.get("LOADER") == "presplit"
+# Where float32's emulation outruns even the tf32x3 kernels that split once (LOADER=presplit): K at least
+# PRESPLIT_MIN_K and M N K at least PRESPLIT_MIN_VOLUME. Measured on an H200 (2026-11-28, `bench-emulation
+# --dtype float32 --sizes 12288 16384 --random 12 --seed 23`, one modulus fewer on these normal inputs; ms
+# emulated against "high"): 12288³ 27.4 against 30.7 (1.12x), 16384³ 63.2 against 75.5 (1.19x; with every
+# modulus, on inputs whose lines peak, 69.4 against 74-75); 8192³ 8.89 against 9.34 (1.05x, but 9.6-9.9 with
+# every modulus, as slow as "high"), 10719x13896x5950 15.27 against 15.30, 13835x1061x10179 4.92 against 4.77:
+# left to "high".
+PRESPLIT_MIN_K = 8192
+PRESPLIT_MIN_VOLUME = 2**40
+
+
+def native_outruns_emulation(native: Mapping[str, Any] | None, shape: tuple[int, int, int]) -> bool:
+    """Whether "high"'s choice `native` runs a float32 product of `shape` (M, N, K) faster than its emulation
+    wherever the size rule would emulate: the tf32x3 wgmma kernels that split each operand once
+    (LOADER=presplit), except on the largest products (`PRESPLIT_MIN_K`, `PRESPLIT_MIN_VOLUME`). Measured on
+    an H200 (2026-11-28) before one modulus fewer could be chosen: of the four shapes the size rule took, the
+    three these kernels serve ran 1.16-1.27x faster natively (8192³ 9.25 against 10.73 ms, 16384³ 74.1
+    against 88.7, 10719x13896x5950 15.2 against 19.2), and the one they do not (6282x4602x10849, 1.57x cuBLAS
+    natively) 1.24x faster emulated."""
+    if native is None or native.get("MATH") != "wgmma" or native.get("LOADER") != "presplit":
+        return False
+    m, n, k = shape
+    return not (k >= PRESPLIT_MIN_K and m * n * k >= PRESPLIT_MIN_VOLUME)
 
 
 def aligned_k(k: int) -> int:
@@ -103,9 +117,9 @@ def pays(dtype: str, shape: tuple[int, ...], native: Mapping[str, Any] | None = 
     (`native_outruns_emulation`)."""
     if dtype not in MIN_SIDE or len(shape) != 3:
         return False
-    if dtype == "float32" and native_outruns_emulation(native):
-        return False
     m, n, k = shape
+    if dtype == "float32" and native_outruns_emulation(native, (m, n, k)):
+        return False
     return (k >= MIN_K[dtype] and m * n * k >= MIN_VOLUME[dtype] and min(m, n) >= MIN_SIDE[dtype]
             and k <= MAX_K and m <= MAX_M)
 
