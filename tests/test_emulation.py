@@ -628,6 +628,55 @@ def test_the_inputs_choose_the_moduli_and_either_choice_keeps_the_bound(dtype):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("dtype", emu.EMULATED_DTYPES)
+@pytest.mark.parametrize("inputs", ["normal", "an outlier row"])
+def test_sampled_magnitudes_rebuild_the_same_bits_as_the_full_product(dtype, inputs):
+    """The guard on the magnitudes of every fourth element of K, the full product only where that fails an
+    element: the same elements recomputed natively, the same bits, as the full product from the start."""
+    require_hopper()
+    import cupy
+
+    from autotile.codegen.problem import ProblemKey
+    from autotile.dispatch.select import Selection
+    from autotile.library import calls, emulation
+    from autotile.library.plan import plan_matmul
+    from autotile.runtime.impl import Generated
+    from autotile.runtime.operands import as_framework, framework_by_type
+
+    m, n, k = 300, 260, 4099
+    rng = np.random.default_rng(21)
+    a = rng.standard_normal((m, k)).astype(dtype)
+    b = rng.standard_normal((k, n)).astype(dtype)
+    if inputs != "normal":
+        a[7, 3] = 2.0**40  # meets B's small values: elements the guard cannot vouch for
+    a_dev, b_dev = cupy.asarray(a), cupy.asarray(b)
+    framework = framework_by_type(a_dev, b_dev)
+    op_a, op_b = as_framework(framework, a_dev, "A"), as_framework(framework, b_dev, "B")
+    plan = plan_matmul(op_a.shape, op_a.strides, op_b.shape, op_b.strides)
+    config = kernels.get("matmul").space.named("direct8-128x256-c2p")
+
+    def generated_products(shape):  # a kernel the full product's launch can skip on
+        key = ProblemKey("matmul", "int8", "nt", shape)
+        prepared = calls._Prepared(Generated(config).prepare(key), Selection(config, "forced", None))
+        return calls._Int8Products(prepared, shape, framework.allocate)
+
+    outs, reports = [], []
+    for sampled in (False, True):
+        out = cupy.full((m, n), cupy.nan, dtype)
+        report: dict[str, int] = {}
+        emulation.run(framework, op_a, op_b, as_framework(framework, out, "out"), plan.layout, plan.shape,
+                      cupy.cuda.get_current_stream().ptr, generated_products, report=report,
+                      sampled_magnitudes=sampled)
+        outs.append(cupy.asnumpy(out))
+        reports.append(report)
+    assert reports[1]["full_magnitudes"] == (0 if inputs == "normal" else 1)
+    assert reports[0]["failed_runs"] == reports[1]["failed_runs"]
+    assert (reports[1]["failed_runs"] > 0) == (inputs != "normal")
+    assert np.array_equal(outs[0], outs[1])
+    _assert_within_native_bound(outs[1], a, b, dtype)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("shape", [(131, 67, 272), (300, 200, 1024), (1000, 1000, 4096)])
 def test_int8_residue_epilogue_matches_the_int32_sums(shape):
     import cupy

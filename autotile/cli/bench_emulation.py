@@ -79,7 +79,8 @@ def sampled_errors(outs: list[Any], a: Any, b: Any, samples: int, seed: int) -> 
 def bench_case(shape: tuple[int, int, int], dtype: str, kind: str, flush: Any, samples: int = 64,
                seed: int = 0, bits: int | None = None, residue_epilogue: bool | None = None,
                batched_products: bool | None = None,
-               int8_config: str | None = None, fewer_moduli: bool | None = None) -> dict[str, Any]:
+               int8_config: str | None = None, fewer_moduli: bool | None = None,
+               sampled_magnitudes: bool | None = None) -> dict[str, Any]:
     """One problem: times (ms), the emulation's phases (ms), the errors, the rule's choice. `int8_config`: a
     named int8 matmul config the products run instead of the library's selection."""
     import cupy
@@ -102,7 +103,7 @@ def bench_case(shape: tuple[int, int, int], dtype: str, kind: str, flush: Any, s
     def emulate(events: list[Any] | None = None, report: dict[str, int] | None = None) -> None:
         stream = cupy.cuda.get_current_stream().ptr
         emulation.run(framework, op_a, op_b, op_c, plan.layout, shape, stream, gemm, events, report, bits,
-                      residue_epilogue, batched_products, fewer_moduli)
+                      residue_epilogue, batched_products, fewer_moduli, sampled_magnitudes)
 
     t_emulated = time_launch(emulate, flush, min_reps=5, target_ms=300.0).median_ms
     events: list[Any] = []
@@ -229,6 +230,9 @@ def main(argv: list[str] | None = None, prog: str = "python -m autotile.cli.benc
     parser.add_argument("--fewer-moduli", nargs="+", choices=["on", "off"], default=None,
                         help="let the call choose one modulus fewer where its inputs allow (on), never (off), or "
                              "time both (default: the library's setting, autotile.library.emulation.FEWER_MODULI)")
+    parser.add_argument("--sampled-magnitudes", nargs="+", choices=["on", "off"], default=None,
+                        help="the guard's magnitudes over every fourth element of K first (on), the full product "
+                             "always (off), or both (default: autotile.library.emulation.SAMPLED_MAGNITUDES)")
     parser.add_argument("--int8-config", nargs="+", default=None, metavar="NAME",
                         help="named int8 matmul configs the products run instead of the library's selection "
                              "('library': the selection; 'cublas': cuBLAS's int8 GEMM), each timed")
@@ -251,11 +255,13 @@ def main(argv: list[str] | None = None, prog: str = "python -m autotile.cli.benc
     batching = [None] if args.batched_products is None else [v == "on" for v in args.batched_products]
     configs = [None if name == "library" else name for name in args.int8_config or ["library"]]
     fewer = [None] if args.fewer_moduli is None else [v == "on" for v in args.fewer_moduli]
+    sampling = [None] if args.sampled_magnitudes is None else [v == "on" for v in args.sampled_magnitudes]
     rows = []
-    for (shape, dtype, kind), epilogue, batched, config, fewer_moduli in itertools.product(
-            cases, epilogues, batching, configs, fewer):
+    for (shape, dtype, kind), epilogue, batched, config, fewer_moduli, sampled in itertools.product(
+            cases, epilogues, batching, configs, fewer, sampling):
         rows.append(bench_case(shape, dtype, kind, flush, seed=args.seed, bits=args.bits, residue_epilogue=epilogue,
-                               batched_products=batched, int8_config=config, fewer_moduli=fewer_moduli))
+                               batched_products=batched, int8_config=config, fewer_moduli=fewer_moduli,
+                               sampled_magnitudes=sampled))
         print(json.dumps(rows[-1]), flush=True)
         cupy.get_default_memory_pool().free_all_blocks()
     out = pathlib.Path(args.out)

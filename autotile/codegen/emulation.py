@@ -250,8 +250,8 @@ def residue_real(s: Scheme) -> str:
     """The C type the split kernels compute residues in: float where the scaled values fit its 24 bits plus
     the FMA's quotient range (float32 up to beta 28), else double."""
     return "double" if s.dtype == "float64" or s.beta > 28 else "float"
-KERNEL_NAMES = ("emu_stats_a", "emu_stats_b", "emu_choose", "emu_split_a", "emu_split_b", "emu_rebuild",
-                "emu_rebuild_residues", "emu_fixup")
+KERNEL_NAMES = ("emu_stats_a", "emu_stats_b", "emu_choose", "emu_split_a", "emu_split_b", "emu_sample",
+                "emu_rebuild", "emu_rebuild_residues", "emu_fixup")
 
 
 def _to_float32(value: float) -> float:

@@ -77,6 +77,13 @@ BATCHED_PRODUCTS = False
 # chosen returning at once, and the product of the modulus left out is skipped where a generated kernel runs
 # it (cuBLAS's runs anyway, unread).
 FEWER_MODULI = True
+# Whether the guard first reads the magnitudes' product over every fourth element of K (a quarter of an int8
+# product: a lower bound of the lower bound of (|A||B|)_ij, which on inputs without structure along K is about a
+# quarter of it) and the full product runs only where that fails an element (the rebuild clears a device word
+# the full product's kernel reads; the fix-up counts again with the full product before it recomputes). Where
+# cuBLAS runs the products (it cannot be told to skip one) or they leave as residues or in one batched launch,
+# the full product as before.
+SAMPLED_MAGNITUDES = True
 
 
 # Where float32's emulation outruns even the tf32x3 kernels that split once (LOADER=presplit): K at least
@@ -163,18 +170,19 @@ def _ptr(v: int) -> np.uint64:
     return np.uint64(v)
 
 
-# (device, stream) -> (owner, address) of the int32 word where a call's `emu_choose` writes its choice: kept, so
-# that the product it may skip is launched with the same argument every call (launches on one stream are
-# ordered: a call's choice is read by its own kernels before the next call's overwrites it)
-_choice_words: dict[tuple[int, int], tuple[Any, int]] = {}
+# (device, stream) -> (owner, address) of two int32 words: where a call's `emu_choose` writes its choice, and
+# whether its rebuild's guard passed every element on the sampled magnitudes. Kept, so that the products they
+# may skip are launched with the same argument every call (launches on one stream are ordered: a call's words
+# are read by its own kernels before the next call's overwrite them).
+_stream_words: dict[tuple[int, int], tuple[Any, int]] = {}
 
 
-def _choice_word(framework: Framework, device: int, stream_ptr: int) -> int:
-    found = _choice_words.get((device, stream_ptr))
+def _words(framework: Framework, device: int, stream_ptr: int) -> int:
+    found = _stream_words.get((device, stream_ptr))
     if found is None:
-        owner, pointer = framework.allocate(1, "int32", stream_ptr)
+        owner, pointer = framework.allocate(2, "int32", stream_ptr)
         with _lock:
-            found = _choice_words.setdefault((device, stream_ptr), (owner, int(pointer)))
+            found = _stream_words.setdefault((device, stream_ptr), (owner, int(pointer)))
     return found[1]
 
 
@@ -182,7 +190,7 @@ def run(framework: Framework, a: Operand, b: Operand, c: Operand, layout: str, s
         stream_ptr: int, int8_gemm: Any, events: list[Any] | None = None,
         report: dict[str, int] | None = None, bits: int | None = None,
         residue_epilogue: bool | None = None, batched_products: bool | None = None,
-        fewer_moduli: bool | None = None) -> None:
+        fewer_moduli: bool | None = None, sampled_magnitudes: bool | None = None) -> None:
     """C = A B by emulation, on the stream `stream_ptr` of the operands' device (current). `layout` and
     `shape` (M, N, K) as the call's plan has them; `int8_gemm(shape)` gives what runs an int8 nt matmul of
     `shape` as `(pointers, out_ptr, out_nbytes, stream_ptr) -> None`. `events`, where given, gets a
@@ -191,8 +199,8 @@ def run(framework: Framework, a: Operand, b: Operand, c: Operand, layout: str, s
     row holding a failed one, output tiles recomputed whole, tiles in all, and whether one modulus fewer
     was chosen. Both are the benchmark's, as is `bits` (the bits each scaled operand keeps; None:
     `autotile.codegen.emulation`'s default for the type, and the choice of one modulus fewer where
-    `fewer_moduli`, None: `FEWER_MODULI`), `residue_epilogue` (None: `RESIDUE_EPILOGUE`) and
-    `batched_products` (None: `BATCHED_PRODUCTS`)."""
+    `fewer_moduli`, None: `FEWER_MODULI`), `residue_epilogue` (None: `RESIDUE_EPILOGUE`),
+    `batched_products` (None: `BATCHED_PRODUCTS`) and `sampled_magnitudes` (None: `SAMPLED_MAGNITUDES`)."""
     import cupy
 
     from autotile.runtime.impl import cupy_stream
@@ -240,19 +248,32 @@ def run(framework: Framework, a: Operand, b: Operand, c: Operand, layout: str, s
     else:
         sums = allocate(s.count * m * n, "int8" if fused else "int32")
         magnitudes = allocate(m * n, "int32")
+    # the magnitudes' product over every fourth element of K first, the full one only where the guard fails
+    # an element on it: where a generated kernel runs the products one by one (it can be told to skip)
+    sample = (SAMPLED_MAGNITUDES if sampled_magnitudes is None else sampled_magnitudes) and not fused \
+        and one_launch is None
+    words = _words(framework, a.device, stream_ptr) if f is not None or sample else 0
+    full_magnitudes = products.unless(words + 4) if sample else None
+    sample = full_magnitudes is not None
+    kq = aligned_k(kp // 4)  # the sampled magnitudes' K
+    sampled_a = allocate(m * kq, "int8") if sample else 0
+    sampled_b = allocate(n * kq, "int8") if sample else 0
     # runs of 32 holding a failed element, per tile; then A's and B's largest line peaks
     tile_counts = allocate(tiles_m * tiles_n + 2, "int32")
     peaks = tile_counts + 4 * tiles_m * tiles_n
     cupy.cuda.runtime.memsetAsync(tile_counts, 0, 4 * (tiles_m * tiles_n + 2), stream_ptr)
-    choice = 0 if f is None else _choice_word(framework, a.device, stream_ptr)  # 0: nullptr, no choice
+    choice = 0 if f is None else words  # 0: nullptr, no choice
+    passed = words + 4 if sample else 0  # nonzero (all four bytes 1) until the rebuild's guard fails an element
+    if sample:
+        cupy.cuda.runtime.memsetAsync(passed, 1, 4, stream_ptr)
     if events is not None:
         phase_done()  # the start
     # A's rows run along K when A is row-major ("n"); B's columns when B is stored N x K ("t").
     ld_a = k if layout[0] == "n" else m
     ld_b = k if layout[1] == "t" else n
-    operands = (("a", a.ptr, ld_a, m, lines_a, layout[0] == "n", res_a),
-                ("b", b.ptr, ld_b, n, lines_b, layout[1] == "t", res_b))
-    for index, (name, x, ld, count, stats, contig, _) in enumerate(operands):
+    operands = (("a", a.ptr, ld_a, m, lines_a, layout[0] == "n", res_a, sampled_a),
+                ("b", b.ptr, ld_b, n, lines_b, layout[1] == "t", res_b, sampled_b))
+    for index, (name, x, ld, count, stats, contig, _, _) in enumerate(operands):
         warps = knobs["STATS_WARPS"] if contig else knobs["STATS_COLUMN_WARPS"]
         blocks = -(-count // warps) if contig else -(-count // 32)
         peak = 0 if f is None else peaks + 4 * index
@@ -263,11 +284,15 @@ def run(framework: Framework, a: Operand, b: Operand, c: Operand, layout: str, s
         kernels["emu_choose"]((1, 1, 1), (1, 1, 1), (_ptr(peaks), _i32(k), _ptr(choice)), stream=stream)
     phase_done()
     for functions in schemes:  # the scheme not chosen returns at once
-        for name, x, ld, count, stats, contig, out in operands:
+        for name, x, ld, count, stats, contig, out, _ in operands:
             functions[f"emu_split_{name}"](
                 scheme_mod.split_grid(count, kp, contig), (scheme_mod.SPLIT_THREADS, 1, 1),
                 (_ptr(x), _i64(ld), _i32(count), _i32(k), _i32(kp), _ptr(stats[0]), _ptr(stats[3]), _ptr(out),
                  _ptr(choice)), stream=stream)
+    for _, _, _, count, _, _, out, sampled in operands if sample else ():
+        kernels["emu_sample"]((min(-(-count * kq // 4 // 256), 65535), 1, 1), (256, 1, 1),
+                              (_ptr(out + s.count * count * kp), _i64(count), _i32(kp), _ptr(sampled), _i32(kq)),
+                              stream=stream)
     phase_done()
     if one_launch is not None:
         one_launch((res_a, res_b), sums, stream_ptr)
@@ -283,15 +308,20 @@ def run(framework: Framework, a: Operand, b: Operand, c: Operand, layout: str, s
                 optional(pointers, sums + plane * m * n * 4, m * n * 4, stream_ptr)
             else:
                 products(pointers, sums + plane * m * n * 4, m * n * 4, stream_ptr)
-        products((res_a + s.count * m * kp, res_b + s.count * n * kp), magnitudes, m * n * 4, stream_ptr)
+        if sample:
+            int8_gemm((m, n, kq))((sampled_a, sampled_b), magnitudes, m * n * 4, stream_ptr)
+        else:
+            products((res_a + s.count * m * kp, res_b + s.count * n * kp), magnitudes, m * n * 4, stream_ptr)
     phase_done()
     threads = knobs["REBUILD_THREADS"]
     for functions in schemes:
         functions["emu_rebuild_residues" if fused else "emu_rebuild"](
             (-(-n // threads), min(-(-m // knobs["REBUILD_ROWS"]), 65535), 1), (threads, 1, 1),
             (_ptr(sums), _i64(m * n), _ptr(magnitudes), _i32(m), _i32(n), _i32(k), *map(_ptr, lines_a[:3]),
-             *map(_ptr, lines_b[:3]), _ptr(c.ptr), _ptr(tile_counts), _ptr(choice)), stream=stream)
+             *map(_ptr, lines_b[:3]), _ptr(c.ptr), _ptr(tile_counts), _ptr(choice), _ptr(passed)), stream=stream)
     phase_done()
+    if full_magnitudes is not None:  # skipped where the guard passed every element on the sampled magnitudes
+        full_magnitudes((res_a + s.count * m * kp, res_b + s.count * n * kp), magnitudes, m * n * 4, stream_ptr)
     # A's element (i, k) at A[i a_row + k a_col]; B's (k, j) at B[k b_row + j b_col]
     a_row, a_col = (k, 1) if layout[0] == "n" else (1, m)
     b_row, b_col = (n, 1) if layout[1] == "n" else (1, k)
@@ -299,22 +329,23 @@ def run(framework: Framework, a: Operand, b: Operand, c: Operand, layout: str, s
         functions["emu_fixup"]((tiles_n, tiles_m, 1), (256, 1, 1),
                                (_ptr(a.ptr), _i64(a_row), _i64(a_col), _ptr(b.ptr), _i64(b_row), _i64(b_col),
                                 _ptr(c.ptr), _i32(m), _i32(n), _i32(k), _ptr(tile_counts), _ptr(magnitudes),
-                                *map(_ptr, lines_a[:3]), *map(_ptr, lines_b[:3]), _ptr(choice)),
-                               stream=stream)
+                                *map(_ptr, lines_a[:3]), *map(_ptr, lines_b[:3]), _ptr(choice),
+                                _i32(1 if sample else 0)), stream=stream)
     phase_done()
     if report is not None:  # the benchmark's diagnostics: waits for the GPU
         stream.synchronize()
         host = np.empty(tiles_m * tiles_n, np.int32)
         cupy.cuda.runtime.memcpy(host.ctypes.data, tile_counts, host.nbytes, cupy.cuda.runtime.memcpyDeviceToHost)
-        chosen = np.zeros(1, np.int32)
-        if choice:
-            cupy.cuda.runtime.memcpy(chosen.ctypes.data, choice, 4, cupy.cuda.runtime.memcpyDeviceToHost)
+        chosen = np.zeros(2, np.int32)
+        if words:
+            cupy.cuda.runtime.memcpy(chosen.ctypes.data, words, 8, cupy.cuda.runtime.memcpyDeviceToHost)
         few = knobs["FEW_PER_TILE"]
         if layout == "nt":
             few //= 8
         report.update(failed_runs=int(host.sum()), whole_tiles=int((host > few).sum()), tiles=int(host.size),
                       residue_epilogue=int(fused), batched_products=int(one_launch is not None),
-                      fewer_moduli=int(chosen[0]))
+                      fewer_moduli=int(chosen[0]) if f is not None else 0,
+                      full_magnitudes=int(not chosen[1]) if sample else 1)
     keep.clear()  # back to the framework's pool on this stream: later work on it is ordered after ours
 
 
