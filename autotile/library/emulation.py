@@ -87,14 +87,15 @@ SAMPLED_MAGNITUDES = True
 
 
 # Where float32's emulation outruns even the tf32x3 kernels that split once (LOADER=presplit): K at least
-# PRESPLIT_MIN_K and M N K at least PRESPLIT_MIN_VOLUME. Measured on an H200 (2026-11-28, `bench-emulation
-# --dtype float32 --sizes 12288 16384 --random 12 --seed 23`, one modulus fewer on these normal inputs; ms
-# emulated against "high"): 12288³ 27.4 against 30.7 (1.12x), 16384³ 63.2 against 75.5 (1.19x; with every
-# modulus, on inputs whose lines peak, 69.4 against 74-75); 8192³ 8.89 against 9.34 (1.05x, but 9.6-9.9 with
-# every modulus, as slow as "high"), 10719x13896x5950 15.27 against 15.30, 13835x1061x10179 4.92 against 4.77:
-# left to "high".
+# PRESPLIT_MIN_K and M N K at least PRESPLIT_MIN_VOLUME. Measured on an H200 (2026-11-28; ms emulated against
+# "high", normal inputs, one modulus fewer): `bench-emulation --dtype float32 --sizes 8192 --sampled-magnitudes
+# on off`: 8192³ 8.16 against 9.26 (1.13x) with the sampled magnitudes, 8.88 against 9.53 without; on inputs whose
+# lines peak (every modulus, the full magnitudes' product after the sampled one) 10.0 against 9.8 (0.98x).
+# `--sizes 12288 16384 --random 12 --seed 23` (before the sampled magnitudes): 12288³ 27.4 against 30.7
+# (1.12x), 16384³ 63.2 against 75.5 (1.19x); 10719x13896x5950 15.27 against 15.30, 13835x1061x10179 4.92 against
+# 4.77: left to "high" (K under 8192).
 PRESPLIT_MIN_K = 8192
-PRESPLIT_MIN_VOLUME = 2**40
+PRESPLIT_MIN_VOLUME = 2**39
 
 
 def native_outruns_emulation(native: Mapping[str, Any] | None, shape: tuple[int, int, int]) -> bool:
