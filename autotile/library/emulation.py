@@ -6,12 +6,19 @@ A call (A and B in any of the four layouts; a batch runs its matrices one after 
 stream, with no synchronisation:
 
 1. the statistics of A's rows and B's columns (exponent, and the guard's terms from their largest magnitude,
-   their sum of magnitudes and whether they hold a NaN or Inf);
-2. A's and B's residue matrices, one per modulus, and their magnitudes, int8 and K-major (K padded to 16);
-3. one int8 GEMM (exact int32 sums) per modulus, and one of the magnitudes;
-4. the rebuild: C from the residues of its products, and the guard's flags on output tiles;
+   their sum of magnitudes and whether they hold a NaN or Inf; each matrix's largest line peak), and the
+   choice between the type's scheme and its scheme of one modulus fewer (`FEWER_MODULI`);
+2. A's and B's residue matrices, one per modulus, and their magnitudes, int8 and K-major (K padded to 16),
+   and the magnitudes of every fourth element of K (`SAMPLED_MAGNITUDES`);
+3. one int8 GEMM (exact int32 sums) per modulus (the one left out skipped where fewer were chosen), and one of
+   the sampled magnitudes;
+4. the rebuild: C from the residues of its products, and the guard's flags on output tiles; then, only where
+   the guard failed an element, the magnitudes' full product;
 5. the native fix-up: flagged tiles (a NaN or Inf in their rows or columns, or an error bound above a
-   native GEMM's) recomputed in the type's own arithmetic.
+   native GEMM's, counted again on the full product) recomputed in the type's own arithmetic.
+
+The schemes' kernels not chosen, and the products skipped, are launched all the same and return at once:
+what runs is decided on the GPU, by words the call's kernels write and read.
 
 Its workspace, allocated per call through the inputs' framework on the call's stream, holds (count + 1)
 int8 copies of A and of B and (count + 1) int32 products of M x N: for float64 with 16 moduli, 17 M N 4 bytes
