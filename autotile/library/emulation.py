@@ -77,7 +77,9 @@ RESIDUE_EPILOGUE = False
 # Whether the products (residues' and magnitudes') go to cuBLAS as one strided batched GEMM where cuBLAS is
 # the int8 selection, rather than one GEMM each. Off: on an H200 (2026-11-28, `bench-emulation
 # --batched-products off on`) cuBLAS's batched int8 GEMM ran the 17 products of an 8192^3 float64 emulation in
-# 16.35 ms against 12.56 ms as 17 calls (16384^3: 134.7 against 125.5 ms).
+# 16.35 ms against 12.56 ms as 17 calls (16384^3: 134.7 against 125.5 ms); the generated kernel batched (its 3-D
+# tensor maps) ran within the run's noise of one launch a product (2026-11-28, `--batched-products on off`:
+# float64 8192^3 16.24-16.31 against 15.89-16.12 ms, float32 9.41 against 9.60).
 BATCHED_PRODUCTS = False
 # Whether a call may run one modulus fewer where its inputs' line peaks allow (`autotile.codegen.emulation.fewer`,
 # decided on the device by `emu_choose`, no synchronisation): both schemes' kernels are launched, the one not
