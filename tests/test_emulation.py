@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from fractions import Fraction
+from typing import Any
 
 import numpy as np
 import pytest
@@ -836,3 +837,116 @@ def test_the_emulation_benchmarks_random_shapes_round_up_to_a_multiple():
     assert all(1024 <= side <= 16384 for shape in plain for side in shape)
     for before, after in zip(plain, rounded, strict=True):
         assert all(a % 64 == 0 and 0 <= a - b < 64 for a, b in zip(after, before, strict=True))
+
+
+# -- what a call enqueues (stand-ins for the kernels, the products and the framework: no GPU) -----------------
+
+
+class _Recorder:
+    """Stands in for the emulation's kernels, its int8 products and its framework: records what is launched."""
+
+    def __init__(self, generated: bool):
+        self.launches: list[tuple[Any, ...]] = []
+        self.generated = generated  # whether the products run a kernel that a device word can stop
+        self.next_address = 1 << 20
+
+    def allocate(self, elems: int, dtype: str, stream_ptr: int) -> tuple[None, int]:
+        address = self.next_address
+        self.next_address += (elems * np.dtype(dtype).itemsize + 255) // 256 * 256
+        return None, address
+
+    def kernel(self, scheme: str, name: str) -> Any:
+        def launch(grid: Any, block: Any, args: tuple[Any, ...], stream: Any = None) -> None:
+            self.launches.append((name, scheme, *(int(a) for a in args)))
+        return launch
+
+    def int8_gemm(self, shape: tuple[int, int, int]) -> Any:
+        recorder = self
+
+        class Products:
+            def __call__(self, pointers: Any, out: int, nbytes: int, stream: int) -> None:
+                recorder.launches.append(("product", shape, pointers, out))
+
+            def residues(self, modulus: int) -> None:
+                return None
+
+            def batched(self, count: int) -> None:
+                return None
+
+            def unless(self, word: int) -> Any:
+                if not recorder.generated:
+                    return None
+                return lambda pointers, out, nbytes, stream: recorder.launches.append(
+                    ("product unless", shape, pointers, out, word))
+
+        return Products()
+
+
+def _enqueued(monkeypatch: Any, dtype: str, generated: bool, **switches: Any) -> tuple[list[tuple[Any, ...]], Any]:
+    from types import SimpleNamespace
+
+    import cupy
+
+    from autotile.library import emulation
+    from autotile.runtime import impl
+    from autotile.runtime.operands import Operand
+
+    recorder = _Recorder(generated)
+
+    def kernels_of(s: Any, layout: str, device: int, full: Any = None) -> Any:
+        scheme = "fewer" if full is not None else "full"
+        return SimpleNamespace(functions={name: recorder.kernel(scheme, name) for name in emu.KERNEL_NAMES})
+
+    monkeypatch.setattr(emulation, "_kernels", kernels_of)
+    monkeypatch.setattr(emulation, "_stream_words", {})
+    monkeypatch.setattr(impl, "cupy_stream", lambda pointer: None)
+    monkeypatch.setattr(cupy.cuda.runtime, "memsetAsync", lambda *args: None)
+    m, n, k = 1000, 900, 8192
+    a = Operand(None, 16, (m, k), (k, 1), dtype, 0)
+    b = Operand(None, 32, (k, n), (n, 1), dtype, 0)
+    c = Operand(None, 48, (m, n), (n, 1), dtype, 0)
+    framework = SimpleNamespace(allocate=recorder.allocate)
+    emulation.run(framework, a, b, c, "nn", (m, n, k), 7, recorder.int8_gemm, **switches)  # type: ignore[arg-type]
+    return recorder.launches, (m, n, k)
+
+
+@pytest.mark.parametrize("dtype", emu.EMULATED_DTYPES)
+def test_a_call_enqueues_both_schemes_the_skippable_products_and_the_sampled_magnitudes(dtype, monkeypatch):
+    launches, (m, n, k) = _enqueued(monkeypatch, dtype, generated=True)
+    s = emu.scheme(dtype, k)
+    f = emu.fewer(s)
+    names = [(launch[0], launch[1]) for launch in launches]
+    kernels_named = [x for x in names if x[0].startswith("emu_")]
+    assert kernels_named == [("emu_stats_a", "full"), ("emu_stats_b", "full"), ("emu_choose", "full"),
+                             ("emu_split_a", "full"), ("emu_split_b", "full"), ("emu_split_a", "fewer"),
+                             ("emu_split_b", "fewer"), ("emu_sample", "full"), ("emu_sample", "full"),
+                             ("emu_rebuild", "full"), ("emu_rebuild", "fewer"), ("emu_fixup", "full"),
+                             ("emu_fixup", "fewer")]
+    choose = next(x for x in launches if x[0] == "emu_choose")
+    words = choose[-1]  # emu_choose(peaks, K, choice): the stream's first word
+    products = [x for x in launches if x[0].startswith("product")]
+    kp = -(-k // 16) * 16
+    # the residues' products, the last of them (the modulus the fewer scheme leaves out) stoppable by the choice
+    assert [x[0] for x in products[:s.count]] == ["product"] * f.count + ["product unless"]
+    assert products[s.count - 1][-1] == words and all(x[1] == (m, n, kp) for x in products[:s.count])
+    # the sampled magnitudes' quarter-sized product, then, after the rebuild, the full one, stoppable by the guard
+    assert products[s.count][0] == "product" and products[s.count][1] == (m, n, -(-(kp // 4) // 16) * 16)
+    assert products[s.count + 1][0] == "product unless" and products[s.count + 1][-1] == words + 4
+    order = [x[0] for x in launches]
+    assert order.index("emu_rebuild") < launches.index(products[s.count + 1]) < order.index("emu_fixup")
+    # the gated kernels read the choice word; the fix-up counts again (its last argument)
+    assert all(x[-1] == words for x in launches if x[0] in ("emu_split_a", "emu_split_b"))
+    assert all(x[-2:] == (words, words + 4) for x in launches if x[0] == "emu_rebuild")
+    assert all(x[-2:] == (words, 1) for x in launches if x[0] == "emu_fixup")
+
+
+def test_a_call_without_the_choices_or_a_stoppable_kernel_enqueues_every_product(monkeypatch):
+    dtype = "float64"
+    s = emu.scheme(dtype, 8192)
+    for generated, switches in ((True, {"fewer_moduli": False, "sampled_magnitudes": False}), (False, {})):
+        launches, _ = _enqueued(monkeypatch, dtype, generated, **switches)
+        names = [x[0] for x in launches]
+        assert "emu_sample" not in names and ("emu_choose" in names) == (switches == {})
+        products = [x for x in launches if x[0].startswith("product")]
+        assert [x[0] for x in products] == ["product"] * (s.count + 1)  # every modulus and the full magnitudes
+        assert all(x[-1] == 0 for x in launches if x[0] == "emu_fixup")  # no recount
