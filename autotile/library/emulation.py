@@ -74,8 +74,9 @@ K_ALIGN = 16  # the int8 GEMMs' K: a multiple of 16 bytes, so that their tiles l
 # ...`) the same trade held with the ping-pong int8 kernels too (whose epilogue overlaps the other consumer's
 # products): 8192³ float64 17.04 ms off, 17.12 on, under direct8-128x256-c2p.
 RESIDUE_EPILOGUE = False
-# Whether the products (residues' and magnitudes') go to cuBLAS as one strided batched GEMM where cuBLAS is
-# the int8 selection, rather than one GEMM each. Off: on an H200 (2026-11-28, `bench-emulation
+# Whether the products (residues' and magnitudes') go as one batched launch (cuBLAS's strided batched GEMM where
+# cuBLAS is the int8 selection, the generated kernel batched where a wgmma_direct kernel is) rather than one
+# launch each. Off: on an H200 (2026-11-28, `bench-emulation
 # --batched-products off on`) cuBLAS's batched int8 GEMM ran the 17 products of an 8192^3 float64 emulation in
 # 16.35 ms against 12.56 ms as 17 calls (16384^3: 134.7 against 125.5 ms); the generated kernel batched (its 3-D
 # tensor maps) ran within the run's noise of one launch a product (2026-11-28, `--batched-products on off`:
