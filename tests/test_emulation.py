@@ -84,11 +84,15 @@ def _model(a: np.ndarray, b: np.ndarray, s: emu.Scheme) -> tuple[np.ndarray, np.
     magnitudes' lower bound of |A||B|), all in float64."""
     m, k = a.shape
     n = b.shape[1]
-    ea = np.array([math.frexp(float(np.abs(r).max()))[1] for r in a])
-    eb = np.array([math.frexp(float(np.abs(c).max()))[1] for c in b.T])
+    cap = emu.gain_cap(s)
+    top_a = np.array([math.frexp(float(np.abs(r).max()))[1] for r in a])  # max |x| < 2^top
+    top_b = np.array([math.frexp(float(np.abs(c).max()))[1] for c in b.T])
+    # each line's exponent less its gain (`line_gain`)
+    ea = top_a - np.array([emu.line_gain(emu.line_peak(list(r)), cap) for r in a])
+    eb = top_b - np.array([emu.line_gain(emu.line_peak(list(c)), cap) for c in b.T])
     a_int = [[int(np.rint(np.ldexp(a[i, t], s.beta - ea[i]))) for t in range(k)] for i in range(m)]
     b_int = [[int(np.rint(np.ldexp(b[t, j], s.beta - eb[j]))) for j in range(n)] for t in range(k)]
-    assert max(abs(x) for r in a_int for x in r) <= 2**s.beta
+    assert max(abs(x) for r in a_int for x in r) <= 2 ** (s.beta + cap)
     c = np.zeros((m, n))
     for i in range(m):
         for j in range(n):
@@ -103,8 +107,8 @@ def _model(a: np.ndarray, b: np.ndarray, s: emu.Scheme) -> tuple[np.ndarray, np.
     bound = (np.ldexp(0.5, -s.beta) * (sa[:, None] + sb[None, :]) + 0.25 * k * np.ldexp(1.0, -2 * s.beta)) \
         * np.ldexp(1.0, ea[:, None] + eb[None, :])
     # the magnitudes' planes: each line's mean magnitude in [16, 32), clipped at 127
-    ga = ea + np.array([math.frexp(x / k)[1] for x in sa]) + 2
-    gb = eb + np.array([math.frexp(x / k)[1] for x in sb]) + 2
+    ga = top_a + np.array([math.frexp(x / k)[1] for x in np.abs(a).sum(axis=1) / np.ldexp(1.0, top_a)]) + 2
+    gb = top_b + np.array([math.frexp(x / k)[1] for x in np.abs(b).sum(axis=0) / np.ldexp(1.0, top_b)]) + 2
     mag_a = np.minimum(127, np.floor(np.ldexp(np.abs(a), 7 - ga[:, None])))
     mag_b = np.minimum(127, np.floor(np.ldexp(np.abs(b), 7 - gb[None, :])))
     floor_ab = (mag_a @ mag_b) * np.ldexp(1.0, ga[:, None] + gb[None, :] - 14)
@@ -117,6 +121,8 @@ def test_the_scheme_on_the_host_stays_within_its_bound_of_the_exact_product(dtyp
     m, n, k = 5, 4, 37
     a = rng.standard_normal((m, k)) * np.exp2(rng.integers(-30, 30, (m, 1)))
     b = rng.standard_normal((k, n)) * np.exp2(rng.integers(-3, 3, (k, n)))  # spread within columns
+    a[1, 3] *= 2.0**20  # lines that peak (and gain bits), their largest values meeting
+    b[3, 2] *= 2.0**20
     s = emu.scheme(dtype, k, bits)
     c, bound, floor_ab = _model(a, b, s)
     for i in range(m):
@@ -126,6 +132,47 @@ def test_the_scheme_on_the_host_stays_within_its_bound_of_the_exact_product(dtyp
                 + Fraction(float(abs(c[i, j]))) * Fraction(2, 2**53)
             assert Fraction(float(floor_ab[i, j])) <= sum(abs(Fraction(float(a[i, t])) * Fraction(float(b[t, j])))
                                                           for t in range(k))
+
+
+def _scaled_line(values: list[float], beta: int, cap: int) -> list[int]:
+    """A line's integers as the split kernels make them: rint(x 2^(beta - e)), e its exponent less its gain."""
+    top = math.frexp(max(abs(v) for v in values))[1]
+    e = top - emu.line_gain(emu.line_peak(values), cap)
+    return [round(math.ldexp(v, beta - e)) for v in values]
+
+
+def test_a_lines_gain_is_half_its_peak_less_one_within_the_cap():
+    assert [emu.line_gain(p, 7) for p in range(1, 20)] == [0, 0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7, 7, 7]
+    assert emu.line_gain(30, 0) == 0
+    # the cap keeps both schemes' split arithmetic exact: float32's residues in floats up to 2^28
+    assert emu.gain_cap(emu.scheme("float32", 8192)) == 0 and emu.gain_cap(emu.scheme("float32", 16384)) == 1
+    assert emu.gain_cap(emu.scheme("float64", 8192)) == 62 - 55
+
+
+@pytest.mark.parametrize("dtype", emu.EMULATED_DTYPES)
+@pytest.mark.parametrize("k", [37, 4099, 65536])
+def test_lines_gains_keep_every_product_inside_the_rebuilds_range(dtype, k):
+    """|S_ij| <= K 4^beta, what the rebuild needs, for lines of every peak, worst aligned: each line all one
+    sign, its largest value just under a power of two where the other line's is."""
+    s = emu.scheme(dtype, k)
+    cap = emu.gain_cap(s)
+    rng = np.random.default_rng(k)
+
+    def line(spread: int) -> list[float]:  # a largest value 1 - 2^-20 at k = 0, the rest 2^-spread times less
+        rest = np.abs(rng.standard_normal(k - 1)) * 2.0**-spread if spread >= 0 else np.full(k - 1, 1 - 2.0**-20)
+        return [1 - 2.0**-20, *(float(x) for x in np.minimum(rest, 1 - 2.0**-20))]
+
+    kinds = {spread: line(spread) for spread in (-1, 0, 3, 8, 20, 60)}
+    gains = {spread: emu.line_gain(emu.line_peak(v), cap) for spread, v in kinds.items()}
+    if dtype == "float64" and k == 65536:
+        assert max(gains.values()) >= 7  # lines keeping 7 bits more than beta
+    for spread_a, a in kinds.items():
+        ints_a = _scaled_line(a, s.beta, cap)
+        for spread_b, b in kinds.items():
+            ints_b = _scaled_line(b, s.beta, cap)
+            total = sum(x * y for x, y in zip(ints_a, ints_b, strict=True))
+            assert total <= k * 4**s.beta, (spread_a, spread_b, gains[spread_a], gains[spread_b])
+            assert 4 * k * 4**s.beta <= s.modulus_product  # and that range is the rebuild's
 
 
 # -- the kernels ----------------------------------------------------------------------------------------------
@@ -339,6 +386,45 @@ def test_emulated_matmul_is_within_a_native_bound(dtype, layout, shape, emulate_
 
 
 @pytest.mark.gpu
+def test_a_peaked_row_keeps_the_bits_of_its_gain(emulate_everything, monkeypatch):
+    """A float64 row whose one large value (2^12 times the rest) meets a zero row of B, so that the product is
+    carried by the row's small values: each element is the host model's, lines' gains included (the row
+    gains 5 bits), to 2 ulps; rounded to beta bits below the row's largest value instead, the small values
+    would move the product by tens of ulps."""
+    import cupy
+
+    import autotile
+    from autotile.library import emulation
+
+    monkeypatch.setattr(emulation, "FEWER_MODULI", False)  # the full scheme: the one modelled here
+    m, n, k = 3, 8, 4099
+    rng = np.random.default_rng(5)
+    a = rng.standard_normal((m, k))
+    b = rng.standard_normal((k, n))
+    a[1, 5] = 1.3 * 2.0**12
+    b[5, :] = 0.0
+    out = cupy.asnumpy(autotile.matmul(cupy.asarray(a), cupy.asarray(b), precision="emulated"))
+    s = emu.scheme("float64", k)
+    cap = emu.gain_cap(s)
+    assert emu.line_gain(emu.line_peak(list(a[1])), cap) == 5
+    for gains in (cap, 0):
+        far = 0
+        for i in range(m):
+            row = _scaled_line(list(a[i]), s.beta, gains)
+            e = math.frexp(float(np.abs(a[i]).max()))[1] - emu.line_gain(emu.line_peak(list(a[i])), gains)
+            for j in range(n):
+                column = _scaled_line(list(b[:, j]), s.beta, gains)
+                f = math.frexp(float(np.abs(b[:, j]).max()))[1] - emu.line_gain(emu.line_peak(list(b[:, j])), gains)
+                model = math.ldexp(float(sum(x * y for x, y in zip(row, column, strict=True))), e + f - 2 * s.beta)
+                ulps = abs(out[i, j] - model) / math.ulp(model)
+                if gains:
+                    assert ulps <= 2, (i, j, out[i, j], model)
+                far = max(far, ulps)
+        if not gains:
+            assert far > 16  # the model without the gains is far from what ran
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("dtype", emu.EMULATED_DTYPES)
 def test_specials_zero_lines_and_wide_spread_keep_native_semantics(dtype, emulate_everything):
     import cupy
@@ -446,10 +532,14 @@ def _kernel_residue(v: float, m: int, s: emu.Scheme) -> int:
 
 
 @pytest.mark.parametrize("dtype", emu.EMULATED_DTYPES)
-def test_the_split_kernels_floating_point_residues_are_exact(dtype):
-    s = emu.scheme(dtype, 8192)
+@pytest.mark.parametrize("k", [1000, 8192, 16384])
+@pytest.mark.parametrize("which", ["full", "fewer"])
+def test_the_split_kernels_floating_point_residues_are_exact(dtype, k, which):
+    full = emu.scheme(dtype, k)
+    s = full if which == "full" else emu.fewer(full)
+    assert s is not None
     rng = np.random.default_rng(11)
-    top = 2**s.beta
+    top = 2 ** (s.beta + emu.gain_cap(full))  # a line's largest scaled value, its gain included
     values = [0, 1, -1, top, -top, top - 1, 1 - top] + [int(x) for x in rng.integers(-top, top, 400)]
     # and values a half of a modulus from a multiple of it, where the nearest quotient is decided
     values += [q * m + (m // 2) * sign for m in s.moduli for q in (0, 1, 12345, top // m - 1) for sign in (-1, 1)]

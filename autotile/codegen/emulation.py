@@ -3,9 +3,14 @@ CUDA source of its kernels.
 
 The scheme, for C = A B with A M x K and B K x N:
 
-1. Scale. Row i of A gets the exponent e_i (max_k |a_ik| < 2^e_i) and becomes the integers
-   a'_ik = rint(a_ik 2^(beta - e_i)), |a'_ik| <= 2^beta; column j of B likewise with f_j. So the integer
-   product S = A' B' has |S_ij| <= K 4^beta.
+1. Scale. Row i of A gets the exponent e_i (max_k |a_ik| < 2^e_i) and a gain g_i >= 0 (`line_gain`, from
+   the row's peak p_i: how far 2^e_i stands above its mean magnitude, `line_peak`) and becomes the integers
+   a'_ik = rint(a_ik 2^(beta + g_i - e_i)), |a'_ik| <= 2^(beta + g_i); column j of B likewise with f_j, h_j.
+   The product S = A' B' still has |S_ij| <= K 4^beta: where both gains are zero, as each |a'| |b'| <= 4^beta;
+   else g_i + h_j <= p - 2, p the larger of the two lines' peaks (say the column's), and
+   sum_k |a'_ik| |b'_kj| <= 2^(beta + g_i) (2^(beta + h_j) K 2^(1 - p) + K / 2) <= K 4^beta. A line whose
+   values spread over many binades (a high peak) so keeps bits for its smaller values that the range of the
+   moduli would otherwise leave unused.
 2. Take residues. For each modulus m_l of `MODULI` (pairwise coprime, at most 256), a'_ik mod m_l in the
    symmetric range [-128, 127] is an int8; likewise for B'.
 3. Multiply. Each pair of residue matrices goes through an int8 GEMM with exact int32 sums (|sum| <=
@@ -14,11 +19,11 @@ The scheme, for C = A B with A M x K and B K x N:
    gives the one S_ij in (-M/2, M/2) with those residues: S = sum_l r_l w_l - q M, where
    w_l = (M/m_l) ((M/m_l)^-1 mod m_l) and q = round(sum_l r_l w_l / M). The kernel evaluates it exactly:
    each w_l and M cut into `LIMB_BITS`-bit limbs held as doubles (every partial sum an integer below 2^53),
-   the limbs joined in 128-bit integers, then C_ij = S_ij 2^(e_i + f_j - 2 beta).
+   the limbs joined in 128-bit integers, then C_ij = S_ij 2^(e_i - g_i + f_j - h_j - 2 beta).
 
 The error of the result comes from step 1 only (the rest is exact, up to the final rounding): each a_ik
-moves by at most half a unit of 2^(e_i - beta). `error_bound_terms` gives the guard's per-element bound on
-what that costs; a further int8 GEMM of the magnitudes (|a_ik| 2^(7 - e_i), rounded down) gives a lower
+moves by at most half a unit of 2^(e_i - g_i - beta). The template's `guard_ok` holds each element to its bound
+on what that costs; a further int8 GEMM of the magnitudes (|a_ik| 2^(7 - e_i), rounded down) gives a lower
 bound on (|A| |B|)_ij, and an element whose bound is not below a native GEMM's worst case, K u (|A||B|)_ij,
 or whose row or column holds a NaN or an infinity, is recomputed natively (its whole output tile).
 
@@ -157,6 +162,28 @@ def line_peak(values: list[float]) -> int:
     return math.frexp(len(values) / scaled_sum)[1]
 
 
+def line_gain(peak: int, cap: int) -> int:
+    """The bits beyond beta a line of peak `peak` (`line_peak`) keeps, at most `cap` (`gain_cap`): its
+    exponent is lowered by that much (step 1 of the module's docstring says why the rebuild's range holds).
+    Normal lines (peaks 3-4 at K = 8192) gain 0 or 1 bit; a line whose largest value stands 2^20 above its
+    mean, about 10."""
+    return max(0, min(cap, (peak - 2) // 2))
+
+
+# The largest scaled value, as a power of two, whose residues the split kernels compute exactly (the
+# template's `residues_into`): in doubles v = vh 2^26 + vl, vh (2^26 mod m) + vl below 2^44,
+# far inside the 2^51 that the rounding trick holds (and q = rint(y / m) moves by at most 2^-17 before it is
+# rounded, against the 1 / (2 m) that separates y / m from a half); in floats the trick's 2^22 caps v at 2^28.
+SPLIT_LIMIT_BITS = {"double": 62, "float": 28}
+
+
+def gain_cap(full: Scheme) -> int:
+    """The most bits beyond beta any line may keep in a call that runs `full` or its scheme of one modulus
+    fewer (both read the same statistics): what both schemes' split kernels hold."""
+    schemes = [full] + [f for f in (fewer(full),) if f is not None]
+    return max(0, min(SPLIT_LIMIT_BITS[residue_real(x)] - x.beta for x in schemes))
+
+
 def scheme(dtype: str, k: int, bits: int | None = None) -> Scheme:
     """The fewest moduli that let each scaled operand keep at least `bits` bits (default: `DEFAULT_BITS`,
     53 for float64, 26 for float32) for a K of `k`. Raises `InvalidValueError` for a dtype that is not emulated, a K
@@ -267,7 +294,7 @@ def _double_literal(value: float) -> str:
 @functools.lru_cache(maxsize=64)
 def _render_cached(dtype: str, moduli: tuple[int, ...], beta: int, knob_items: tuple[tuple[str, int], ...],
                    contig_k_a: bool, contig_k_b: bool, full_count: int, full_beta: int,
-                   fewer_exp: int | None) -> str:
+                   fewer_exp: int | None, max_gain: int) -> str:
     from autotile.codegen.render import environment
 
     s = Scheme(dtype, 1, moduli, beta)
@@ -275,6 +302,7 @@ def _render_cached(dtype: str, moduli: tuple[int, ...], beta: int, knob_items: t
     weights = s.weights()
     knobs = dict(knob_items)
     real = residue_real(s)
+    split_limit = SPLIT_LIMIT_BITS[real]
     if real == "double":
         inv_moduli = [_double_literal(1.0 / m) for m in moduli]
     else:
@@ -290,7 +318,7 @@ def _render_cached(dtype: str, moduli: tuple[int, ...], beta: int, knob_items: t
         magnitude_bits=MAGNITUDE_BITS, fix_tile=FIX_TILE,
         unit_roundoff=_double_literal(s.unit_roundoff()), contig_k_a=contig_k_a, contig_k_b=contig_k_b,
         is_fewer=len(moduli) < full_count, mag_plane=full_count, bound_scale=_double_literal(2.0 ** (full_beta - beta)),
-        fewer_exp=fewer_exp, peak_margin=PEAK_MARGIN_BITS, **knobs)
+        fewer_exp=fewer_exp, peak_margin=PEAK_MARGIN_BITS, max_gain=max_gain, split_limit=split_limit, **knobs)
 
 
 def render(s: Scheme, layout: str, knobs: Mapping[str, Any] | None = None, full: Scheme | None = None) -> str:
@@ -311,11 +339,12 @@ def render(s: Scheme, layout: str, knobs: Mapping[str, Any] | None = None, full:
     if full is None:
         f = fewer(s)
         return _render_cached(s.dtype, s.moduli, s.beta, tuple(sorted(merged.items())), layout[0] == "n",
-                              layout[1] == "t", s.count, s.beta, None if f is None else fewer_exponent(f))
+                              layout[1] == "t", s.count, s.beta, None if f is None else fewer_exponent(f), gain_cap(s))
     return _render_cached(s.dtype, s.moduli, s.beta, tuple(sorted(merged.items())), layout[0] == "n",
-                          layout[1] == "t", full.count, full.beta, None)
+                          layout[1] == "t", full.count, full.beta, None, gain_cap(full))
 
 
 __all__ = ["DEFAULT_BITS", "EMULATED_DTYPES", "EXTRA_OPTIONS", "FIX_TILE", "KERNEL_NAMES", "LEAST_BITS", "LIMB_BITS",
-           "MAX_K", "MODULI", "PEAK_MARGIN_BITS", "Scheme", "chooses_fewer", "fewer", "fewer_exponent", "line_peak",
-           "max_beta", "rebuild", "render", "scheme", "symmetric_residue"]
+           "MAX_K", "MODULI", "PEAK_MARGIN_BITS", "SPLIT_LIMIT_BITS", "Scheme", "chooses_fewer", "fewer",
+           "fewer_exponent", "gain_cap", "line_gain", "line_peak", "max_beta", "rebuild", "render", "scheme",
+           "symmetric_residue"]
