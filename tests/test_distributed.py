@@ -195,7 +195,9 @@ def test_four_workers_share_one_budget_and_time_each_config_once(replay, storage
     assert not study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
     # The winner is the best of the trials run (the replay's re-timing keeps each config's median).
     recorded = medians()
-    assert cached_config(tmp_path / "cache") == min(keys, key=recorded.get)
+    # (two configs of the table share a median: either is the best; which one depends on the workers' order)
+    winner = cached_config(tmp_path / "cache")
+    assert winner in keys and recorded[winner] == min(recorded[k] for k in keys)
     for t in runs(study):  # readable in optuna-dashboard
         assert t.user_attrs["config_key"] and t.user_attrs["GFLOP_per_s"] > 0 and t.user_attrs["x_cublas"] > 0
 

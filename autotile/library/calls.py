@@ -489,8 +489,9 @@ class _Int8Products:
         return lambda pointers, out_ptr, stream_ptr: runner.launch(pointers, out_ptr, nbytes, "int32", stream_ptr,
                                                                    strides, allocate)
 
-    def residues(self, modulus: int) -> Callable[[tuple[int, int], int, int], None] | None:
-        """A launch (pointers, out, stream) writing each sum modulo `modulus` (symmetric, int8), or None
+    def _variant(self, cache: dict[tuple[int, int], Any], option: str, extra: Any) -> Any:
+        """The runner of this product's wgmma_direct kernel rendered with the template option `option` on and
+        the argument `extra` after the sizes (compiled once per runner and `extra`, kept in `cache`), or None
         where the selection runs cuBLAS or a kernel whose splits add atomically into C."""
         from autotile.codegen import kernels
         from autotile.runtime.impl import KernelRunner
@@ -498,45 +499,40 @@ class _Int8Products:
         implementation, runner, launch = self._direct_kernel()
         if implementation is None:
             return None
-        key = (id(runner), modulus)
-        residue_runner = _residue_runners.get(key)
-        if residue_runner is None:
+        key = (id(runner), int(extra))
+        found = cache.get(key)
+        if found is None:
             from autotile.codegen import build
 
             spec = kernels.get("matmul")
-            source = spec.render(implementation.config, "int8", "nt", {"RESIDUES": True})
+            source = spec.render(implementation.config, "int8", "nt", {option: True})
             kernel = build.compile_kernel(source, "autotile_matmul")
-            sizes = (*spec.size_args(self.shape), np.int32(modulus))
-            residue_runner = _residue_runners.setdefault(key, KernelRunner(kernel, launch, sizes, False, 2))
+            sizes = (*spec.size_args(self.shape), extra)
+            found = cache.setdefault(key, KernelRunner(kernel, launch, sizes, False, 2))
+        return found
+
+    def residues(self, modulus: int) -> Callable[[tuple[int, int], int, int], None] | None:
+        """A launch (pointers, out, stream) writing each sum modulo `modulus` (symmetric, int8), or None
+        where the selection runs cuBLAS or a kernel whose splits add atomically into C."""
+        runner = self._variant(_residue_runners, "RESIDUES", np.int32(modulus))
+        if runner is None:
+            return None
         m, n, _ = self.shape
         allocate = self.allocate
-        return lambda pointers, out_ptr, stream_ptr: residue_runner.launch(pointers, out_ptr, m * n, "int32",
-                                                                           stream_ptr, (), allocate)
+        return lambda pointers, out_ptr, stream_ptr: runner.launch(pointers, out_ptr, m * n, "int32", stream_ptr,
+                                                                   (), allocate)
 
     def unless(self, skip_ptr: int) -> Callable[[tuple[int, int], int, int, int], None] | None:
         """A launch (pointers, out, out_nbytes, stream) of this product that does nothing where the int32 word at
         `skip_ptr` (device memory, kept for the stream) is nonzero when it runs: the same generated kernel
         with a `skip` argument, where the selection runs a wgmma_direct kernel whose K splits, if any, are
         summed by the last block; else None (cuBLAS cannot be told: the caller runs the product anyway)."""
-        from autotile.codegen import kernels
-        from autotile.runtime.impl import KernelRunner
-
-        implementation, runner, launch = self._direct_kernel()
-        if implementation is None:
+        runner = self._variant(_skipping_runners, "SKIP", np.uint64(skip_ptr))
+        if runner is None:
             return None
-        key = (id(runner), skip_ptr)
-        skipping = _skipping_runners.get(key)
-        if skipping is None:
-            from autotile.codegen import build
-
-            spec = kernels.get("matmul")
-            source = spec.render(implementation.config, "int8", "nt", {"SKIP": True})
-            kernel = build.compile_kernel(source, "autotile_matmul")
-            sizes = (*spec.size_args(self.shape), np.uint64(skip_ptr))
-            skipping = _skipping_runners.setdefault(key, KernelRunner(kernel, launch, sizes, False, 2))
         allocate = self.allocate
-        return lambda pointers, out_ptr, out_nbytes, stream_ptr: skipping.launch(pointers, out_ptr, out_nbytes, "int32",
-                                                                                 stream_ptr, (), allocate)
+        return lambda pointers, out_ptr, out_nbytes, stream_ptr: runner.launch(pointers, out_ptr, out_nbytes, "int32",
+                                                                               stream_ptr, (), allocate)
 
 
 _residue_runners: dict[tuple[int, int], Any] = {}  # (the int32 runner's id, modulus) -> its residue twin
