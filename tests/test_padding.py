@@ -165,6 +165,17 @@ def test_the_plan_pays_where_its_predicted_time_beats_the_call_as_it_is():
     # a batch under those sizes: not on predictions (they ran 1.35-1.5x optimistic for small padded batches)
     assert not padding.pays(_selection(None, "model", 10.0, "cublas"), padded, "nn", (2, 1024, 1024, 1023), "float32")
     assert padding.pays(_selection(None, "model", 10.0, "cublas"), padded, "nn", (9, 1024, 1024, 1023), "float32")
+    # a call as it is that runs the kernels splitting once (any rows at full speed): the predictions decide,
+    # at the measured sizes too
+    presplit = kernels.get("matmul").space.named("wgmma-128-presplit")
+    assert presplit.get("LOADER") == "presplit" and padding.reads_any_rows(_selection(presplit, "model", 1.0))
+    assert not padding.reads_any_rows(_selection(config, "model", 1.0))
+    assert not padding.reads_any_rows(_selection(None, "model", 1.0, "cublas"))
+    large = (4096, 4096, 4095)
+    same = _selection(presplit, "model", 1.0)
+    assert not padding.pays(_selection(presplit, "model", 1.0), same, "nn", large, "float32")
+    assert padding.pays(_selection(presplit, "model", 2.0), same, "nn", large, "float32")
+    assert not padding.pays(_selection(presplit, "model", None), same, "nn", large, "float32")
     # but never onto a padded choice that is not what the padding is for
     assert not padding.pays(faster, _selection(None, "model", 1.0, "cublas"), "nn", (4096, 4096, 4095), "float32")
 

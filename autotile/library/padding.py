@@ -228,8 +228,9 @@ def pays(direct: Selection, padded: Selection, layout: str, shape: tuple[int, ..
     the padded shape runs. The padded shape's choice must be what the padding is for (a generated kernel its
     tuned record or the shape database's model picked, its own or borrowed from another layout; cuBLAS only
     for the types whose rule says cuBLAS wants aligned rows; never a fallback that knows nothing of the
-    shape); then either the problem is as large as the sizes measured to pay (`RULES[dtype].measured`), or,
-    for one matrix or a batch of a type whose rule takes batches on predictions (`batches_predicted`), where
+    shape); then either the problem is as large as the sizes measured to pay (`RULES[dtype].measured`) and
+    the call as it is does not run a kernel that reads rows of any alignment at full speed (`reads_any_rows`),
+    or, for one matrix or a batch of a type whose rule takes batches on predictions (`batches_predicted`), where
     both choices have a predicted time, the padded shape's plus the copies' (`copy_ms`), or the host's time
     per call (HOST_MS) where that is longer, is under the direct choice's by MARGIN."""
     if padded.step not in ("exact", "model"):
@@ -238,7 +239,7 @@ def pays(direct: Selection, padded: Selection, layout: str, shape: tuple[int, ..
     cublas_wants_aligned = bool(dtypes.get(dtype).cublas_aligned_rows)
     if padded.config is None and not (cublas_wants_aligned and padded.implementation == "cublas"):
         return False
-    if rule.measured.holds(layout, shape, dtype):
+    if rule.measured.holds(layout, shape, dtype) and not reads_any_rows(direct):
         return True
     # batches: on predictions where the type's rule says so (BATCH_NOTE); a choice borrowed from another
     # layout or from one matrix has no predicted time
@@ -249,6 +250,16 @@ def pays(direct: Selection, padded: Selection, layout: str, shape: tuple[int, ..
     # the copies as if no operand were shared by the batch (a shared one is copied once: cheaper)
     planned = max(padded.predicted_ms + copy_ms(layout, shape, dtype), HOST_MS)
     return planned * (1 + MARGIN) < direct.predicted_ms
+
+
+def reads_any_rows(direct: Selection) -> bool:
+    """Whether the call as it is runs a generated kernel that reads rows of any alignment at full speed: the
+    tf32x3 kernels that split each operand once (LOADER=presplit) into an aligned workspace of their own, so
+    the plan's copies buy them nothing, whatever the measured sizes say (which were measured before they
+    existed): there the predictions decide. On an H200 (2026-11-28, `tools/pad_probe.py --seed 40 --max-side
+    12000`) the two shapes the measured sizes took ran the same presplit config padded and as they were:
+    2418x2668x2433 1.55x cuBLAS padded, 1.64x as it was; 2986x7367x2800 2.23x against 2.45x."""
+    return direct.config is not None and direct.config.get("LOADER") == "presplit"
 
 
 def padded_shape(layout: str, shape: tuple[int, ...], dtype: str) -> tuple[int, ...]:
