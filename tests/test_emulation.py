@@ -1022,9 +1022,16 @@ def test_a_call_enqueues_both_schemes_the_skippable_products_and_the_sampled_mag
     kp = -(-k // 16) * 16
     # the residues' products, the last of them (the modulus the fewer scheme leaves out) stoppable by the choice
     assert [x[0] for x in products[:s.count]] == ["product"] * f.count + ["product unless"]
-    assert products[s.count - 1][-1] == words and all(x[1] == (m, n, kp) for x in products[:s.count])
+    n_p = -(-n // 16) * 16  # the products' N: their rows aligned
+    assert n % 16 and products[s.count - 1][-1] == words and all(x[1] == (m, n_p, kp) for x in products[:s.count])
+    # B's planes n_p lines apart (the split's plane_lines); the rebuild and the fix-up read rows n_p apart
+    # (launches: name, scheme, then the kernel's arguments)
+    assert all(x[4] == n and x[7] == n_p for x in launches if x[0] == "emu_split_b")
+    assert all(x[4] == m and x[7] == m for x in launches if x[0] == "emu_split_a")
+    assert all(x[5:8] == (m, n, n_p) for x in launches if x[0] == "emu_rebuild")
+    assert all(x[9:12] == (m, n, n_p) for x in launches if x[0] == "emu_fixup")
     # the sampled magnitudes' quarter-sized product, then, after the rebuild, the full one, stoppable by the guard
-    assert products[s.count][0] == "product" and products[s.count][1] == (m, n, -(-(kp // 4) // 16) * 16)
+    assert products[s.count][0] == "product" and products[s.count][1] == (m, n_p, -(-(kp // 4) // 16) * 16)
     assert products[s.count + 1][0] == "product unless" and products[s.count + 1][-1] == words + 4
     order = [x[0] for x in launches]
     assert order.index("emu_rebuild") < launches.index(products[s.count + 1]) < order.index("emu_fixup")

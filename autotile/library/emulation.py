@@ -21,7 +21,8 @@ The schemes' kernels not chosen, and the products skipped, are launched all the 
 what runs is decided on the GPU, by words the call's kernels write and read.
 
 Its workspace, allocated per call through the inputs' framework on the call's stream, holds (count + 1)
-int8 copies of A and of B and (count + 1) int32 products of M x N: for float64 with 16 moduli, 17 M N 4 bytes
+int8 copies of A and of B and (count + 1) int32 products of M x N (N rounded up to `N_ALIGN`): for float64 with
+16 moduli, 17 M N 4 bytes
 of products (4.6 GB at 8192 x 8192).
 """
 
@@ -76,6 +77,11 @@ MAX_M = 65535 * FIX_TILE
 SUSTAINED_MIN_WORK = 2**38  # M N K of one product: 6502³
 SUSTAINED_FLOOR = 0.9
 K_ALIGN = 16  # the int8 GEMMs' K: a multiple of 16 bytes, so that their tiles load with the TMA
+# The int8 products' N (B's residue lines, rounded up; the extra lines and the columns they make are never
+# read): rows of the products that start 16-byte aligned (int8 residues and int32 sums alike). On an H200
+# (2026-11-28, `tools/emulation_band.py`, float64, seeds 61-64) the same generated int8 kernel ran the products
+# of 22 random shapes whose N was not a multiple of 4 at 480-1090 TOP/s, and of 12 whose N was at 1040-1360.
+N_ALIGN = 16
 # Whether the residue products leave the int8 kernel as int8 residues (its RESIDUES epilogue) rather than as
 # int32 sums. Off: on an H100 (2026-11-25) it cut the rebuild by 30% (8192³ float64: 1.94 -> 1.34 ms) but
 # slowed the 16 products by 5-9% (12.5 -> 13.2-13.7 ms; the epilogue does not overlap the next tile's main
@@ -129,6 +135,11 @@ def native_outruns_emulation(native: Mapping[str, Any] | None, shape: tuple[int,
         return False
     m, n, k = shape
     return not (k >= PRESPLIT_MIN_K and m * n * k >= PRESPLIT_MIN_VOLUME)
+
+
+def aligned_n(n: int) -> int:
+    """The int8 products' N for a problem's `n`: rounded up to `N_ALIGN` (their rows start aligned)."""
+    return -(-n // N_ALIGN) * N_ALIGN
 
 
 def aligned_k(k: int) -> int:
@@ -236,6 +247,7 @@ def run(framework: Framework, a: Operand, b: Operand, c: Operand, layout: str, s
     knobs = scheme_mod.DEFAULT_KNOBS
     planes = s.count + 1  # the residues' products and the magnitudes'
     kp = aligned_k(k)
+    n_p = aligned_n(n)  # the products' N: their rows aligned (`N_ALIGN`)
     tiles_m, tiles_n = -(-m // FIX_TILE), -(-n // FIX_TILE)
     keep: list[Any] = []  # the workspace's owners, alive until every launch is enqueued
     stream = cupy_stream(stream_ptr)
@@ -255,8 +267,8 @@ def run(framework: Framework, a: Operand, b: Operand, c: Operand, layout: str, s
     # magnitudes' exponent (the statistics kernels say what each is)
     lines_a = [allocate(m, "int32"), allocate(m, "float64"), allocate(m, "float64"), allocate(m, "int32")]
     lines_b = [allocate(n, "int32"), allocate(n, "float64"), allocate(n, "float64"), allocate(n, "int32")]
-    res_a, res_b = allocate(planes * m * kp, "int8"), allocate(planes * n * kp, "int8")
-    products = int8_gemm((m, n, kp))
+    res_a, res_b = allocate(planes * m * kp, "int8"), allocate(planes * n_p * kp, "int8")
+    products = int8_gemm((m, n_p, kp))
     # With RESIDUE_EPILOGUE, and where the selection runs a generated kernel that has one, each product
     # leaves as int8 residues; else as int32 sums (reduced by the rebuild).
     epilogue = RESIDUE_EPILOGUE if residue_epilogue is None else residue_epilogue
@@ -265,11 +277,11 @@ def run(framework: Framework, a: Operand, b: Operand, c: Operand, layout: str, s
     one_launch = None if fused or not (BATCHED_PRODUCTS if batched_products is None else batched_products) \
         else products.batched(planes)
     if one_launch is not None:  # the magnitudes' product is the last of the batch
-        sums = allocate(planes * m * n, "int32")
-        magnitudes = sums + s.count * m * n * 4
+        sums = allocate(planes * m * n_p, "int32")
+        magnitudes = sums + s.count * m * n_p * 4
     else:
-        sums = allocate(s.count * m * n, "int8" if fused else "int32")
-        magnitudes = allocate(m * n, "int32")
+        sums = allocate(s.count * m * n_p, "int8" if fused else "int32")
+        magnitudes = allocate(m * n_p, "int32")
     # the magnitudes' product over every fourth element of K first, the full one only where the guard fails
     # an element on it: where a generated kernel runs the products one by one (it can be told to skip)
     sample = (SAMPLED_MAGNITUDES if sampled_magnitudes is None else sampled_magnitudes) and not fused \
@@ -279,7 +291,7 @@ def run(framework: Framework, a: Operand, b: Operand, c: Operand, layout: str, s
     sample = full_magnitudes is not None
     kq = aligned_k(kp // 4)  # the sampled magnitudes' K
     sampled_a = allocate(m * kq, "int8") if sample else 0
-    sampled_b = allocate(n * kq, "int8") if sample else 0
+    sampled_b = allocate(n_p * kq, "int8") if sample else 0
     # runs of 32 holding a failed element, per tile; then A's and B's largest line peaks
     tile_counts = allocate(tiles_m * tiles_n + 2, "int32")
     peaks = tile_counts + 4 * tiles_m * tiles_n
@@ -293,9 +305,10 @@ def run(framework: Framework, a: Operand, b: Operand, c: Operand, layout: str, s
     # A's rows run along K when A is row-major ("n"); B's columns when B is stored N x K ("t").
     ld_a = k if layout[0] == "n" else m
     ld_b = k if layout[1] == "t" else n
-    operands = (("a", a.ptr, ld_a, m, lines_a, layout[0] == "n", res_a, sampled_a),
-                ("b", b.ptr, ld_b, n, lines_b, layout[1] == "t", res_b, sampled_b))
-    for index, (name, x, ld, count, stats, contig, _, _) in enumerate(operands):
+    # (name, pointer, leading dimension, lines, lines per plane, statistics, lines along memory, planes, sampled)
+    operands = (("a", a.ptr, ld_a, m, m, lines_a, layout[0] == "n", res_a, sampled_a),
+                ("b", b.ptr, ld_b, n, n_p, lines_b, layout[1] == "t", res_b, sampled_b))
+    for index, (name, x, ld, count, _, stats, contig, _, _) in enumerate(operands):
         warps = knobs["STATS_WARPS"] if contig else knobs["STATS_COLUMN_WARPS"]
         blocks = -(-count // warps) if contig else -(-count // 32)
         peak = 0 if f is None else peaks + 4 * index
@@ -306,15 +319,15 @@ def run(framework: Framework, a: Operand, b: Operand, c: Operand, layout: str, s
         kernels["emu_choose"]((1, 1, 1), (1, 1, 1), (_ptr(peaks), _i32(k), _ptr(choice)), stream=stream)
     phase_done()
     for functions in schemes:  # the scheme not chosen returns at once
-        for name, x, ld, count, stats, contig, out, _ in operands:
+        for name, x, ld, count, plane_lines, stats, contig, out, _ in operands:
             functions[f"emu_split_{name}"](
                 scheme_mod.split_grid(count, kp, contig), (scheme_mod.SPLIT_THREADS, 1, 1),
-                (_ptr(x), _i64(ld), _i32(count), _i32(k), _i32(kp), _ptr(stats[0]), _ptr(stats[3]), _ptr(out),
-                 _ptr(choice)), stream=stream)
-    for _, _, _, count, _, _, out, sampled in operands if sample else ():
-        kernels["emu_sample"]((min(-(-count * kq // 4 // 256), 65535), 1, 1), (256, 1, 1),
-                              (_ptr(out + s.count * count * kp), _i64(count), _i32(kp), _ptr(sampled), _i32(kq)),
-                              stream=stream)
+                (_ptr(x), _i64(ld), _i32(count), _i32(k), _i32(kp), _i32(plane_lines), _ptr(stats[0]),
+                 _ptr(stats[3]), _ptr(out), _ptr(choice)), stream=stream)
+    for _, _, _, _, plane_lines, _, _, out, sampled in operands if sample else ():
+        kernels["emu_sample"]((min(-(-plane_lines * kq // 4 // 256), 65535), 1, 1), (256, 1, 1),
+                              (_ptr(out + s.count * plane_lines * kp), _i64(plane_lines), _i32(kp), _ptr(sampled),
+                               _i32(kq)), stream=stream)
     phase_done()
     if one_launch is not None:
         one_launch((res_a, res_b), sums, stream_ptr)
@@ -323,34 +336,34 @@ def run(framework: Framework, a: Operand, b: Operand, c: Operand, layout: str, s
         # and a generated kernel runs it (cuBLAS's runs anyway; its result is then not read)
         optional = products.unless(choice) if f is not None and not fused else None
         for plane, launch in enumerate(residue_launches):
-            pointers = (res_a + plane * m * kp, res_b + plane * n * kp)
+            pointers = (res_a + plane * m * kp, res_b + plane * n_p * kp)
             if launch is not None and fused:
-                launch(pointers, sums + plane * m * n, stream_ptr)
+                launch(pointers, sums + plane * m * n_p, stream_ptr)
             elif optional is not None and plane == s.count - 1:
-                optional(pointers, sums + plane * m * n * 4, m * n * 4, stream_ptr)
+                optional(pointers, sums + plane * m * n_p * 4, m * n_p * 4, stream_ptr)
             else:
-                products(pointers, sums + plane * m * n * 4, m * n * 4, stream_ptr)
+                products(pointers, sums + plane * m * n_p * 4, m * n_p * 4, stream_ptr)
         if sample:
-            int8_gemm((m, n, kq))((sampled_a, sampled_b), magnitudes, m * n * 4, stream_ptr)
+            int8_gemm((m, n_p, kq))((sampled_a, sampled_b), magnitudes, m * n_p * 4, stream_ptr)
         else:
-            products((res_a + s.count * m * kp, res_b + s.count * n * kp), magnitudes, m * n * 4, stream_ptr)
+            products((res_a + s.count * m * kp, res_b + s.count * n_p * kp), magnitudes, m * n_p * 4, stream_ptr)
     phase_done()
     threads = knobs["REBUILD_THREADS"]
     for functions in schemes:
         functions["emu_rebuild_residues" if fused else "emu_rebuild"](
             (-(-n // threads), min(-(-m // knobs["REBUILD_ROWS"]), 65535), 1), (threads, 1, 1),
-            (_ptr(sums), _i64(m * n), _ptr(magnitudes), _i32(m), _i32(n), _i32(k), *map(_ptr, lines_a[:3]),
+            (_ptr(sums), _i64(m * n_p), _ptr(magnitudes), _i32(m), _i32(n), _i32(n_p), _i32(k), *map(_ptr, lines_a[:3]),
              *map(_ptr, lines_b[:3]), _ptr(c.ptr), _ptr(tile_counts), _ptr(choice), _ptr(passed)), stream=stream)
     phase_done()
     if full_magnitudes is not None:  # skipped where the guard passed every element on the sampled magnitudes
-        full_magnitudes((res_a + s.count * m * kp, res_b + s.count * n * kp), magnitudes, m * n * 4, stream_ptr)
+        full_magnitudes((res_a + s.count * m * kp, res_b + s.count * n_p * kp), magnitudes, m * n_p * 4, stream_ptr)
     # A's element (i, k) at A[i a_row + k a_col]; B's (k, j) at B[k b_row + j b_col]
     a_row, a_col = (k, 1) if layout[0] == "n" else (1, m)
     b_row, b_col = (n, 1) if layout[1] == "n" else (1, k)
     for functions in schemes:
         functions["emu_fixup"]((tiles_n, tiles_m, 1), (256, 1, 1),
                                (_ptr(a.ptr), _i64(a_row), _i64(a_col), _ptr(b.ptr), _i64(b_row), _i64(b_col),
-                                _ptr(c.ptr), _i32(m), _i32(n), _i32(k), _ptr(tile_counts), _ptr(magnitudes),
+                                _ptr(c.ptr), _i32(m), _i32(n), _i32(n_p), _i32(k), _ptr(tile_counts), _ptr(magnitudes),
                                 *map(_ptr, lines_a[:3]), *map(_ptr, lines_b[:3]), _ptr(choice),
                                 _i32(1 if sample else 0)), stream=stream)
     phase_done()
