@@ -263,17 +263,16 @@ def test_emulation_is_chosen_only_for_large_2d_float_problems():
 
     assert emulation.pays("float64", (8192, 8192, 8192)) and emulation.pays("float32", (8192, 8192, 8192))
     assert not emulation.pays("float64", (4096, 4096, 4096)) and not emulation.pays("float32", (4096, 4096, 4096))
-    assert not emulation.pays("float64", (16384, 16384, 2048))  # a short K: the int32 products' traffic
+    assert not emulation.pays("float64", (16384, 16384, 1024))  # a short K: the int32 products' traffic
     assert not emulation.pays("float64", (64, 8192, 8192))
     assert not emulation.pays("float16", (8192, 8192, 8192))
     assert emulation.pays("float64", (2596, 13656, 10317))  # 2^38.4: measured 1.32x DGEMM (H200)
     assert not emulation.pays("float64", (2283, 8800, 11968))  # 2^37.8 (1.09x measured): under MIN_VOLUME
     assert not emulation.pays("float64", (8192, 8192, emu.MAX_K + 1))
     assert not emulation.pays("float64", (4, 8192, 8192, 8192))
-    # K from 4096 to 8191: from M N K 2^38.5 (measured 1.03-1.55x there, H200; 0.98x at 9415x5500x5424, 2^38.03)
-    assert emulation.pays("float64", (9612, 10966, 5820))  # 2^39.2: 1.32x
-    assert not emulation.pays("float64", (9415, 5500, 5424))
-    assert not emulation.pays("float64", (15377, 14781, 2499))  # K under 4096: 0.73x
+    # K from 2048 (H200, the products' rows aligned: 1.02-1.60x from M N K 2^38; 0.90x at K 1590)
+    assert emulation.pays("float64", (9774, 11370, 2585)) and emulation.pays("float64", (9415, 5500, 5424))
+    assert not emulation.pays("float64", (16009, 13722, 1590))
 
 
 def test_float32_is_emulated_over_the_kernels_that_split_once_only_on_the_largest_products():
@@ -328,7 +327,7 @@ def emulate_everything(monkeypatch):
     """Every size emulated (the library's rule keeps small problems native)."""
     from autotile.library import emulation
 
-    for name in ("MIN_SIDE", "MIN_K", "MIN_VOLUME", "SHORT_K_MIN_VOLUME"):
+    for name in ("MIN_SIDE", "MIN_K", "MIN_VOLUME"):
         monkeypatch.setattr(emulation, name, {"float64": 1, "float32": 1})
     # float32 too, whatever "high" runs
     monkeypatch.setattr(emulation, "native_outruns_emulation", lambda native, shape: False)

@@ -6,7 +6,7 @@ where 2^LO <= M N K < 2^HI (defaults: float64, 10 shapes, seed 44, K from 8192 t
 2^39: the band under float64's old MIN_VOLUME), each timed by `autotile.cli.bench_emulation.bench_case` (the
 emulation forced, the library's int8 products; cuBLAS in the same run; CUDA events, L2 flushed, median), with
 the errors against exact products and whether `autotile.library.emulation.pays` takes the shape. The
-measurement behind `MIN_VOLUME` and `SHORT_K_MIN_VOLUME`."""
+measurement behind `MIN_K` and `MIN_VOLUME`."""
 
 from __future__ import annotations
 

@@ -50,17 +50,12 @@ if TYPE_CHECKING:
 # large products run a generated int8 kernel (`SUSTAINED_MIN_WORK`): on an H200 (2026-11-28, `python
 # tools/emulation_band.py`: 10 random shapes with K 8192-16384, M and N 2048-16384, M N K 2^37.5-2^39) every
 # one ran faster emulated, the seven of at least 2^38 1.22-1.41x DGEMM, the three below 1.09-1.37x.
-MIN_K = {"float64": 4096, "float32": 4096}
+MIN_K = {"float64": 2048, "float32": 4096}
 MIN_VOLUME = {"float64": 2**38, "float32": 2**37}  # M N K
-# K under LONG_K needs M N K of at least SHORT_K_MIN_VOLUME: a shorter sum pays back less of each output's
-# fixed cost (its residues' int32 sums read back by the rebuild). On an H200 (2026-11-28, the lines' gains;
-# `python tools/emulation_band.py --min-k 4096 --max-k 8191`, float64 against DGEMM): seed 61's eight shapes
-# and seed 63's twelve, M N K 2^38-2^40, ran 0.98-1.55x (the one loss, 9415x5500x5424, at 2^38.03; every
-# shape of at least 2^38.5 1.06x or more); held out, seed 64's twelve of at least 2^38.5 ran 1.03-1.52x
-# (geomean 1.24). Under K = 4096 (seed 62, K 1590-3585) half lost, down to 0.61x: the int8 products of short K
-# ran at 560-1260 TOP/s.
-LONG_K = {"float64": 8192, "float32": 4096}
-SHORT_K_MIN_VOLUME = {"float64": 2**38.5, "float32": 2**37}
+# float64's K from 2048 (2026-11-28, night, H200, once the products' rows were aligned: `N_ALIGN`; `python
+# tools/emulation_band.py --volume 38 40`, against DGEMM): seed 62's nine of K 1938-3585 1.02-1.36x and one of
+# K 1590 0.90x, seed 63's twelve of K 4196-8092 1.03-1.60x, then held out, seed 65's fourteen of K 2585-7882
+# 1.22-1.56x (geomean 1.35). Before the alignment half of those under K = 4096 lost, down to 0.61x.
 MIN_SIDE = {"float64": 2048, "float32": 2048}  # M and N
 # CUDA's grid limit on the fix-up's tiles along y (65535 rows of FIX_TILE-row tiles)
 MAX_M = 65535 * FIX_TILE
@@ -149,8 +144,7 @@ def aligned_k(k: int) -> int:
 
 def pays(dtype: str, shape: tuple[int, ...], native: Mapping[str, Any] | None = None) -> bool:
     """Whether the emulation is the choice for a 2-D `dtype` matmul of `shape` (M, N, K) under the
-    "emulated" setting: K, M N K, M and N large enough (`MIN_K`, `MIN_VOLUME`, `MIN_SIDE`; a K under `LONG_K`
-    with M N K at least `SHORT_K_MIN_VOLUME`), K within the
+    "emulated" setting: K, M N K, M and N large enough (`MIN_K`, `MIN_VOLUME`, `MIN_SIDE`), K within the
     int32 sums' exact range (`MAX_K`), M within the fix-up's grid; for float32, not where `native` (the
     config "high" runs for the problem, None for cuBLAS) is a tf32x3 kernel that splits its operands once
     (`native_outruns_emulation`)."""
@@ -159,8 +153,7 @@ def pays(dtype: str, shape: tuple[int, ...], native: Mapping[str, Any] | None = 
     m, n, k = shape
     if dtype == "float32" and native_outruns_emulation(native, (m, n, k)):
         return False
-    volume = MIN_VOLUME[dtype] if k >= LONG_K[dtype] else max(MIN_VOLUME[dtype], SHORT_K_MIN_VOLUME[dtype])
-    return (k >= MIN_K[dtype] and m * n * k >= volume and min(m, n) >= MIN_SIDE[dtype]
+    return (k >= MIN_K[dtype] and m * n * k >= MIN_VOLUME[dtype] and min(m, n) >= MIN_SIDE[dtype]
             and k <= MAX_K and m <= MAX_M)
 
 
