@@ -184,6 +184,21 @@ def _kernels(s: Scheme, layout: str, device: int, full: Scheme | None = None) ->
         return _compiled.setdefault(key, made)
 
 
+@dataclasses.dataclass(frozen=True)
+class _Side:
+    """One operand of an emulated call as its kernels take it: A's rows or B's columns (its "lines")."""
+
+    name: str  # "a" or "b": the kernels' suffix
+    ptr: int  # the operand's device address
+    ld: int  # its leading dimension, in elements
+    lines: int  # M (A) or N (B)
+    plane_lines: int  # lines per residue plane: N rounded up for B (`N_ALIGN`), M for A
+    stats: list[int]  # the statistics' four per-line arrays (exponent, bound term, floor scale, magnitude exponent)
+    contiguous: bool  # whether its lines run along memory
+    planes: int  # its residue and magnitude planes (int8, K-major)
+    sampled: int  # its sampled magnitudes (0: none)
+
+
 def _i32(v: int) -> np.int32:
     return np.int32(v)
 
@@ -298,29 +313,29 @@ def run(framework: Framework, a: Operand, b: Operand, c: Operand, layout: str, s
     # A's rows run along K when A is row-major ("n"); B's columns when B is stored N x K ("t").
     ld_a = k if layout[0] == "n" else m
     ld_b = k if layout[1] == "t" else n
-    # (name, pointer, leading dimension, lines, lines per plane, statistics, lines along memory, planes, sampled)
-    operands = (("a", a.ptr, ld_a, m, m, lines_a, layout[0] == "n", res_a, sampled_a),
-                ("b", b.ptr, ld_b, n, n_p, lines_b, layout[1] == "t", res_b, sampled_b))
-    for index, (name, x, ld, count, _, stats, contig, _, _) in enumerate(operands):
-        warps = knobs["STATS_WARPS"] if contig else knobs["STATS_COLUMN_WARPS"]
-        blocks = -(-count // warps) if contig else -(-count // 32)
+    operands = (_Side("a", a.ptr, ld_a, m, m, lines_a, layout[0] == "n", res_a, sampled_a),
+                _Side("b", b.ptr, ld_b, n, n_p, lines_b, layout[1] == "t", res_b, sampled_b))
+    for index, side in enumerate(operands):
+        warps = knobs["STATS_WARPS"] if side.contiguous else knobs["STATS_COLUMN_WARPS"]
+        blocks = -(-side.lines // warps) if side.contiguous else -(-side.lines // 32)
         peak = 0 if f is None else peaks + 4 * index
-        kernels[f"emu_stats_{name}"]((blocks, 1, 1), (warps * 32, 1, 1),
-                                     (_ptr(x), _i64(ld), _i32(count), _i32(k), *map(_ptr, stats), _ptr(peak)),
-                                     stream=stream)
+        kernels[f"emu_stats_{side.name}"](
+            (blocks, 1, 1), (warps * 32, 1, 1),
+            (_ptr(side.ptr), _i64(side.ld), _i32(side.lines), _i32(k), *map(_ptr, side.stats), _ptr(peak)),
+            stream=stream)
     if f is not None:
         kernels["emu_choose"]((1, 1, 1), (1, 1, 1), (_ptr(peaks), _i32(k), _ptr(choice)), stream=stream)
     phase_done()
     for functions in schemes:  # the scheme not chosen returns at once
-        for name, x, ld, count, plane_lines, stats, contig, out, _ in operands:
-            functions[f"emu_split_{name}"](
-                scheme_mod.split_grid(count, kp, contig), (scheme_mod.SPLIT_THREADS, 1, 1),
-                (_ptr(x), _i64(ld), _i32(count), _i32(k), _i32(kp), _i32(plane_lines), _ptr(stats[0]),
-                 _ptr(stats[3]), _ptr(out), _ptr(choice)), stream=stream)
-    for _, _, _, _, plane_lines, _, _, out, sampled in operands if sample else ():
-        kernels["emu_sample"]((min(-(-plane_lines * kq // 4 // 256), 65535), 1, 1), (256, 1, 1),
-                              (_ptr(out + s.count * plane_lines * kp), _i64(plane_lines), _i32(kp), _ptr(sampled),
-                               _i32(kq)), stream=stream)
+        for side in operands:
+            functions[f"emu_split_{side.name}"](
+                scheme_mod.split_grid(side.lines, kp, side.contiguous), (scheme_mod.SPLIT_THREADS, 1, 1),
+                (_ptr(side.ptr), _i64(side.ld), _i32(side.lines), _i32(k), _i32(kp), _i32(side.plane_lines),
+                 _ptr(side.stats[0]), _ptr(side.stats[3]), _ptr(side.planes), _ptr(choice)), stream=stream)
+    for side in operands if sample else ():
+        kernels["emu_sample"]((min(-(-side.plane_lines * kq // 4 // 256), 65535), 1, 1), (256, 1, 1),
+                              (_ptr(side.planes + s.count * side.plane_lines * kp), _i64(side.plane_lines),
+                               _i32(kp), _ptr(side.sampled), _i32(kq)), stream=stream)
     phase_done()
     if one_launch is not None:
         one_launch((res_a, res_b), sums, stream_ptr)
