@@ -23,9 +23,10 @@ The scheme, for C = A B with A M x K and B K x N:
 
 The error of the result comes from step 1 only (the rest is exact, up to the final rounding): each a_ik
 moves by at most half a unit of 2^(e_i - g_i - beta). The template's `guard_ok` holds each element to its bound
-on what that costs; a further int8 GEMM of the magnitudes (|a_ik| 2^(7 - e_i), rounded down) gives a lower
-bound on (|A| |B|)_ij, and an element whose bound is not below a native GEMM's worst case, K u (|A||B|)_ij,
-or whose row or column holds a NaN or an infinity, is recomputed natively (its whole output tile).
+on what that costs; a further int8 GEMM of the magnitudes (|a_ik| 2^(7 - t_i), rounded down and clipped at 127,
+t_i such that the row's mean magnitude lands in [16, 32)) gives a lower bound on (|A| |B|)_ij, and an element
+whose bound is not below a native GEMM's worst case, K u (|A||B|)_ij, or whose row or column holds a NaN or an
+infinity, is recomputed natively (its run of 32, or its whole output tile).
 
 Pure Python: importing this module imports nothing heavy (no CuPy).
 """
