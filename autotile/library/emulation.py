@@ -22,8 +22,7 @@ what runs is decided on the GPU, by words the call's kernels write and read.
 
 Its workspace, allocated per call through the inputs' framework on the call's stream, holds (count + 1)
 int8 copies of A and of B and (count + 1) int32 products of M x N (N rounded up to `N_ALIGN`): for float64 with
-16 moduli, 17 M N 4 bytes
-of products (4.6 GB at 8192 x 8192).
+16 moduli, 17 M N 4 bytes of products (4.6 GB at 8192 x 8192).
 """
 
 from __future__ import annotations
@@ -277,6 +276,8 @@ def run(framework: Framework, a: Operand, b: Operand, c: Operand, layout: str, s
     lines_b = [allocate(n, "int32"), allocate(n, "float64"), allocate(n, "float64"), allocate(n, "int32")]
     res_a, res_b = allocate(planes * m * kp, "int8"), allocate(planes * n_p * kp, "int8")
     products = int8_gemm((m, n_p, kp))
+    product_bytes = m * n_p * 4  # one int32 product
+    magnitude_planes = (res_a + s.count * m * kp, res_b + s.count * n_p * kp)  # the planes after the residues'
     # With RESIDUE_EPILOGUE, and where the selection runs a generated kernel that has one, each product
     # leaves as int8 residues; else as int32 sums (reduced by the rebuild).
     epilogue = RESIDUE_EPILOGUE if residue_epilogue is None else residue_epilogue
@@ -286,7 +287,7 @@ def run(framework: Framework, a: Operand, b: Operand, c: Operand, layout: str, s
         else products.batched(planes)
     if one_launch is not None:  # the magnitudes' product is the last of the batch
         sums = allocate(planes * m * n_p, "int32")
-        magnitudes = sums + s.count * m * n_p * 4
+        magnitudes = sums + s.count * product_bytes
     else:
         sums = allocate(s.count * m * n_p, "int8" if fused else "int32")
         magnitudes = allocate(m * n_p, "int32")
@@ -332,10 +333,10 @@ def run(framework: Framework, a: Operand, b: Operand, c: Operand, layout: str, s
                 scheme_mod.split_grid(side.lines, kp, side.contiguous), (scheme_mod.SPLIT_THREADS, 1, 1),
                 (_ptr(side.ptr), _i64(side.ld), _i32(side.lines), _i32(k), _i32(kp), _i32(side.plane_lines),
                  _ptr(side.stats[0]), _ptr(side.stats[3]), _ptr(side.planes), _ptr(choice)), stream=stream)
-    for side in operands if sample else ():
+    for side, magnitude_plane in zip(operands, magnitude_planes, strict=True) if sample else ():
         kernels["emu_sample"]((min(-(-side.plane_lines * kq // 4 // 256), 65535), 1, 1), (256, 1, 1),
-                              (_ptr(side.planes + s.count * side.plane_lines * kp), _i64(side.plane_lines),
-                               _i32(kp), _ptr(side.sampled), _i32(kq)), stream=stream)
+                              (_ptr(magnitude_plane), _i64(side.plane_lines), _i32(kp), _ptr(side.sampled),
+                               _i32(kq)), stream=stream)
     phase_done()
     if one_launch is not None:
         one_launch((res_a, res_b), sums, stream_ptr)
@@ -348,13 +349,13 @@ def run(framework: Framework, a: Operand, b: Operand, c: Operand, layout: str, s
             if launch is not None and fused:
                 launch(pointers, sums + plane * m * n_p, stream_ptr)
             elif optional is not None and plane == s.count - 1:
-                optional(pointers, sums + plane * m * n_p * 4, m * n_p * 4, stream_ptr)
+                optional(pointers, sums + plane * product_bytes, product_bytes, stream_ptr)
             else:
-                products(pointers, sums + plane * m * n_p * 4, m * n_p * 4, stream_ptr)
+                products(pointers, sums + plane * product_bytes, product_bytes, stream_ptr)
         if sample:
-            int8_gemm((m, n_p, kq))((sampled_a, sampled_b), magnitudes, m * n_p * 4, stream_ptr)
+            int8_gemm((m, n_p, kq))((sampled_a, sampled_b), magnitudes, product_bytes, stream_ptr)
         else:
-            products((res_a + s.count * m * kp, res_b + s.count * n_p * kp), magnitudes, m * n_p * 4, stream_ptr)
+            products(magnitude_planes, magnitudes, product_bytes, stream_ptr)
     phase_done()
     threads = knobs["REBUILD_THREADS"]
     for functions in schemes:
@@ -364,7 +365,7 @@ def run(framework: Framework, a: Operand, b: Operand, c: Operand, layout: str, s
              *map(_ptr, lines_b[:3]), _ptr(c.ptr), _ptr(tile_counts), _ptr(choice), _ptr(passed)), stream=stream)
     phase_done()
     if full_magnitudes is not None:  # skipped where the guard passed every element on the sampled magnitudes
-        full_magnitudes((res_a + s.count * m * kp, res_b + s.count * n_p * kp), magnitudes, m * n_p * 4, stream_ptr)
+        full_magnitudes(magnitude_planes, magnitudes, product_bytes, stream_ptr)
     # A's element (i, k) at A[i a_row + k a_col]; B's (k, j) at B[k b_row + j b_col]
     a_row, a_col = (k, 1) if layout[0] == "n" else (1, m)
     b_row, b_col = (n, 1) if layout[1] == "n" else (1, k)
