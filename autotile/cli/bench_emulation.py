@@ -119,7 +119,7 @@ def bench_case(shape: tuple[int, int, int], dtype: str, kind: str, flush: Any, s
                            "picked": calls.emulation_pays("matmul", dtype, plan.layout, shape, op_a.device),
                            "guard": guard,
                            **_scheme_ran(dtype, shape[2], bits, guard),
-                           "int8_kernel": gemm((m, n, emulation.aligned_k(k)))
+                           "int8_kernel": gemm((m, emulation.aligned_n(n), emulation.aligned_k(k)))
                            .prepared.selection.explain()}
     if dtype == "float32":
         high = cupy.empty((m, n), dtype)
