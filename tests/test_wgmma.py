@@ -246,13 +246,14 @@ def test_presplit_configs_are_named_and_take_one_producer():
 @pytest.mark.parametrize("shape", [(1000, 999, 997), (1, 7, 3), (3, 100, 50, 17)], ids=lambda s: "x".join(map(str, s)))
 def test_presplit_launch_describes_the_workspace(layout, shape):
     """The four maps read the workspace (A big, A small, B big, B small): rows of 2 presplit_k floats, K
-    of them read, presplit_k = K rounded up to 4; a batch's maps count its matrices."""
+    of them read, presplit_k = K rounded up to 32 (each part's rows 128-byte aligned); a batch's maps count its
+    matrices."""
     config = SPEC.space.named("wgmma-128x64-presplit")
     spec = kernels.get("bmm") if len(shape) == 4 else SPEC
     launch = spec.launch(config, shape, "float32", layout, sm_count=132)
     *batch, m, n, k = shape
-    kp = -(-k // 4) * 4
-    assert launch.presplit_k == kp == kernels.presplit_k(k) and kp % 4 == 0 and kp >= k
+    kp = -(-k // 32) * 32
+    assert launch.presplit_k == kp == kernels.presplit_k(k) and kp % 32 == 0 and k <= kp < k + 32
     assert launch.presplit_transposed == (layout[0] == "t", layout[1] == "t")
     assert [box.operand for box in launch.tensor_maps] == [0, 1, 2, 3]
     for box, rows, box_rows in zip(launch.tensor_maps, (m, m, n, n), (128, 128, 64, 64), strict=True):

@@ -32,7 +32,7 @@ class Launch:
     tickets: int = 0  # last_block: one unsigned int counter per output tile, zero between launches (0: none)
     tensor_maps: tuple[TensorBox, ...] = ()  # TMA copies of the inputs (wgmma LOADER=tma, wgmma_direct): one map each
     workspace_dtype: str | None = None  # last_block: the partial results' type where it is not the output's
-    # wgmma LOADER=presplit: the split operands' K stride (`presplit_k`, K rounded up to 4: a row of the
+    # wgmma LOADER=presplit: the split operands' K stride (`presplit_k`, K rounded up to 32: a row of the
     # workspace holds big then small, 2 presplit_k floats); its tensor maps (`tensor_maps`) read the workspace
     presplit_k: int = 0
     presplit_transposed: tuple[bool, bool] = (False, False)  # A stored column-major, B stored N x K (the "t"s)
@@ -215,10 +215,19 @@ def _tensor_boxes(config: Config, shape: tuple[int, ...], layout: str) -> tuple[
     return a, b
 
 
+# A LOADER=presplit workspace's parts start each row 128 bytes aligned, the width of one of their copies (32
+# floats, 128-byte swizzle). With K rounded up to 4 floats only (the copies' least alignment), "high" ran 7
+# random float32 shapes whose rounded K was an odd multiple of 4 at 1.5-1.75x SGEMM, and 7 whose rounded K was
+# a multiple of 8 at 2.2-2.5x (H200, 2026-11-28); Nsight Compute on two of them: 6282x4602x10849 (K stride
+# 10852) read 18.7 GB from DRAM, L2 hit rate 66%, tensor pipe 51% busy; 3799x7102x11046 (stride 11048) 4.7 GB,
+# 83%, 97%. The same split held on `bench-emulation --dtype float32 --random 12 --seed 23`'s "high" column:
+# 1.50-1.84x where the rounded K was an odd multiple of 4, 2.14-2.53x elsewhere.
+PRESPLIT_K_ALIGN = 32
+
+
 def presplit_k(k: int) -> int:
-    """The K stride of a wgmma LOADER=presplit workspace's parts: `k` rounded up to 4 floats (16 bytes, the
-    copies' alignment)."""
-    return -(-k // 4) * 4
+    """The K stride of a wgmma LOADER=presplit workspace's parts: `k` rounded up to `PRESPLIT_K_ALIGN` floats."""
+    return -(-k // PRESPLIT_K_ALIGN) * PRESPLIT_K_ALIGN
 
 
 def _presplit_boxes(config: Config, shape: tuple[int, ...]) -> tuple[TensorBox, ...]:
