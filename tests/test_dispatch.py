@@ -110,7 +110,8 @@ def test_where_the_model_keeps_cublas_it_names_the_runner_up_and_select_hands_it
     choice = model.Model(close, H100).choose((3000, 3100, 2900))
     fast = kernels.get("matmul").space.named("tf32x3-128")
     assert choice is not None and choice.candidate.implementation == "cublas"
-    assert choice.runner_up_config == fast and choice.runner_up_predicted == pytest.approx(1.02, rel=0.01)
+    assert choice.runner_up is not None
+    assert choice.runner_up.config == fast and choice.runner_up.predicted == pytest.approx(1.02, rel=0.01)
     cache = TuningCache(root=tmp_path, shipped_root=None)
     database.save(cache, close)
     found = select.runner_up(ProblemKey("matmul", "float32", "row", (3000, 3100, 2900)), H100, cache)

@@ -105,6 +105,16 @@ class ModelParams:
 
 
 @dataclasses.dataclass(frozen=True)
+class RunnerUp:
+    """The best eligible candidate where the model keeps the reference: it, its config and its predicted
+    speed-up over the reference."""
+
+    candidate: Candidate
+    config: Config
+    predicted: float
+
+
+@dataclasses.dataclass(frozen=True)
 class Choice:
     """What the model runs on a shape: the candidate, its config (None for cuBLAS), the predicted speed-up
     over cuBLAS, and the neighbours it learned from: (shape, distance, that candidate's measured speed-up)."""
@@ -113,16 +123,13 @@ class Choice:
     config: Config | None
     predicted: float
     neighbours: tuple[tuple[tuple[int, ...], float, float | None], ...]
-    # where the reference was chosen: the best eligible candidate (the runner-up), its config and predicted
-    # speed-up, for `explain` and for callers whose work runs differently from the database's timings
-    # (`select.runner_up`)
-    runner_up: Candidate | None = None
+    # where the reference was chosen: the best eligible candidate, for `explain` and for callers whose work
+    # runs differently from the database's timings (`select.runner_up`)
+    runner_up: RunnerUp | None = None
     reference: str = "cuBLAS"  # what the speed-ups are over (`Model.reference`)
     predicted_ms: float | None = None  # the predicted time on the shape (`Model.reference_ms` / `predicted`)
     # the predicted speed-up counting the host's time per call (`host_ms`), where that is what chose it
     with_host: float | None = None
-    runner_up_config: Config | None = None
-    runner_up_predicted: float | None = None
 
     def explain(self) -> str:
         near = ", ".join(f"{'x'.join(map(str, s))} {'-' if r is None else format(r, '.2f') + 'x'}"
@@ -135,9 +142,9 @@ class Choice:
         return f"{self.candidate.name}, {why}; at the nearest surveyed shapes: {near}"
 
     def _runner_up_text(self) -> str:
-        if self.runner_up is None or self.runner_up_predicted is None:
+        if self.runner_up is None:
             return "-"
-        return f"{self.runner_up.name} {self.runner_up_predicted:.2f}x"
+        return f"{self.runner_up.candidate.name} {self.runner_up.predicted:.2f}x"
 
 
 def host_ms(kernel: str, implementation: str, config: Config | None) -> float:
@@ -327,17 +334,17 @@ class Model:
         if not reference_runs:
             safe = eligible
         if not safe.any():
-            runner_up, runner_up_config, runner_up_predicted = None, None, None
+            runner_up = None
             if eligible.any():
                 k = int(np.argmax(np.where(eligible, predicted, -np.inf)))
                 j = self.usable[k]
-                runner_up, runner_up_config = self.db.candidates[j], self.configs[j]
-                runner_up_predicted = float(2 ** predicted[k])
+                config = self.configs[j]
+                assert config is not None  # a usable candidate other than the reference is generated
+                runner_up = RunnerUp(self.db.candidates[j], config, float(2 ** predicted[k]))
             near: tuple[tuple[tuple[int, ...], float, float | None], ...] = tuple(
                 (tuple(int(d) for d in self.db.shapes[i]), float(dist[i]), None) for i in order)
             return Choice(self.db.candidates[self.reference], self.configs[self.reference], 1.0, near, runner_up,
-                          self.reference_name, reference_ms, runner_up_config=runner_up_config,
-                          runner_up_predicted=runner_up_predicted)
+                          self.reference_name, reference_ms)
         # the best score; among equal scores (launches that all wait on the host) the best on the GPU
         k = int(np.lexsort((np.where(safe, predicted, -np.inf), np.where(safe, score, -np.inf)))[-1])
         j = self.usable[k]
@@ -586,5 +593,5 @@ def params_of(db: ShapeDatabase) -> ModelParams:
     return ModelParams()
 
 
-__all__ = ["Choice", "Model", "ModelParams", "copy_width", "fitted_environment", "model_for", "params_of", "rows_allow",
-           "summary", "worth_timing"]
+__all__ = ["Choice", "Model", "ModelParams", "RunnerUp", "copy_width", "fitted_environment", "model_for", "params_of",
+           "rows_allow", "summary", "worth_timing"]

@@ -231,9 +231,9 @@ def runner_up(key: ProblemKey, device: DeviceLimits, cache: TuningCache | None =
     if found is None or not found[2]:
         return None
     choice = found[1]
-    if choice.runner_up_config is None or choice.runner_up_predicted is None:
+    if choice.runner_up is None:
         return None
-    return choice.runner_up_config, choice.runner_up_predicted
+    return choice.runner_up.config, choice.runner_up.predicted
 
 
 def nearest(ctx: Context) -> Selection | None:
