@@ -112,7 +112,9 @@ SAMPLED_MAGNITUDES = True
 # lines peak (every modulus, the full magnitudes' product after the sampled one) 10.0 against 9.8 (0.98x).
 # `--sizes 12288 16384 --random 12 --seed 23` (before the sampled magnitudes): 12288³ 27.4 against 30.7
 # (1.12x), 16384³ 63.2 against 75.5 (1.19x); 10719x13896x5950 15.27 against 15.30, 13835x1061x10179 4.92 against
-# 4.77: left to "high" (K under 8192).
+# 4.77: left to "high" (K under 8192). Checked again once the presplit workspace's rows were 128-byte aligned
+# (`kernels.PRESPLIT_K_ALIGN`, 2026-11-28, `tools/emulation_band.py --dtype float32 --count 8 --seed 68 --min-k
+# 8192 --volume 39 40.5`): emulated 1.04-1.18x "high" on all eight (2.43-2.70x SGEMM against 2.21-2.43x).
 PRESPLIT_MIN_K = 8192
 PRESPLIT_MIN_VOLUME = 2**39
 
@@ -123,8 +125,8 @@ def native_outruns_emulation(native: Mapping[str, Any] | None, shape: tuple[int,
     (LOADER=presplit), except on the largest products (`PRESPLIT_MIN_K`, `PRESPLIT_MIN_VOLUME`). Measured on
     an H200 (2026-11-28) before one modulus fewer could be chosen: of the four shapes the size rule took, the
     three these kernels serve ran 1.16-1.27x faster natively (8192³ 9.25 against 10.73 ms, 16384³ 74.1
-    against 88.7, 10719x13896x5950 15.2 against 19.2), and the one they do not (6282x4602x10849, 1.57x cuBLAS
-    natively) 1.24x faster emulated."""
+    against 88.7, 10719x13896x5950 15.2 against 19.2); the fourth (6282x4602x10849) ran faster emulated only
+    while the presplit kernels read it slowly (`kernels.PRESPLIT_K_ALIGN`)."""
     if native is None or native.get("MATH") != "wgmma" or native.get("LOADER") != "presplit":
         return False
     m, n, k = shape
