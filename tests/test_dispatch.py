@@ -48,6 +48,38 @@ def _synthetic_db(speedup_big: float = 1.3, speedup_small: float = 0.6, noise: f
                                   tuple(rows), {"gpu": "test"})
 
 
+def _far_loss_db() -> database.ShapeDatabase:
+    """cuBLAS and a tensor-core config that is 2x cuBLAS on the grid's shapes of M at least 362 and 0.7x
+    on those of smaller M."""
+    fast = kernels.get("matmul").space.named("tf32x3-128")
+    shapes = survey.grid("matmul", random_shapes=0)
+    rows = [(1.0, 0.5 if s[0] >= 362 else 1 / 0.7) for s in shapes]
+    cands = (database.Candidate("cublas", "cublas"), _candidate("fast", fast))
+    return database.ShapeDatabase("matmul", "float32", "row", H100.fingerprint, cands, tuple(shapes),
+                                  tuple(rows), {"gpu": "test"})
+
+
+def test_the_floor_of_a_large_matmul_counts_its_near_rows_only(monkeypatch):
+    """A large query past the grid's corner (1107x14351x14021) has a far row of small M among its nearest
+    (128x8192x8192) whose loss vetoed a candidate every near row measured 2x faster; its floor now counts
+    the rows near the nearest only. A query of small M, whose near rows lose, keeps cuBLAS; batches and
+    skinny or small problems keep the floor over all their neighbours."""
+    m = model.Model(_far_loss_db(), H100)
+    params = model.ModelParams(neighbours=8, margin=0.2, floor=0.97)
+    big = m.choose((1107, 14351, 14021), params)
+    assert big is not None and big.candidate.name == "fast"
+    assert any(s[0] < 362 for s, _, _ in big.neighbours)  # a losing row was among the nearest
+    small_m = m.choose((150, 14351, 14021), params)
+    assert small_m is not None and small_m.candidate.implementation == "cublas"
+    monkeypatch.setattr(model, "FLOOR_NEAR_OCTAVES", math.inf)  # the floor over every neighbour, as before
+    before = m.choose((1107, 14351, 14021), params)
+    assert before is not None and before.candidate.implementation == "cublas"
+    assert model._floor_from_near_rows("matmul", (1107, 14351, 14021))
+    assert not model._floor_from_near_rows("bmm", (8, 1107, 14351, 14021))
+    assert not model._floor_from_near_rows("matmul", (17, 7660, 12061))  # a side under FLOOR_NEAR_MIN_SIDE
+    assert not model._floor_from_near_rows("matmul", (512, 512, 512))  # under FLOOR_NEAR_MIN_WORK
+
+
 # -- the database ---------------------------------------------------------------------------------------
 
 def test_database_round_trip_and_load(tmp_path):

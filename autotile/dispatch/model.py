@@ -44,6 +44,19 @@ from autotile.dispatch.database import Candidate, ShapeDatabase
 MIN_K_PER_SPLIT = 32  # elements of K per split below which a K split is not worth timing or running
 MAX_SPLIT_WORKSPACE = 1 << 25  # elements of a last_block workspace (SPLIT_K x the output): 128 MiB of float32
 FILL_WEIGHT = 1.0  # how much a difference of one octave in blocks per wave counts against closeness
+# The floor (no neighbour's measured speed-up under `ModelParams.floor`) counts, on large matmuls whose output
+# is at least FLOOR_NEAR_MIN_SIDE on both sides, only the neighbours within FLOOR_NEAR_OCTAVES (summed |log2|
+# of the sides) of the nearest one: the surveyed grid's sides are 2.8x apart and stop at 8192, so a large
+# query's eight nearest rows include far ones (128x8192x8192 for 1107x14351x14021, where the presplit kernels
+# ran 0.73x cuBLAS) that vetoed a candidate its near rows all measured 1.9-2.5x faster. Checked on the H200
+# (2026-11-28, float32, held out: random shapes whose choice the rule changes, timed against cuBLAS): seed 12,
+# 30 such shapes (before the side limit) 0.99 -> 1.67x geomean, two under 0.97x, both with a side under 20;
+# seed 13, 25 shapes 1.02 -> 1.78x, none under 0.97x (min 1.19). Batches keep the whole floor: on 25 random
+# batches it changed (seed 13) 1.00 -> 1.12x with three under 0.97x (min 0.86). Leave-one-out on every shipped
+# database: no choice changes (the grid's rows have near neighbours).
+FLOOR_NEAR_OCTAVES = 2.0
+FLOOR_NEAR_MIN_WORK = 2**29  # M N K
+FLOOR_NEAR_MIN_SIDE = 64  # M and N
 # The host's time per repeated call, in ms, by what runs, the output allocated (`python -m
 # autotile.cli.overhead --random`, H100, 2026-11-27: a generated kernel's call 10-18 us; cuBLAS's 16-18 us for
 # a GEMV and 22-40 us for a GEMM or a batched GEMM, of which about 10 us are cuBLAS's own), and each extra
@@ -281,7 +294,8 @@ class Model:
         order = self._nearest(dist, params)
         if len(order) == 0 or not self.usable:
             return None
-        predicted, worst, enough, gain, ok = self._predict(order, dist, fill_q)
+        floor_octaves = FLOOR_NEAR_OCTAVES if _floor_from_near_rows(self.db.kernel, shape_t) else math.inf
+        predicted, worst, enough, gain, ok = self._predict(order, dist, fill_q, floor_octaves)
         by_kind = self.tensor_maps | params.by_copy_width  # candidates that learn from the query's kind only
         learned_from: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}  # width: order, gain, ok
         for width, aligned in self.aligned.items():
@@ -291,7 +305,8 @@ class Model:
             same_kind = aligned == rows_allow(self.db.kernel, shape_t, self.db.layout, width)
             kind_order = self._nearest(np.where(same_kind, dist, np.inf), params)
             if len(kind_order):
-                kind_predicted, kind_worst, kind_enough, kind_gain, kind_ok = self._predict(kind_order, dist, fill_q)
+                kind_predicted, kind_worst, kind_enough, kind_gain, kind_ok = self._predict(kind_order, dist, fill_q,
+                                                                                            floor_octaves)
                 predicted = np.where(group, kind_predicted, predicted)
                 worst = np.where(group, kind_worst, worst)
                 enough = np.where(group, kind_enough, enough)
@@ -396,10 +411,12 @@ class Model:
         order = np.argsort(dist, kind="stable")[:params.neighbours]
         return np.asarray(order[np.isfinite(dist[order])])
 
-    def _predict(self, order: np.ndarray, dist: np.ndarray, fill_q: np.ndarray
+    def _predict(self, order: np.ndarray, dist: np.ndarray, fill_q: np.ndarray, floor_octaves: float = math.inf
                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """For every usable candidate, from the neighbour rows `order`: the predicted log2 speed-up, the
-        worst measured one, whether enough neighbours timed it; and the neighbours' gains and timed mask."""
+        worst measured one (among the rows within `floor_octaves` of the nearest, where a candidate was timed
+        on any of those, else among all), whether enough neighbours timed it; and the neighbours' gains and
+        timed mask."""
         assert self.gain is not None
         gain = self.gain[np.ix_(order, self.usable_columns)]  # neighbours x usable candidates, log2 speed-ups
         ok = np.isfinite(gain)
@@ -412,6 +429,9 @@ class Model:
         with np.errstate(invalid="ignore", divide="ignore"):
             predicted = np.where(ok, w * gain, 0.0).sum(axis=0) / w.sum(axis=0)
         worst = np.where(ok, gain, np.inf).min(axis=0)
+        if math.isfinite(floor_octaves):
+            near = (dist[order] <= dist[order[0]] + floor_octaves)[:, None] & ok
+            worst = np.where(near.any(axis=0), np.where(near, gain, np.inf).min(axis=0), worst)
         enough = 2 * ok.sum(axis=0) >= len(order)  # timed at under half the neighbours: too little
         return predicted, worst, enough, gain, ok
 
@@ -553,6 +573,13 @@ def cublas_rows_aligned(kernel: str, dtype: str, layout: str, shape: tuple[int, 
     wanted = dtypes.get(dtype).cublas_aligned_rows
     c_aligned = "c" not in wanted or kernel == "matvec" or shape[-2] % width == 0
     return rows_allow(kernel, shape, layout, width) and c_aligned
+
+
+def _floor_from_near_rows(kernel: str, shape: tuple[int, ...]) -> bool:
+    """Whether the floor counts only the neighbours near the nearest (`FLOOR_NEAR_OCTAVES`): a matmul of at
+    least FLOOR_NEAR_MIN_WORK multiply-adds whose M and N are at least FLOOR_NEAR_MIN_SIDE."""
+    return (kernel == "matmul" and math.prod(shape) >= FLOOR_NEAR_MIN_WORK
+            and min(shape[0], shape[1]) >= FLOOR_NEAR_MIN_SIDE)
 
 
 def _log_fill(kernel: str, config: Config, shape: tuple[int, ...], device: DeviceLimits) -> float:
