@@ -70,7 +70,13 @@ MAX_M = 65535 * FIX_TILE
 # cuBLAS's int8 GEMM refuses the generated kernels run anyway.
 SUSTAINED_MIN_WORK = 2**38  # M N K of one product: 6502³
 SUSTAINED_FLOOR = 0.9
-K_ALIGN = 16  # the int8 GEMMs' K: a multiple of 16 bytes, so that their tiles load with the TMA
+# The int8 GEMMs' K (bytes; the residues' rows padded with zeros): a multiple of 16 for the TMA, and of 32
+# because both the generated int8 kernel and cuBLAS's run K of an odd multiple of 16 slower (H200, 2026-11-28,
+# `direct8-128x256-c2p` nt: 8192x8192xK 1302-1323 TOP/s at K = 16 mod 32 against 1306-1566 otherwise, 6144x6144xK
+# 1186-1201 against 1204-1412; cuBLAS 1134-1175 against 1402-1544). Emulated calls in one run, K rounded up to
+# 16 then 32: float64 8192x8192x8200 16.7 -> 15.3 ms, 6000x7000x5000 8.68 -> 7.20 (0.90x -> 1.07x DGEMM),
+# float32 8192x8192x8200 9.31 -> 8.47 (2.49x -> 2.74x SGEMM); the same errors.
+K_ALIGN = 32
 # The int8 products' N (B's residue lines, rounded up; the extra lines and the columns they make are never
 # read): rows of the products that start 16-byte aligned (int8 residues and int32 sums alike). On an H200
 # (2026-11-28, `tools/emulation_band.py`, float64, seeds 61-64) the same generated int8 kernel ran the products
