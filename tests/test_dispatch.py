@@ -621,7 +621,10 @@ def test_shipped_databases_are_valid_and_current():
             assert len(m.usable) == len(db.candidates) - (1 if m.reference == m.cublas else 2), path
             continue
         assert tuple(db.environment.get("compile_options") or ()) == select.LEGACY_COMPILE_OPTIONS, \
-            f"{path}: {len(unusable)} candidates retired since the survey"
+            (f"{path}: {len(unusable)} candidates retired since the survey "
+             f"({', '.join(db.candidates[j].name for j in unusable[:4])}...): a template change altered their "
+             "source; `python tools/restamp.py REV` re-stamps those whose cubins it left unchanged, the others "
+             "need `autotile survey` again")
         spec = kernels.get(db.kernel)
         for j in unusable:
             cand = db.candidates[j]
