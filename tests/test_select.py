@@ -133,7 +133,8 @@ def test_shipped_configs_are_current_and_feasible():
             assert fresh or config.get("MATH") == "tf32x3", f"{path.name} is stale: re-tune"
             pending.append(f"{path.parent.name}/{path.name}")
             continue
-        assert fresh, f"{path.name} is stale: re-tune"
+        assert fresh, (f"{path.name} is stale: a template change altered its source; `python tools/restamp.py REV` "
+                       "re-stamps it if its cubin is unchanged, else re-tune")
         assert select.is_current(record), path.name  # what the library asks: a knob added since changes nothing
         assert select.record_options(record) == build.COMPILE_OPTIONS, f"{path.name}: other compile options"
     if pending:
