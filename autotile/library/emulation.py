@@ -8,7 +8,7 @@ stream, with no synchronisation:
 1. the statistics of A's rows and B's columns (exponent, and the guard's terms from their largest magnitude,
    their sum of magnitudes and whether they hold a NaN or Inf; each matrix's largest line peak), and the
    choice between the type's scheme and its scheme of one modulus fewer (`FEWER_MODULI`);
-2. A's and B's residue matrices, one per modulus, and their magnitudes, int8 and K-major (K padded to 16),
+2. A's and B's residue matrices, one per modulus, and their magnitudes, int8 and K-major (K padded to `K_ALIGN`),
    and the magnitudes of every fourth element of K (`SAMPLED_MAGNITUDES`);
 3. one int8 GEMM (exact int32 sums) per modulus (the one left out skipped where fewer were chosen), and one of
    the sampled magnitudes;
