@@ -389,6 +389,26 @@ def test_emulated_matmul_is_within_a_native_bound(dtype, layout, shape, emulate_
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("layout", ["nn", "tt"])  # each operand's lines along memory and across it
+def test_blocks_that_loop_over_lines_cover_them_all(layout, emulate_everything, monkeypatch):
+    """GRID_WAVES 0: one row of blocks, each looping over every line of the split kernels and every row of
+    the rebuild (the grids of large calls do likewise for the lines past their waves)."""
+    import cupy
+
+    import autotile
+
+    monkeypatch.setattr(emu, "GRID_WAVES", 0)
+    m, n, k = 301, 517, 1031
+    rng = np.random.default_rng(5)
+    a, b = rng.standard_normal((m, k)), rng.standard_normal((k, n))
+    out = cupy.full((m, n), np.nan)  # poisoned
+    autotile.matmul(_operand(a, layout[0]), _operand(b, layout[1]), out=out, precision="emulated")
+    got = cupy.asnumpy(out)
+    _assert_within_native_bound(got, a, b, "float64")
+    assert np.linalg.norm(got - a @ b) / np.linalg.norm(a @ b) < 1e-14
+
+
+@pytest.mark.gpu
 def test_a_peaked_row_keeps_the_bits_of_its_gain(emulate_everything, monkeypatch):
     """A float64 row whose one large value (2^12 times the rest) meets a zero row of B, so that the product is
     carried by the row's small values: each element is the host model's, lines' gains included (the row
@@ -940,6 +960,7 @@ class _Recorder:
 
     def __init__(self, generated: bool):
         self.launches: list[tuple[Any, ...]] = []
+        self.grids: dict[tuple[str, str], tuple[int, int, int]] = {}
         self.generated = generated  # whether the products run a kernel that a device word can stop
         self.next_address = 1 << 20
 
@@ -951,6 +972,7 @@ class _Recorder:
     def kernel(self, scheme: str, name: str) -> Any:
         def launch(grid: Any, block: Any, args: tuple[Any, ...], stream: Any = None) -> None:
             self.launches.append((name, scheme, *(int(a) for a in args)))
+            self.grids[name, scheme] = tuple(grid)
         return launch
 
     def int8_gemm(self, shape: tuple[int, int, int]) -> Any:
@@ -975,7 +997,8 @@ class _Recorder:
         return Products()
 
 
-def _enqueued(monkeypatch: Any, dtype: str, generated: bool, **switches: Any) -> tuple[list[tuple[Any, ...]], Any]:
+def _enqueued(monkeypatch: Any, dtype: str, generated: bool, shape: tuple[int, int, int] = (1000, 900, 8192),
+              recorder: _Recorder | None = None, **switches: Any) -> tuple[list[tuple[Any, ...]], Any]:
     from types import SimpleNamespace
 
     import cupy
@@ -984,7 +1007,7 @@ def _enqueued(monkeypatch: Any, dtype: str, generated: bool, **switches: Any) ->
     from autotile.runtime import impl
     from autotile.runtime.operands import Operand
 
-    recorder = _Recorder(generated)
+    recorder = recorder or _Recorder(generated)
 
     def kernels_of(s: Any, layout: str, device: int, full: Any = None) -> Any:
         scheme = "fewer" if full is not None else "full"
@@ -993,14 +1016,45 @@ def _enqueued(monkeypatch: Any, dtype: str, generated: bool, **switches: Any) ->
     monkeypatch.setattr(emulation, "_kernels", kernels_of)
     monkeypatch.setattr(emulation, "_stream_words", {})
     monkeypatch.setattr(impl, "cupy_stream", lambda pointer: None)
+    monkeypatch.setattr(impl, "sm_count", lambda: SMS)
     monkeypatch.setattr(cupy.cuda.runtime, "memsetAsync", lambda *args: None)
-    m, n, k = 1000, 900, 8192
+    m, n, k = shape
     a = Operand(None, 16, (m, k), (k, 1), dtype, 0)
     b = Operand(None, 32, (k, n), (n, 1), dtype, 0)
     c = Operand(None, 48, (m, n), (n, 1), dtype, 0)
     framework = SimpleNamespace(allocate=recorder.allocate)
     emulation.run(framework, a, b, c, "nn", (m, n, k), 7, recorder.int8_gemm, **switches)  # type: ignore[arg-type]
     return recorder.launches, (m, n, k)
+
+
+SMS = 132  # the recorded calls' GPU: an H100's SMs
+
+
+def test_capped_rows_stop_at_the_waves_and_keep_at_least_one():
+    assert emu.capped_rows(32, 8192, 8, SMS) == -(-emu.GRID_WAVES * 8 * SMS // 32)
+    assert emu.capped_rows(32, 10, 8, SMS) == 10  # fewer rows than the cap: one block each
+    assert emu.capped_rows(10**6, 8192, 3, SMS) == 1  # wide enough already: one row of blocks, looping
+    assert emu.capped_rows(1, 10**6, 8, 10**4) == 65535  # CUDA's limit on y
+
+
+def test_the_split_and_rebuild_grids_cover_every_line_and_stop_at_the_waves(monkeypatch):
+    """At 8192 x 8192 a did-nothing kernel of the scheme not chosen costs its blocks' launches (0.26 ms a call
+    uncapped): the grids stop at GRID_WAVES waves of resident blocks, and their blocks loop over the rest."""
+    from autotile.library import emulation as emu_lib
+
+    recorder = _Recorder(True)
+    m, n, k = 8192, 8191, 8200
+    _enqueued(monkeypatch, "float64", True, (m, n, k), recorder)
+    kp = -(-k // emu_lib.K_ALIGN) * emu_lib.K_ALIGN
+    for scheme in ("full", "fewer"):
+        x, y, _ = recorder.grids["emu_rebuild", scheme]
+        threads = emu.DEFAULT_KNOBS["REBUILD_THREADS"]
+        assert x == -(-n // threads) and 1 <= y < m and x * y <= emu.GRID_WAVES * (2048 // threads) * SMS + x
+        for side, lines in (("a", m), ("b", n)):
+            x, y, _ = recorder.grids[f"emu_split_{side}", scheme]
+            block_lines, block_k = emu.SPLIT_BLOCK[side == "a"]  # nn: A's rows run along memory, B's columns across it
+            assert x == -(-kp // block_k) and 1 <= y < -(-lines // block_lines)
+            assert x * y <= emu.GRID_WAVES * emu.DEFAULT_KNOBS["SPLIT_BLOCKS_PER_SM"] * SMS + x
 
 
 @pytest.mark.parametrize("dtype", emu.EMULATED_DTYPES)

@@ -251,8 +251,9 @@ EXTRA_OPTIONS: tuple[str, ...] = ("--device-int128",)
 # columns both run along K (each failed element then costs a warp's pass over K, not a lane's).
 # REBUILD_ROWS: rows of its column each thread of the rebuild takes at a time (2 ran slower than 1 on an H200,
 # 2026-11-28: twice the registers, a third of the warps).
+# SPLIT_BLOCKS_PER_SM: the split kernels' resident blocks per SM (their __launch_bounds__: at 3, 80 registers).
 DEFAULT_KNOBS: dict[str, int] = {"STATS_WARPS": 8, "STATS_COLUMN_WARPS": 32, "REBUILD_THREADS": 256,
-                                 "REBUILD_ROWS": 1, "FEW_PER_TILE": 16}
+                                 "REBUILD_ROWS": 1, "FEW_PER_TILE": 16, "SPLIT_BLOCKS_PER_SM": 3}
 # The split kernels' blocks (256 threads), as (lines, elements of K) each takes: where an operand's lines run
 # along memory, a warp per line and four elements per lane; where they run across it, a lane per line and
 # four elements per warp.
@@ -260,11 +261,36 @@ SPLIT_THREADS = 256
 SPLIT_BLOCK = {True: (8, 128), False: (32, 32)}
 
 
-def split_grid(lines: int, kp: int, contiguous: bool) -> tuple[int, int, int]:
-    """The grid of a split kernel over `lines` lines of `kp` elements (`contiguous`: lines run along memory);
-    the kernel loops over lines beyond CUDA's 65535 blocks along y."""
+# The split and rebuild kernels' grids stop at GRID_WAVES waves of resident blocks, their blocks looping over
+# the rest of the lines (rows): where a call may choose one modulus fewer, both schemes' kernels are launched
+# and the one not chosen returns block by block. Uncapped, at 8192 x 8192 that did-nothing rebuild (262144
+# blocks) took 160 us and each did-nothing split kernel (65536) 42 us (H100, Nsight Compute, 2026-12-06): 0.26
+# ms of a 15.3 ms float64 call.
+GRID_WAVES = 2
+
+
+def capped_rows(columns: int, rows: int, blocks_per_sm: int, sm_count: int) -> int:
+    """A grid's y extent for `columns` blocks along x and `rows` blocks of work along y: at most GRID_WAVES
+    waves of `blocks_per_sm` blocks on each of `sm_count` SMs (and CUDA's 65535), at least one."""
+    waves = -(-GRID_WAVES * blocks_per_sm * sm_count // columns)
+    return max(1, min(rows, waves, 65535))
+
+
+def split_grid(lines: int, kp: int, contiguous: bool, knobs: Mapping[str, int], sm_count: int) -> tuple[int, int, int]:
+    """The grid of a split kernel over `lines` lines of `kp` elements (`contiguous`: lines run along memory)
+    on a GPU of `sm_count` SMs; the kernel loops over the lines its grid does not reach."""
     block_lines, block_k = SPLIT_BLOCK[contiguous]
-    return (-(-kp // block_k), min(-(-lines // block_lines), 65535), 1)
+    columns = -(-kp // block_k)
+    return (columns, capped_rows(columns, -(-lines // block_lines), knobs["SPLIT_BLOCKS_PER_SM"], sm_count), 1)
+
+
+def rebuild_grid(m: int, n: int, knobs: Mapping[str, int], sm_count: int) -> tuple[int, int, int]:
+    """The rebuild's grid over the M x N output (a thread per column, REBUILD_ROWS rows at a time) on a GPU of
+    `sm_count` SMs (its few registers let a full SM's threads run); its blocks loop over the rows the grid
+    does not reach."""
+    threads, rows = knobs["REBUILD_THREADS"], knobs["REBUILD_ROWS"]
+    columns = -(-n // threads)
+    return (columns, capped_rows(columns, -(-m // rows), 2048 // threads, sm_count), 1)
 
 
 def split_bits(s: Scheme) -> int:
@@ -319,7 +345,8 @@ def _render_cached(dtype: str, moduli: tuple[int, ...], beta: int, knob_items: t
         magnitude_bits=MAGNITUDE_BITS, fix_tile=FIX_TILE,
         unit_roundoff=_double_literal(s.unit_roundoff()), contig_k_a=contig_k_a, contig_k_b=contig_k_b,
         is_fewer=len(moduli) < full_count, mag_plane=full_count, bound_scale=_double_literal(2.0 ** (full_beta - beta)),
-        fewer_exp=fewer_exp, peak_margin=PEAK_MARGIN_BITS, max_gain=max_gain, split_limit=split_limit, **knobs)
+        fewer_exp=fewer_exp, peak_margin=PEAK_MARGIN_BITS, max_gain=max_gain, split_limit=split_limit,
+        split_threads=SPLIT_THREADS, **knobs)
 
 
 def render(s: Scheme, layout: str, knobs: Mapping[str, Any] | None = None, full: Scheme | None = None) -> str:

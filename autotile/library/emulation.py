@@ -251,7 +251,7 @@ def run(framework: Framework, a: Operand, b: Operand, c: Operand, layout: str, s
     `batched_products` (None: `BATCHED_PRODUCTS`) and `sampled_magnitudes` (None: `SAMPLED_MAGNITUDES`)."""
     import cupy
 
-    from autotile.runtime.impl import cupy_stream
+    from autotile.runtime.impl import cupy_stream, sm_count
 
     m, n, k = shape
     s = scheme_mod.scheme(a.dtype, k, bits)
@@ -260,6 +260,7 @@ def run(framework: Framework, a: Operand, b: Operand, c: Operand, layout: str, s
     kernels = _kernels(s, layout, a.device).functions
     schemes = [kernels] if f is None else [kernels, _kernels(f, layout, a.device, full=s).functions]
     knobs = scheme_mod.DEFAULT_KNOBS
+    sms = sm_count()
     planes = s.count + 1  # the residues' products and the magnitudes'
     kp = aligned_k(k)
     n_p = aligned_n(n)  # the products' N: their rows aligned (`N_ALIGN`)
@@ -338,7 +339,7 @@ def run(framework: Framework, a: Operand, b: Operand, c: Operand, layout: str, s
     for functions in schemes:  # the scheme not chosen returns at once
         for side in operands:
             functions[f"emu_split_{side.name}"](
-                scheme_mod.split_grid(side.lines, kp, side.contiguous), (scheme_mod.SPLIT_THREADS, 1, 1),
+                scheme_mod.split_grid(side.lines, kp, side.contiguous, knobs, sms), (scheme_mod.SPLIT_THREADS, 1, 1),
                 (_ptr(side.ptr), _i64(side.ld), _i32(side.lines), _i32(k), _i32(kp), _i32(side.plane_lines),
                  _ptr(side.stats[0]), _ptr(side.stats[3]), _ptr(side.planes), _ptr(choice)), stream=stream)
     for side, magnitude_plane in zip(operands, magnitude_planes, strict=True) if sample else ():
@@ -365,10 +366,9 @@ def run(framework: Framework, a: Operand, b: Operand, c: Operand, layout: str, s
         else:
             products(magnitude_planes, magnitudes, product_bytes, stream_ptr)
     phase_done()
-    threads = knobs["REBUILD_THREADS"]
     for functions in schemes:
         functions["emu_rebuild_residues" if fused else "emu_rebuild"](
-            (-(-n // threads), min(-(-m // knobs["REBUILD_ROWS"]), 65535), 1), (threads, 1, 1),
+            scheme_mod.rebuild_grid(m, n, knobs, sms), (knobs["REBUILD_THREADS"], 1, 1),
             (_ptr(sums), _i64(m * n_p), _ptr(magnitudes), _i32(m), _i32(n), _i32(n_p), _i32(k), *map(_ptr, lines_a[:3]),
              *map(_ptr, lines_b[:3]), _ptr(c.ptr), _ptr(tile_counts), _ptr(choice), _ptr(passed)), stream=stream)
     phase_done()

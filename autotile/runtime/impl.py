@@ -395,14 +395,14 @@ class Generated:
         spec = kernels.get(key.kernel)
         source = self.source if self.source is not None else spec.render(self.config, key.dtype, key.layout)
         kernel = build.compile_kernel(source, "autotile_" + spec.name)
-        launch = spec.launch(self.config, key.shape, key.dtype, key.layout, sm_count=_sm_count())
+        launch = spec.launch(self.config, key.shape, key.dtype, key.layout, sm_count=sm_count())
         return KernelRunner(kernel, launch, spec.size_args(key.shape), spec.batched, spec.operand_count(key.dtype))
 
 
 _sm_counts: dict[int, int] = {}
 
 
-def _sm_count() -> int:
+def sm_count() -> int:
     """The current device's SM count (a persistent kernel's grid), asked once per device."""
     import cupy
 
