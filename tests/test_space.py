@@ -855,3 +855,23 @@ def test_an_expression_that_fails_on_the_space_values_is_a_definition_error():
                                "TypeError: '>' not supported between instances of 'str' and 'int'")
     with pytest.raises(SpaceDefinitionError, match="'B > 0' fails with B='x': TypeError"):
         space.check(space.config({"smem": "none", "A": 1, "B": "x"}), problem())
+
+
+def test_a_space_narrowed_away_from_an_inactive_value_keeps_the_parameter_active(matmul):
+    """`--fix LOADER=presplit`: LOADER's inactive value (registers, outside MATH=wgmma) is narrowed away, so
+    every feasible config runs MATH=wgmma with LOADER=presplit. Before, a drawn SIMT config held LOADER=registers,
+    passed as feasible, ran, and then failed the tune's re-timing of its finalists (`config()` refused the
+    value): the whole run's result was lost (H100, 2026-12-06)."""
+    narrowed = matmul.restricted({"LOADER": "presplit"})
+    prob = problem("h100", "float32", "nn")
+    simt = dict(matmul.named_configs["seed-tiled32"])
+    assert simt["MATH"] != "wgmma" and simt["LOADER"] == "registers"
+    assert not narrowed.is_feasible(Config(simt), prob)
+    assert any("narrowed to its active values" in v for v in narrowed.violations(Config(simt), prob))
+    feasible = narrowed.feasible(prob, limit=40)
+    assert feasible
+    for config in feasible:
+        assert config["MATH"] == "wgmma" and config["LOADER"] == "presplit"
+        assert narrowed.config(dict(config)) == config  # what the finalists' re-timing does
+    # the unnarrowed space is as before: LOADER inactive outside wgmma
+    assert matmul.is_feasible(Config(simt), problem("h100", "float32", "row"))

@@ -298,13 +298,20 @@ class Space:
             self.constraints.append(Constraint(name, expr, str(item.get("doc", ""))))
         # A conditional parameter outside its condition takes one value: a constraint like any other, so
         # that enumeration, counting and checking treat it alike (and prune as soon as it is bound).
+        # Where a narrowed space left the inactive value out (`--fix LOADER=presplit`), the parameter is active in
+        # every feasible config: a config outside its condition would hold a value the space does not have.
         for param in self.params.values():
-            if param.active is not None:
+            if param.active is not None and param.inactive in param.choices:
                 expr = Expr(f"({param.active.text}) or {param.name} == {param.inactive!r}",
                             f"{where}: condition of {param.name}")
                 self.constraints.append(Constraint(
                     f"{param.name} only where {param.active.text}", expr,
                     f"{param.name} is {param.inactive!r} elsewhere"))
+            elif param.active is not None:
+                self.constraints.append(Constraint(
+                    f"{param.name} narrowed to its active values", Expr(param.active.text, f"{where}: condition of "
+                                                                         f"{param.name}"),
+                    f"{param.name} takes only {list(param.choices)}, which hold only where {param.active.text}"))
         # Experimental choices: out of the search while anything else is left (`restricted` to them alone,
         # as `--fix` does, lets them in).
         for param in self.params.values():
