@@ -429,6 +429,19 @@ def test_resume_runs_only_the_missing_trials(tmp_path, space, table, limits, fea
     assert r3.best.config == r2.best.config
 
 
+def test_a_tune_narrowed_away_from_an_inactive_value_runs_only_configs_of_its_space(space, table, limits):
+    """`--fix BK=8`: BK's inactive value (16, where shared memory is off) is narrowed away, so every config the
+    tuner runs has shared memory on and BK=8, and its finalists re-time (on an H100, `--fix LOADER=presplit`
+    ran configs outside the narrowed space, whose re-timing then failed the run and lost its result)."""
+    narrowed = space.restricted({"BK": 8})
+    evaluator, result = tune(narrowed, table, limits, sampler="random", trials=24, seed=5)
+    assert len(evaluator.evaluated) == 24
+    for key in evaluator.evaluated:
+        config = config_of(narrowed, key)  # raises where a config is outside the space
+        assert config["smem"] != "none" and config["BK"] == 8
+    assert result.best.config["BK"] == 8
+
+
 # -- timeout ---------------------------------------------------------------------------------------------------
 
 class SlowReplay(ReplayEvaluator):
