@@ -301,17 +301,17 @@ class Space:
         # Where a narrowed space left the inactive value out (`--fix LOADER=presplit`), the parameter is active in
         # every feasible config: a config outside its condition would hold a value the space does not have.
         for param in self.params.values():
-            if param.active is not None and param.inactive in param.choices:
-                expr = Expr(f"({param.active.text}) or {param.name} == {param.inactive!r}",
-                            f"{where}: condition of {param.name}")
-                self.constraints.append(Constraint(
-                    f"{param.name} only where {param.active.text}", expr,
-                    f"{param.name} is {param.inactive!r} elsewhere"))
-            elif param.active is not None:
-                self.constraints.append(Constraint(
-                    f"{param.name} narrowed to its active values", Expr(param.active.text, f"{where}: condition of "
-                                                                         f"{param.name}"),
-                    f"{param.name} takes only {list(param.choices)}, which hold only where {param.active.text}"))
+            if param.active is None:
+                continue
+            if param.inactive in param.choices:
+                text = f"({param.active.text}) or {param.name} == {param.inactive!r}"
+                name = f"{param.name} only where {param.active.text}"
+                doc = f"{param.name} is {param.inactive!r} elsewhere"
+            else:
+                text = param.active.text
+                name = f"{param.name} narrowed to its active values"
+                doc = f"{param.name} takes only {list(param.choices)}, which hold only where {param.active.text}"
+            self.constraints.append(Constraint(name, Expr(text, f"{where}: condition of {param.name}"), doc))
         # Experimental choices: out of the search while anything else is left (`restricted` to them alone,
         # as `--fix` does, lets them in).
         for param in self.params.values():
