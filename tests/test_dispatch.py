@@ -578,8 +578,28 @@ def test_survey_check_reports_the_shipped_databases(capsys, monkeypatch, tmp_pat
     assert main(["survey", "--check", "--device", "h100"]) == 0
     out = capsys.readouterr().out
     assert "matmul float32 nn on NVIDIA H100" in out and "leave-one-out" in out
-    assert out.count("leave-one-out") == 5  # matmul nn and nt (decode rows), bmm nn, matvec row and col
+    assert out.count("  leave-one-out, ") == 5  # matmul nn and nt (decode rows), bmm nn, matvec row and col
     assert "bmm float32 nn on NVIDIA H100" in out
+    # each database's held-out figures for the grid's rows and for the rows drawn at random, apart
+    assert out.count("the grid's rows") == 5 and out.count("rows drawn at random") == 5
+
+
+def test_the_rows_drawn_at_random_are_the_surveys_random_shapes():
+    import json
+
+    from autotile.codegen import resources
+    from autotile.dispatch.database import ShapeDatabase
+    from autotile.tuning import survey
+
+    root = resources.shipped_cache_dir()
+    assert root is not None
+    path = root / "NVIDIA-H100-80GB-HBM3_sm_90" / "database" / "bmm-float32-nn.json"
+    db = ShapeDatabase.from_json(json.loads(path.read_text()))
+    drawn = survey.drawn_rows(db)
+    assert sum(drawn) == survey.BMM_RANDOM_SHAPES and len(drawn) == len(db.shapes)
+    for shape, off_grid in zip(db.shapes, drawn, strict=True):
+        on_grid = shape[0] in survey.BMM_BATCHES and all(side in survey.BMM_SIDES for side in shape[1:])
+        assert off_grid != on_grid, shape
 
 
 def test_shipped_databases_are_valid_and_current():
