@@ -110,13 +110,21 @@ def test_swizzle_is_a_permutation_within_each_atom():
                 len(offsets) == rows * bk // 4
 
 
+# PERSISTENT (LOADER=registers only): the named configs that may take it, compiled in two layouts besides
+PERSISTENT_NAMES = [n for n in NAMES if SPEC.space.named(n)["LOADER"] == "registers" and SPEC.space.named(n)["SPLIT_K"] == 1]
 CASES = [(n, layout, batched) for n in NAMES for layout in LAYOUTS for batched in (False, True)
          if batched is False or layout == "nn"]
+CASES += [(n, layout, batched, True) for n in PERSISTENT_NAMES for layout in ("nn", "tt") for batched in (False, True)]
 
 
-def _render(name: str, layout: str, batched: bool) -> str:
+def _config(name: str, persistent: bool = False) -> dict:
+    config = SPEC.space.named(name)
+    return SPEC.space.with_overrides(config, {"PERSISTENT": True}) if persistent else config
+
+
+def _render(name: str, layout: str, batched: bool, persistent: bool = False) -> str:
     spec = kernels.get("bmm") if batched else SPEC
-    return spec.render(SPEC.space.named(name), "float32", layout)
+    return spec.render(_config(name, persistent), "float32", layout)
 
 
 @pytest.fixture(scope="module")
@@ -132,9 +140,10 @@ def compiled():
 
 @pytest.mark.slow
 @needs_nvrtc
-@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-{c[1]}{'-batched' if c[2] else ''}")
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-{c[1]}{'-batched' if c[2] else ''}"
+                                                   f"{'-persistent' if c[3:] else ''}")
 def test_compiles_for_sm90a_within_the_register_model(compiled, case):
-    name, layout, _ = case
+    name, layout = case[:2]
     result = compiled[case]
     assert result.arch == "sm_90a"
     # the product's function (LOADER=presplit adds its two split kernels, checked for spills too)
@@ -352,3 +361,37 @@ def test_presplit_runner_splits_into_the_workspace_in_slices(layout):
         expected.append(((1, -(-height // 32), 1), (32, 8, 1), (source, base + 8 * kp * first, height, k, lda, kp)))
     assert split_a.launches == expected
     assert split_b.launches == [((1, 1, 1), (32, 8, 1), (b_ptr, part_b, n, k, n, kp))]  # B n: K x N, ld N
+
+
+def test_persistent_blocks_go_through_the_units_of_every_matrix():
+    """PERSISTENT wgmma: a line of at most one block per SM, the batch's size an argument (the grid no longer
+    counts it); producer and consumers walk the same units; only LOADER=registers takes it."""
+    from autotile.runtime.impl import KernelRunner
+
+    bmm = kernels.get("bmm")
+    config = _config("wgmma-128", persistent=True)
+    launch = bmm.launch(config, (300, 33, 65, 40), "float32", "nn", sm_count=132)
+    assert launch.grid == (132, 1, 1) and launch.persistent_batch == 300
+    assert bmm.launch(config, (2, 1, 1, 1), "float32", "nn", sm_count=132).grid == (2, 1, 1)  # one per unit
+    single = SPEC.launch(config, (1031, 2050, 17), "float32", "nn", sm_count=132)
+    assert single.grid == (132, 1, 1) and single.persistent_batch == 0
+    # the non-persistent grid counts every tile of every matrix (z: the batch)
+    assert bmm.launch(SPEC.space.named("wgmma-128"), (300, 33, 65, 40), "float32", "nn").grid == (1, 1, 300)
+
+    source = _render("wgmma-128", "nn", True, persistent=True)
+    assert source.count("for (int unit = blockIdx.x; unit < units; unit += gridDim.x)") == 2  # producer, consumers
+    assert "int batch_count" in source and "units = tiles * batch_count" in source
+    assert "int batch_count" not in _render("wgmma-128", "nn", False, persistent=True)
+    assert "units" not in _render("wgmma-128", "nn", True)
+
+    class StubKernel:  # what the runner's constructor touches of a compiled kernel
+        max_dynamic_shared_size_bytes = 1 << 20
+
+    runner = KernelRunner(StubKernel(), launch, bmm.size_args((300, 33, 65, 40)), batched=True)
+    # A, B, C, M, N, K, the two batch strides, then the batch's size, written once
+    assert runner.parameters.types[-1] == "int32" and len(runner.parameters.types) == 9
+    problem = Problem(PROFILES["h100"], "float32", "nn")
+    for name in NAMES:
+        with_persistent = SPEC.space.with_overrides(SPEC.space.named(name), {"PERSISTENT": True})
+        feasible = SPEC.space.is_feasible(with_persistent, problem)
+        assert feasible == (name in PERSISTENT_NAMES), name

@@ -119,6 +119,65 @@ def test_special_values_match_cublas(name, N):
     assert np.max(rel) <= kernels.tolerance("float32", K)
 
 
+# PERSISTENT (LOADER=registers): a line of about one block per SM (132 on an H100 or H200) going through tile
+# after tile, of one matrix or of every matrix of a batch, its stages' phases running on from tile to tile:
+# shapes of many more tiles than SMs, with K of one step (17), a partial last step (200) and several (1031).
+PERSISTENT_NAMES = [n for n in NAMES if MATMUL.space.named(n)["LOADER"] == "registers" and
+                    MATMUL.space.named(n)["SPLIT_K"] == 1]
+PERSISTENT_SHAPES = [(1031, 2050, 17), (777, 1283, 200), (61, 67, 1031), (1, 1, 1)]
+PERSISTENT_BATCHES = [(300, 33, 65, 40), (7, 257, 131, 97), (2, 1, 1, 1), (40, 130, 260, 17)]
+
+
+def _persistent(name, **extra):
+    return MATMUL.space.with_overrides(MATMUL.space.named(name), {"PERSISTENT": True, **extra})
+
+
+@pytest.mark.parametrize("name", PERSISTENT_NAMES)
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_persistent_blocks_go_through_many_tiles(name, layout):
+    _hopper()
+    for shape in PERSISTENT_SHAPES:
+        rng = np.random.default_rng(sum(shape))
+        a, b = _operands(rng, *shape, layout)
+        _check(_run(MATMUL, _persistent(name), a, b, layout), a, b)
+
+
+@pytest.mark.parametrize("name", PERSISTENT_NAMES)
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("producers", [1, 2])
+def test_persistent_blocks_go_through_every_matrix_of_a_batch(name, layout, producers):
+    _hopper()
+    config = _persistent(name, PRODUCERS=producers)
+    for batch, M, N, K in PERSISTENT_BATCHES:
+        rng = np.random.default_rng(batch + M + N + K)
+        a, b = _operands(rng, M, N, K, layout, batch=batch)
+        c = _run(BMM, config, a, b, layout)
+        for i in range(batch):
+            _check(c[i], a[i], b[i])
+
+
+def test_persistent_special_values_match_cublas():
+    """The exact path of a warp whose tile holds Inf or NaN, in a block that goes on to other tiles."""
+    _hopper()
+    import cupy
+
+    rng = np.random.default_rng(12)
+    batch, M, N, K = 40, 200, 190, 300
+    a = rng.standard_normal((batch, M, K)).astype(np.float32)
+    b = rng.standard_normal((batch, K, N)).astype(np.float32)
+    a[3, 3, 7], a[17, 150, 0], b[29, 5, 100] = np.inf, np.nan, -np.inf
+    a[5, 80, :] *= np.float32(2.0**115)  # scaled operands past FLT_MAX: fast path Infs, exact path finite
+    c = _run(BMM, _persistent("wgmma-128"), a, b, "nn")
+    ref = cupy.asnumpy(cupy.matmul(cupy.asarray(a), cupy.asarray(b)))  # cuBLAS's batched SGEMM
+    for f in (np.isnan, np.isposinf, np.isneginf):
+        assert np.array_equal(f(c), f(ref)), f.__name__
+    finite = np.isfinite(ref)
+    ref64 = a.astype(np.float64) @ b.astype(np.float64)
+    scale = np.abs(a).astype(np.float64) @ np.abs(b).astype(np.float64)
+    rel = np.abs(c - ref64)[finite] / np.maximum(scale[finite], np.finfo(np.float32).tiny)
+    assert np.max(rel) <= kernels.tolerance("float32", K)
+
+
 TMA_NAMES = [n for n in NAMES if MATMUL.space.named(n)["LOADER"] == "tma"]
 # Every extent a multiple of 4 (rows of 16-byte multiples: the tensor maps describe them), none of a tile.
 TMA_SHAPES = [(4, 8, 4), (132, 260, 36), (260, 4, 1028), (68, 132, 100)]

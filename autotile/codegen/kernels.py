@@ -36,6 +36,8 @@ class Launch:
     # workspace holds big then small, 2 presplit_k floats); its tensor maps (`tensor_maps`) read the workspace
     presplit_k: int = 0
     presplit_transposed: tuple[bool, bool] = (False, False)  # A stored column-major, B stored N x K (the "t"s)
+    # a persistent wgmma kernel of a batch: its matrices, the launcher's last argument (the grid holds none)
+    persistent_batch: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,10 +120,17 @@ class KernelSpec:
         g = _geometry(self.space_name or self.name, config, dtype, self.layout(layout))
         dynamic = int(g["smem_bytes"]) if config["smem"] == "dynamic" else 0
         grid, block = self.grid(config, shape), (int(g["block_x"]), int(g["block_y"]), 1)
-        if config.get("PERSISTENT") and sm_count:
+        direct = config.get("MATH") == "wgmma_direct"
+        persistent_batch = 0
+        if config.get("PERSISTENT") and not direct:
+            # wgmma: one line of blocks, each going through the tiles of every matrix in turn (the kernel's
+            # `place`); the batch's size is an argument, as the grid no longer counts it
+            tiles = grid[0] * grid[1] * grid[2]
+            grid = (min(tiles, sm_count) if sm_count else tiles, 1, 1)
+            persistent_batch = shape[0] if len(shape) == 4 else 0
+        elif config.get("PERSISTENT") and sm_count:
             cluster = config.get("CLUSTER_M", 1)
             grid = (min(grid[0], max(sm_count // cluster, 1) * cluster), grid[1], grid[2])
-        direct = config.get("MATH") == "wgmma_direct"
         presplit = config.get("LOADER") == "presplit"
         if direct:
             maps: tuple[TensorBox, ...] = _direct_boxes(config, shape[-3:], self.layout(layout), DTYPE_SIZES[dtype])
@@ -144,7 +153,7 @@ class KernelSpec:
             partial = accumulator if accumulator != dtype else None
             return Launch(grid, block, dynamic, False, workspace, tickets, maps, partial, split_k, transposed)
         return Launch(grid, block, dynamic, config["SPLIT_K"] > 1, tensor_maps=maps, presplit_k=split_k,
-                      presplit_transposed=transposed)
+                      presplit_transposed=transposed, persistent_batch=persistent_batch)
 
     def parse_shape(self, text: str | tuple[int, ...]) -> tuple[int, ...]:
         """'4096x4096x4096' -> (4096, 4096, 4096); see `problem.parse_shape`."""

@@ -179,6 +179,8 @@ class KernelRunner:
         # inputs, (last_block) workspace and tickets. The sizes never change: written once here.
         types = ("ptr",) * (inputs + 1) + tuple(str(np.asarray(s).dtype) for s in sizes)
         types += ("int64",) * (inputs if batched else 0) + (("ptr", "ptr") if launch.tickets else ())
+        batch_slot = len(types)  # (a persistent wgmma kernel of a batch) the batch's matrices
+        types += ("int32",) if launch.persistent_batch else ()
         self._first_map = len(types)  # (tensor maps) the flag's slot; the maps follow it (presplit: no flag)
         self._map_offset = 0 if launch.presplit_k else 1
         if launch.tensor_maps:
@@ -200,6 +202,8 @@ class KernelRunner:
         self._maps_written_for: tuple[tuple[int, ...], tuple[int, ...]] | None = None
         for i, size in enumerate(sizes):
             self.parameters.set(inputs + 1 + i, int(size))
+        if launch.persistent_batch:  # written once, as the sizes are
+            self.parameters.set(batch_slot, launch.persistent_batch)
         self._first_stride = inputs + 1 + len(sizes)
         build.allow_dynamic_smem(kernel, launch.dynamic_smem_bytes)
 
