@@ -111,7 +111,8 @@ def test_swizzle_is_a_permutation_within_each_atom():
 
 
 # PERSISTENT (LOADER=registers only): the named configs that may take it, compiled in two layouts besides
-PERSISTENT_NAMES = [n for n in NAMES if SPEC.space.named(n)["LOADER"] == "registers" and SPEC.space.named(n)["SPLIT_K"] == 1]
+PERSISTENT_NAMES = [n for n in NAMES
+                    if SPEC.space.named(n)["LOADER"] == "registers" and SPEC.space.named(n)["SPLIT_K"] == 1]
 CASES = [(n, layout, batched) for n in NAMES for layout in LAYOUTS for batched in (False, True)
          if batched is False or layout == "nn"]
 CASES += [(n, layout, batched, True) for n in PERSISTENT_NAMES for layout in ("nn", "tt") for batched in (False, True)]
