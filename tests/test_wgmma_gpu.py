@@ -142,8 +142,9 @@ def test_persistent_blocks_go_through_many_tiles(name, layout):
         _check(_run(MATMUL, _persistent(name), a, b, layout), a, b)
 
 
-@pytest.mark.parametrize("name", PERSISTENT_NAMES)
-@pytest.mark.parametrize("layout", LAYOUTS)
+# (two of the configs, two layouts: each case compiles a kernel of its own)
+@pytest.mark.parametrize("name", ["wgmma-128", "wgmma-64"])
+@pytest.mark.parametrize("layout", ["nn", "tt"])
 @pytest.mark.parametrize("producers", [1, 2])
 def test_persistent_blocks_go_through_every_matrix_of_a_batch(name, layout, producers):
     _hopper()
