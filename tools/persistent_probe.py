@@ -25,6 +25,8 @@ def main() -> int:
     parser.add_argument("--names", default=",".join(NAMES), help="named wgmma configs (LOADER=registers)")
     parser.add_argument("--random", type=int, default=0, metavar="N", help="N random batches instead")
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--also", default="wgmma-128-presplit",
+                        help="named configs timed as they are, for comparison (comma-separated; '' for none)")
     args = parser.parse_args()
 
     import cupy
@@ -38,8 +40,10 @@ def main() -> int:
     spec = kernels.get("bmm")
     flush = L2Flusher(cupy.cuda.Device().attributes["L2CacheSize"])
     shapes = random_bmm_shapes(args.random, args.seed) if args.random else SHAPES
-    columns = [(name, persistent, producers) for name in args.names.split(",") for persistent in (False, True)
-               for producers in (1, 2)]
+    columns: list[tuple[str, bool | None, int | None]] = [
+        (name, persistent, producers) for name in args.names.split(",") for persistent in (False, True)
+        for producers in (1, 2)]
+    columns += [(name, None, None) for name in args.also.split(",") if name]
     ratios: dict[str, list[float]] = {}
     rng = cupy.random.default_rng(args.seed)
     for shape in shapes:
@@ -52,8 +56,9 @@ def main() -> int:
         line = f"{'x'.join(map(str, shape))}: cuBLAS {base * 1e3:.1f} us"
         for name, persistent, producers in columns:
             label = f"{name}{'-persistent' if persistent else ''}{'-p2' if producers == 2 else ''}"
-            config = spec.space.with_overrides(spec.space.named(name),
-                                               {"PERSISTENT": persistent, "PRODUCERS": producers})
+            config = spec.space.named(name)
+            if persistent is not None:
+                config = spec.space.with_overrides(config, {"PERSISTENT": persistent, "PRODUCERS": producers})
             runner = Generated(config).prepare(key)
             kernels.poison(out)
             runner.run(inputs, out)
