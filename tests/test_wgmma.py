@@ -110,9 +110,9 @@ def test_swizzle_is_a_permutation_within_each_atom():
                 len(offsets) == rows * bk // 4
 
 
-# PERSISTENT (LOADER=registers only): the named configs that may take it, compiled in two layouts besides
+# PERSISTENT (LOADER=registers or presplit): the named configs that may take it, compiled in two layouts besides
 PERSISTENT_NAMES = [n for n in NAMES
-                    if SPEC.space.named(n)["LOADER"] == "registers" and SPEC.space.named(n)["SPLIT_K"] == 1]
+                    if SPEC.space.named(n)["LOADER"] in ("registers", "presplit") and SPEC.space.named(n)["SPLIT_K"] == 1]
 CASES = [(n, layout, batched) for n in NAMES for layout in LAYOUTS for batched in (False, True)
          if batched is False or layout == "nn"]
 CASES += [(n, layout, batched, True) for n in PERSISTENT_NAMES for layout in ("nn", "tt") for batched in (False, True)]
@@ -366,7 +366,7 @@ def test_presplit_runner_splits_into_the_workspace_in_slices(layout):
 
 def test_persistent_blocks_go_through_the_units_of_every_matrix():
     """PERSISTENT wgmma: a line of at most one block per SM, the batch's size an argument (the grid no longer
-    counts it); producer and consumers walk the same units; only LOADER=registers takes it."""
+    counts it); producer and consumers walk the same units; only LOADER=registers and presplit take it."""
     from autotile.runtime.impl import KernelRunner
 
     bmm = kernels.get("bmm")

@@ -69,7 +69,8 @@ def test_odd_shapes_every_layout(name, layout, shape):
     _check(_run(MATMUL, MATMUL.space.named(name), a, b, layout), a, b)
 
 
-@pytest.mark.parametrize("name", NAMES)
+# (a persistent block takes no K splits: constraint "persistent blocks without K splits")
+@pytest.mark.parametrize("name", [n for n in NAMES if not MATMUL.space.named(n)["PERSISTENT"]])
 @pytest.mark.parametrize("split", [("atomic", 4), ("last_block", 8), ("last_block", 2)])
 def test_split_k(name, split):
     _hopper()
@@ -119,10 +120,10 @@ def test_special_values_match_cublas(name, N):
     assert np.max(rel) <= kernels.tolerance("float32", K)
 
 
-# PERSISTENT (LOADER=registers): a line of about one block per SM (132 on an H100 or H200) going through tile
+# PERSISTENT (LOADER=registers or presplit): a line of about one block per SM (132 on an H100 or H200) going through tile
 # after tile, of one matrix or of every matrix of a batch, its stages' phases running on from tile to tile:
 # shapes of many more tiles than SMs, with K of one step (17), a partial last step (200) and several (1031).
-PERSISTENT_NAMES = [n for n in NAMES if MATMUL.space.named(n)["LOADER"] == "registers" and
+PERSISTENT_NAMES = [n for n in NAMES if MATMUL.space.named(n)["LOADER"] in ("registers", "presplit") and
                     MATMUL.space.named(n)["SPLIT_K"] == 1]
 PERSISTENT_SHAPES = [(1031, 2050, 17), (777, 1283, 200), (61, 67, 1031), (1, 1, 1)]
 PERSISTENT_BATCHES = [(300, 33, 65, 40), (7, 257, 131, 97), (2, 1, 1, 1), (40, 130, 260, 17)]
@@ -142,10 +143,10 @@ def test_persistent_blocks_go_through_many_tiles(name, layout):
         _check(_run(MATMUL, _persistent(name), a, b, layout), a, b)
 
 
-# (two of the configs, two layouts: each case compiles a kernel of its own)
-@pytest.mark.parametrize("name", ["wgmma-128", "wgmma-64"])
+# (three of the configs, two layouts: each case compiles a kernel of its own; presplit has one producer)
+@pytest.mark.parametrize("name,producers", [("wgmma-128", 1), ("wgmma-128", 2), ("wgmma-64", 1), ("wgmma-64", 2),
+                                            ("wgmma-128-presplit", 1)])
 @pytest.mark.parametrize("layout", ["nn", "tt"])
-@pytest.mark.parametrize("producers", [1, 2])
 def test_persistent_blocks_go_through_every_matrix_of_a_batch(name, layout, producers):
     _hopper()
     config = _persistent(name, PRODUCERS=producers)
@@ -157,7 +158,8 @@ def test_persistent_blocks_go_through_every_matrix_of_a_batch(name, layout, prod
             _check(c[i], a[i], b[i])
 
 
-def test_persistent_special_values_match_cublas():
+@pytest.mark.parametrize("name", ["wgmma-128", "wgmma-128-presplit"])
+def test_persistent_special_values_match_cublas(name):
     """The exact path of a warp whose tile holds Inf or NaN, in a block that goes on to other tiles."""
     _hopper()
     import cupy
@@ -168,7 +170,7 @@ def test_persistent_special_values_match_cublas():
     b = rng.standard_normal((batch, K, N)).astype(np.float32)
     a[3, 3, 7], a[17, 150, 0], b[29, 5, 100] = np.inf, np.nan, -np.inf
     a[5, 80, :] *= np.float32(2.0**115)  # scaled operands past FLT_MAX: fast path Infs, exact path finite
-    c = _run(BMM, _persistent("wgmma-128"), a, b, "nn")
+    c = _run(BMM, _persistent(name), a, b, "nn")
     ref = cupy.asnumpy(cupy.matmul(cupy.asarray(a), cupy.asarray(b)))  # cuBLAS's batched SGEMM
     for f in (np.isnan, np.isposinf, np.isneginf):
         assert np.array_equal(f(c), f(ref)), f.__name__

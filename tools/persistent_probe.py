@@ -2,9 +2,9 @@
 
 `python tools/persistent_probe.py [--names A,B,...] [--random N --seed S]`: for a few batched shapes (with
 `--random`, issue 28's random batches instead, `autotile.cli.bench_torch.random_bmm_shapes`), the speed of
-each named wgmma config that loads through registers, as a block per tile and as a line of about one block
-per SM going through tile after tile (PERSISTENT, templates/matmul_wgmma.cu.j2), over cuBLAS's strided
-batched SGEMM in the same run: CUDA events, L2 flushed, median; each result checked against float64 (output
+each named wgmma config that loads through registers or presplit tiles, as a block per tile and as a line
+of about one block per SM going through tile after tile (PERSISTENT, templates/matmul_wgmma.cu.j2), over cuBLAS's
+strided batched SGEMM in the same run: CUDA events, L2 flushed, median; each result checked against float64 (output
 poisoned first). Prints the geometric mean of each column's ratios.
 """
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import math
 
-NAMES = ("wgmma-128", "wgmma-128x64")
+NAMES = ("wgmma-128", "wgmma-128x64", "wgmma-128-presplit", "wgmma-128x64-presplit")
 # batches of mid-sized matrices (16-64 K steps a tile), where a block per tile spends a large share of its
 # time filling its stages and storing its tile; and one large batch for comparison
 SHAPES = ((64, 512, 512, 512), (256, 512, 512, 512), (128, 256, 256, 256), (170, 323, 183, 537),
@@ -22,10 +22,10 @@ SHAPES = ((64, 512, 512, 512), (256, 512, 512, 512), (128, 256, 256, 256), (170,
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--names", default=",".join(NAMES), help="named wgmma configs (LOADER=registers)")
+    parser.add_argument("--names", default=",".join(NAMES), help="named wgmma configs (LOADER=registers or presplit)")
     parser.add_argument("--random", type=int, default=0, metavar="N", help="N random batches instead")
     parser.add_argument("--seed", type=int, default=7)
-    parser.add_argument("--also", default="wgmma-128-presplit",
+    parser.add_argument("--also", default="",
                         help="named configs timed as they are, for comparison (comma-separated; '' for none)")
     args = parser.parse_args()
 
@@ -42,7 +42,7 @@ def main() -> int:
     shapes = random_bmm_shapes(args.random, args.seed) if args.random else SHAPES
     columns: list[tuple[str, bool | None, int | None]] = [
         (name, persistent, producers) for name in args.names.split(",") for persistent in (False, True)
-        for producers in (1, 2)]
+        for producers in ((1,) if spec.space.named(name)["LOADER"] == "presplit" else (1, 2))]
     columns += [(name, None, None) for name in args.also.split(",") if name]
     ratios: dict[str, list[float]] = {}
     rng = cupy.random.default_rng(args.seed)

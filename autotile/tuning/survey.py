@@ -175,8 +175,9 @@ def portfolio(kernel: str, dtype: str, layout: str, device: DeviceLimits,
 
     for name, config in space.named_configs.items():
         # wgmma with LOADER=registers is left out: its LOADER=tma twin loads through registers itself
-        # wherever a tensor map cannot describe an operand, and copies faster everywhere else.
-        if config.get("MATH") == "wgmma" and config.get("LOADER") == "registers":
+        # wherever a tensor map cannot describe an operand, and copies faster everywhere else (a persistent
+        # one has no twin: LOADER=tma takes no PERSISTENT).
+        if config.get("MATH") == "wgmma" and config.get("LOADER") == "registers" and not config.get("PERSISTENT"):
             continue
         if not name.startswith("seed-") and space.named_layouts.get(name, layout) == layout:
             add(name, config)
