@@ -3,6 +3,7 @@ ended (before or after the host had enqueued the batch) and what each interval m
 
 from __future__ import annotations
 
+import itertools
 import sys
 import types
 
@@ -47,6 +48,10 @@ def gpu(monkeypatch):
     monkeypatch.setitem(sys.modules, "cupy", fake.module)
     monkeypatch.setattr(timing, "hold_gpu", lambda microseconds=timing.HOLD_US: fake.holds.append(microseconds))
     monkeypatch.setattr(timing, "_EVENT_POOLS", {})
+    # the host's enqueue time per repetition, which sizes the batches, from a clock that ticks 1 us per
+    # reading: a loaded CI machine's real one made batches smaller and the count below flaky
+    ticks = itertools.count()
+    monkeypatch.setattr(timing, "time", types.SimpleNamespace(perf_counter=lambda: next(ticks) * 1e-6))
     return fake
 
 
