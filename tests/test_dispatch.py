@@ -179,6 +179,25 @@ def test_cross_validation_measures_the_held_out_choice():
     assert isinstance(params, model.ModelParams)
 
 
+def test_fit_takes_its_mean_over_the_focus_shapes_where_there_are_enough(monkeypatch):
+    """Parameters good on the grid's rows and poor on the randomly drawn ones lose to the reverse once the
+    fit is told which rows to judge by (at least FOCUS_MIN_ROWS of them); losses count over every row."""
+    db = _synthetic_db()
+    m = model.Model(db, H100)
+    shapes = [tuple(s) for s in db.shapes]
+    drawn = set(shapes[: model.FOCUS_MIN_ROWS])
+    assert len(shapes) > len(drawn)
+
+    def held_out(params):
+        grid_ratio, drawn_ratio = (1.5, 1.0) if params.neighbours == 8 else (1.1, 1.2)
+        return [(s, "x", drawn_ratio if s in drawn else grid_ratio, 2.0) for s in shapes]
+
+    monkeypatch.setattr(m, "cross_validate", held_out)
+    assert m.fit()[0].neighbours == 8
+    assert m.fit(focus=drawn)[0].neighbours != 8
+    assert m.fit(focus=list(drawn)[:-1])[0].neighbours == 8  # one row short: the mean over all
+
+
 def test_candidates_that_no_longer_render_the_timed_source_are_not_used():
     db = _synthetic_db()
     stale = database.Candidate("fast", "generated", db.candidates[1].config, "0" * 64)
@@ -479,6 +498,19 @@ def test_portfolio_is_feasible_unique_and_has_splits_and_short_rows():
     f64 = survey.portfolio("matmul", "float64", "row", H100)
     assert all(c["MATH"] != "tf32x3" for _, c in f64)  # tf32x3 is float32 only
     assert any(c["MATH"] == "dmma" for _, c in f64)  # the FP64 tensor cores compete
+
+
+def test_portfolio_has_staged_store_variants_of_the_wgmma_kernels():
+    """Every float32 wgmma candidate whose shared memory leaves room comes again with STORE=staged, the same
+    config otherwise; no K split takes it."""
+    items = dict(survey.portfolio("bmm", "float32", "nn", H100, TuningCache(root="/nonexistent-autotile")))
+    staged = {n: c for n, c in items.items() if n.endswith("/staged")}
+    assert "wgmma-128-persistent-p2/staged" in staged and "wgmma-128-presplit/staged" in staged
+    assert "wgmma-128-tma-p2/staged" not in items  # no room: three raw stages and two split stages
+    for name, config in staged.items():
+        twin = items[name.removesuffix("/staged")]
+        assert config["STORE"] == "staged" and twin["STORE"] == "direct" and config["SPLIT_K"] == 1
+        assert {k: v for k, v in config.items() if k != "STORE"} == {k: v for k, v in twin.items() if k != "STORE"}
 
 
 def test_survey_add_extends_a_database_with_named_portfolio_candidates_only():

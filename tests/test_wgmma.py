@@ -111,8 +111,8 @@ def test_swizzle_is_a_permutation_within_each_atom():
 
 
 # PERSISTENT (LOADER=registers or presplit): the named configs that may take it, compiled in two layouts besides
-PERSISTENT_NAMES = [n for n in NAMES
-                    if SPEC.space.named(n)["LOADER"] in ("registers", "presplit") and SPEC.space.named(n)["SPLIT_K"] == 1]
+PERSISTENT_NAMES = [n for n in NAMES if SPEC.space.named(n)["LOADER"] in ("registers", "presplit")
+                    and SPEC.space.named(n)["SPLIT_K"] == 1]
 CASES = [(n, layout, batched) for n in NAMES for layout in LAYOUTS for batched in (False, True)
          if batched is False or layout == "nn"]
 CASES += [(n, layout, batched, True) for n in PERSISTENT_NAMES for layout in ("nn", "tt") for batched in (False, True)]
@@ -362,6 +362,25 @@ def test_presplit_runner_splits_into_the_workspace_in_slices(layout):
         expected.append(((1, -(-height // 32), 1), (32, 8, 1), (source, base + 8 * kp * first, height, k, lda, kp)))
     assert split_a.launches == expected
     assert split_b.launches == [((1, 1, 1), (32, 8, 1), (b_ptr, part_b, n, k, n, kp))]  # B n: K x N, ld N
+
+
+def test_staged_store_only_where_asked_and_where_it_fits():
+    """STORE=staged (wgmma) adds a path for C's rows that are not 8-byte aligned, through a buffer per consumer
+    warp after the barriers (2.5 KB each, counted in smem_bytes); the default renders none. A tma loader of
+    three raw stages has no room left for it, and K splits do not take it."""
+    problem = Problem(PROFILES["h100"], "float32", "nn")
+    for name in ("wgmma-128-persistent-p2", "wgmma-128", "wgmma-64-tma", "wgmma-128-presplit"):
+        config = SPEC.space.with_overrides(SPEC.space.named(name), {"STORE": "staged"})
+        assert SPEC.space.is_feasible(config, problem), name
+        plain = SPEC.space.derive(SPEC.space.named(name), problem)["smem_bytes"]
+        assert SPEC.space.derive(config, problem)["smem_bytes"] == plain + 160 * config["BM"] + 16
+        for layout in LAYOUTS:
+            assert SPEC.render(config, "float32", layout).count("C[(size_t)row * N + col] = buffer[r * 40 + lane]") == 1
+            assert "store_buffers" not in SPEC.render(SPEC.space.named(name), "float32", layout)
+    staged_tma = SPEC.space.with_overrides(SPEC.space.named("wgmma-128-tma-p2"), {"STORE": "staged"})
+    assert not SPEC.space.is_feasible(staged_tma, problem)  # 224 KB of stages + 20 KB > 227 KB
+    split = SPEC.space.with_overrides(SPEC.space.named("wgmma-64-split8"), {"STORE": "staged"})
+    assert not SPEC.space.is_feasible(split, problem)
 
 
 def test_persistent_blocks_go_through_the_units_of_every_matrix():

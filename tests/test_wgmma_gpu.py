@@ -120,8 +120,8 @@ def test_special_values_match_cublas(name, N):
     assert np.max(rel) <= kernels.tolerance("float32", K)
 
 
-# PERSISTENT (LOADER=registers or presplit): a line of about one block per SM (132 on an H100 or H200) going through tile
-# after tile, of one matrix or of every matrix of a batch, its stages' phases running on from tile to tile:
+# PERSISTENT (LOADER=registers or presplit): a line of about one block per SM (132 on an H100 or H200) going
+# through tile after tile, of one matrix or of every matrix of a batch, its stages' phases running on from tile to tile:
 # shapes of many more tiles than SMs, with K of one step (17), a partial last step (200) and several (1031).
 PERSISTENT_NAMES = [n for n in NAMES if MATMUL.space.named(n)["LOADER"] in ("registers", "presplit") and
                     MATMUL.space.named(n)["SPLIT_K"] == 1]
@@ -179,6 +179,35 @@ def test_persistent_special_values_match_cublas(name):
     scale = np.abs(a).astype(np.float64) @ np.abs(b).astype(np.float64)
     rel = np.abs(c - ref64)[finite] / np.maximum(scale[finite], np.finfo(np.float32).tiny)
     assert np.max(rel) <= kernels.tolerance("float32", K)
+
+
+# STORE=staged: where C's rows are not 8-byte aligned (N odd; in a batch, every other matrix too when M is
+# odd), each consumer warp stores its rows through its buffer, 32 neighbours a row per instruction. Shapes of
+# several tiles with N odd and edges in M, N and K; batches; both loaders that read registers, presplit, and
+# a persistent block going on to other tiles after its store.
+STAGED_NAMES = ["wgmma-128-persistent-p2", "wgmma-128", "wgmma-64-tma", "wgmma-128-presplit"]
+STAGED_SHAPES = [(259, 263, 131), (300, 517, 97), (1, 33, 7), (130, 258, 66)]
+STAGED_BATCHES = [(5, 131, 257, 97), (3, 257, 133, 130)]
+
+
+def _staged(name):
+    return MATMUL.space.with_overrides(MATMUL.space.named(name), {"STORE": "staged"})
+
+
+@pytest.mark.parametrize("name", STAGED_NAMES)
+@pytest.mark.parametrize("layout", ["nn", "tt"])
+def test_staged_store_of_unaligned_rows(name, layout):
+    _hopper()
+    for shape in STAGED_SHAPES:
+        rng = np.random.default_rng(sum(shape))
+        a, b = _operands(rng, *shape, layout)
+        _check(_run(MATMUL, _staged(name), a, b, layout), a, b)
+    for batch, M, N, K in STAGED_BATCHES:
+        rng = np.random.default_rng(batch + M + N + K)
+        a, b = _operands(rng, M, N, K, layout, batch=batch)
+        c = _run(BMM, _staged(name), a, b, layout)
+        for i in range(batch):
+            _check(c[i], a[i], b[i])
 
 
 TMA_NAMES = [n for n in NAMES if MATMUL.space.named(n)["LOADER"] == "tma"]

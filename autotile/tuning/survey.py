@@ -219,6 +219,14 @@ def portfolio(kernel: str, dtype: str, layout: str, device: DeviceLimits,
                 add(f"{name}/split{split}", space.with_overrides(config, overrides))
             except Exception:  # a variant the space refuses (a constraint on SPLIT_K): not a candidate
                 continue
+    # Staged-store variants of the float32 wgmma kernels: the same kernel where C's rows are 8-byte aligned,
+    # and where they are not (N odd: half of all random shapes) 128-byte row stores instead of 4-byte ones.
+    for config, name in list(found.items()):
+        if config.get("MATH") == "wgmma" and config.get("STORE") == "direct":
+            try:
+                add(f"{name}/staged", space.with_overrides(config, {"STORE": "staged"}))
+            except AutotileError:  # a variant the space refuses: not a candidate
+                continue
     return [(name, config) for config, name in found.items()]
 
 
@@ -397,7 +405,7 @@ def survey(kernel: str, dtype: str, layout: str, device: DeviceLimits, shapes: l
     db = database()
     if db.shapes:
         model = Model(db, device)
-        params, held_out = model.fit()
+        params, held_out = model.fit(focus=[s for s, drawn in zip(db.shapes, drawn_rows(db), strict=True) if drawn])
         env["model"] = fitted_environment(params, held_out)
         db = database()
     if save is not None:
