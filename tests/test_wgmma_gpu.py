@@ -59,6 +59,20 @@ def _check(c, a, b):
     assert err <= kernels.tolerance("float32", K), (err, kernels.tolerance("float32", K))
 
 
+def _check_on(config, layout, shapes=(), batches=()):
+    """`config` on each shape (M, N, K) as a matmul and each (batch, M, N, K) as a bmm, against float64."""
+    for shape in shapes:
+        rng = np.random.default_rng(sum(shape))
+        a, b = _operands(rng, *shape, layout)
+        _check(_run(MATMUL, config, a, b, layout), a, b)
+    for batch, M, N, K in batches:
+        rng = np.random.default_rng(batch + M + N + K)
+        a, b = _operands(rng, M, N, K, layout, batch=batch)
+        c = _run(BMM, config, a, b, layout)
+        for i in range(batch):
+            _check(c[i], a[i], b[i])
+
+
 @pytest.mark.parametrize("name", NAMES)
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
@@ -137,10 +151,7 @@ def _persistent(name, **extra):
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_persistent_blocks_go_through_many_tiles(name, layout):
     _hopper()
-    for shape in PERSISTENT_SHAPES:
-        rng = np.random.default_rng(sum(shape))
-        a, b = _operands(rng, *shape, layout)
-        _check(_run(MATMUL, _persistent(name), a, b, layout), a, b)
+    _check_on(_persistent(name), layout, shapes=PERSISTENT_SHAPES)
 
 
 # (three of the configs, two layouts: each case compiles a kernel of its own; presplit has one producer)
@@ -149,13 +160,7 @@ def test_persistent_blocks_go_through_many_tiles(name, layout):
 @pytest.mark.parametrize("layout", ["nn", "tt"])
 def test_persistent_blocks_go_through_every_matrix_of_a_batch(name, layout, producers):
     _hopper()
-    config = _persistent(name, PRODUCERS=producers)
-    for batch, M, N, K in PERSISTENT_BATCHES:
-        rng = np.random.default_rng(batch + M + N + K)
-        a, b = _operands(rng, M, N, K, layout, batch=batch)
-        c = _run(BMM, config, a, b, layout)
-        for i in range(batch):
-            _check(c[i], a[i], b[i])
+    _check_on(_persistent(name, PRODUCERS=producers), layout, batches=PERSISTENT_BATCHES)
 
 
 @pytest.mark.parametrize("name", ["wgmma-128", "wgmma-128-presplit"])
@@ -198,16 +203,7 @@ def _staged(name):
 @pytest.mark.parametrize("layout", ["nn", "tt"])
 def test_staged_store_of_unaligned_rows(name, layout):
     _hopper()
-    for shape in STAGED_SHAPES:
-        rng = np.random.default_rng(sum(shape))
-        a, b = _operands(rng, *shape, layout)
-        _check(_run(MATMUL, _staged(name), a, b, layout), a, b)
-    for batch, M, N, K in STAGED_BATCHES:
-        rng = np.random.default_rng(batch + M + N + K)
-        a, b = _operands(rng, M, N, K, layout, batch=batch)
-        c = _run(BMM, _staged(name), a, b, layout)
-        for i in range(batch):
-            _check(c[i], a[i], b[i])
+    _check_on(_staged(name), layout, shapes=STAGED_SHAPES, batches=STAGED_BATCHES)
 
 
 TMA_NAMES = [n for n in NAMES if MATMUL.space.named(n)["LOADER"] == "tma"]
