@@ -501,12 +501,13 @@ def test_portfolio_is_feasible_unique_and_has_splits_and_short_rows():
 
 
 def test_portfolio_has_staged_store_variants_of_the_wgmma_kernels():
-    """Every float32 wgmma candidate whose shared memory leaves room comes again with STORE=staged, the same
-    config otherwise; no K split takes it."""
+    """Every float32 tensor-core candidate (wgmma, mma.sync tf32x3) whose shared memory leaves room comes again
+    with STORE=staged, the same config otherwise; no K split takes it."""
     items = dict(survey.portfolio("bmm", "float32", "nn", H100, TuningCache(root="/nonexistent-autotile")))
     staged = {n: c for n, c in items.items() if n.endswith("/staged")}
     assert "wgmma-128-persistent-p2/staged" in staged and "wgmma-128-presplit/staged" in staged
     assert "wgmma-128-tma-p2/staged" not in items  # no room: three raw stages and two split stages
+    assert "tf32x3-32/staged" in staged and "tf32x3-32/split8/staged" not in items  # mma.sync too, unsplit
     for name, config in staged.items():
         twin = items[name.removesuffix("/staged")]
         assert config["STORE"] == "staged" and twin["STORE"] == "direct" and config["SPLIT_K"] == 1

@@ -80,6 +80,22 @@ def test_matmul_tf32x3_sample_matches_reference():
     assert not _check_configs("matmul", "float32", "row", configs, shapes)
 
 
+def test_matmul_tf32x3_staged_store_matches_reference():
+    """STORE=staged: the tf32x3 named configs without K splits, and a sample, on shapes whose N is odd (each
+    warp's rows through its buffer in the stages) and even (the pairs), single and batched (odd M and N:
+    every other matrix's C starts off 8 bytes)."""
+    spec = kernels.get("matmul")
+    space = spec.space.restricted({"MATH": "tf32x3", "STORE": "staged"})
+    problem = Problem(_limits(), "float32", "row")
+    configs = [space.with_overrides(c, {"STORE": "staged"}) for c in spec.space.named_configs.values()
+               if c["MATH"] == "tf32x3" and c["SPLIT_K"] == 1]
+    configs = [c for c in configs if space.is_feasible(c, problem)] + space.sample(problem, 12, seed=9)
+    assert all(c["STORE"] == "staged" for c in configs) and any(c["WN"] == 16 for c in configs)
+    shapes = MATMUL_SHAPES + [(64, 65, 100), (200, 127, 64)]
+    assert not _check_configs("matmul", "float32", "row", configs, shapes)
+    assert not _check_configs("bmm", "float32", "nn", configs[:6], [(3, 131, 67, 257), (4, 33, 130, 40)])
+
+
 def test_matmul_tf32x3_is_as_accurate_as_sgemm():
     """3xTF32 must not trade accuracy for speed: on long K, where the tensor cores' truncating
     accumulation would show (an error growing like K), its error stays within 4x of cuBLAS SGEMM's."""

@@ -426,6 +426,29 @@ def test_fragment_reads_are_free_of_bank_conflicts(math, layout):
     assert len({s for o, s in seen if o == "a"}) >= 4 and len({s for o, s in seen if o == "b"}) >= 4
 
 
+@pytest.mark.parametrize("wn", [16, 32, 64])
+def test_tf32x3_staged_store_where_asked_and_free_of_bank_conflicts(wn):
+    """STORE=staged (tf32x3): each warp's buffer rows lie min(WN, 32) + 8 floats apart, so that a half-warp's
+    pair writes (rows group and group + 8, columns 2 quad) touch every bank once; the default renders no
+    buffer; K splits and a stage too small for the buffers do not take it."""
+    spec = kernels.get("matmul")
+    problem = Problem(PROFILES["h100"], "float32", "nn")
+    config = spec.space.with_overrides(spec.space.named("tf32x3-64"), {"WN": wn, "STORE": "staged"})
+    assert spec.space.is_feasible(config, problem)
+    slice_ = min(wn, 32)
+    for layout in MATMUL_LAYOUTS:
+        src = spec.render(config, "float32", layout)
+        assert f"buffer + (h * 8 + group) * {slice_ + 8} + jj * 8 + 2 * quad" in src
+        assert f"= buffer[r * {slice_ + 8} + c]" in src and "__syncthreads();  // every warp is done" in src
+        assert "buffer" not in spec.render(spec.space.named("tf32x3-64"), "float32", layout)
+    for h in (0, 1):
+        assert conflict_free([(h * 8 + g) * (slice_ + 8) + 2 * q for g, q in LANES], 4, 2)
+    split = spec.space.with_overrides(spec.space.named("tf32x3-64-split8"), {"STORE": "staged"})
+    assert not spec.space.is_feasible(split, problem)
+    small = spec.space.with_overrides(config, {"BK": 8, "STAGES": 1})  # A's stage: 64 x (8 + pad) floats
+    assert not spec.space.is_feasible(small, problem)
+
+
 def test_tensor_core_strides_per_layout():
     """The paddings per layout (the replay above proves them conflict-free): tf32x3 pads a row holding a
     lane's two k's side by side (A n, B t) to 8 mod 16 floats (BK = 8 needs none), a row indexed by k

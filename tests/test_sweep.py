@@ -38,6 +38,17 @@ def test_subspace_varies_what_it_names_and_fixes_the_rest():
         sweep.SubSpace.of("matmul", ["BM"], fix={"BM": 64})
 
 
+def test_a_recorded_subspace_gives_later_parameters_their_defaults():
+    """A sweep recorded before a parameter existed (or was active for its kernel) ran its default: a tf32x3
+    sweep of before STORE keeps STORE=direct, so a replay draws only the configs it recorded."""
+    choices = {"MATH": ["tf32x3"], "BM": [32, 64], "STORE": ["direct"]}
+    old = {k: v for k, v in choices.items() if k != "STORE"}
+    sub = sweep.SubSpace.recorded("matmul", old)
+    assert sub.choices["STORE"] == ["direct"] and sub.choices["BM"] == [32, 64]
+    assert sub.choices["LOADER"] == ["registers"] and "BN" not in sub.choices  # BN has no default: as recorded
+    assert sweep.SubSpace.recorded("matmul", choices).choices == sub.choices
+
+
 def test_plan_is_every_feasible_config_of_the_subspace():
     sub = sweep.SubSpace.of("matmul", ["BM", "BN", "TM", "TN", "BK"], base="regtile-128")
     configs = sweep.plan(sub, PROFILES["h100"], "float32", "nn")

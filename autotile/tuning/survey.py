@@ -219,10 +219,11 @@ def portfolio(kernel: str, dtype: str, layout: str, device: DeviceLimits,
                 add(f"{name}/split{split}", space.with_overrides(config, overrides))
             except Exception:  # a variant the space refuses (a constraint on SPLIT_K): not a candidate
                 continue
-    # Staged-store variants of the float32 wgmma kernels: the same kernel where C's rows are 8-byte aligned,
-    # and where they are not (N odd: half of all random shapes) 128-byte row stores instead of 4-byte ones.
+    # Staged-store variants of the float32 tensor-core kernels (wgmma, and mma.sync tf32x3 without K splits):
+    # the same kernel where C's rows are 8-byte aligned, and where they are not (N odd: half of all random
+    # shapes) row stores of 32 neighbours instead of two 4-byte stores per pair.
     for config, name in list(found.items()):
-        if config.get("MATH") == "wgmma" and config.get("STORE") == "direct":
+        if config.get("MATH") in ("wgmma", "tf32x3") and config.get("STORE") == "direct":
             try:
                 add(f"{name}/staged", space.with_overrides(config, {"STORE": "staged"}))
             except AutotileError:  # a variant the space refuses: not a candidate

@@ -90,6 +90,17 @@ class SubSpace:
     def space(self) -> Space:
         return kernels.get(self.kernel).space.restricted(self.choices)
 
+    @classmethod
+    def recorded(cls, kernel: str, choices: dict[str, Any]) -> "SubSpace":
+        """A sweep file's sub-space: a parameter its choices lack came after the sweep was recorded, which
+        ran that parameter's default (the value that renders the kernels of before), so it takes that (a
+        parameter made active for more kernels, as STORE for tf32x3, would otherwise vary in a replay)."""
+        complete = {name: list(values) for name, values in choices.items()}
+        for name, param in kernels.get(kernel).space.params.items():
+            if name not in complete and param.has_default:
+                complete[name] = [param.default]
+        return cls(kernel, complete)
+
     @property
     def varying(self) -> list[str]:
         return [n for n, c in self.choices.items() if len(c) > 1]
@@ -121,7 +132,7 @@ class Sweep:
     @property
     def sub(self) -> SubSpace:
         s = self.header["subspace"]
-        return SubSpace(s["kernel"], {k: list(v) for k, v in s["choices"].items()})
+        return SubSpace.recorded(s["kernel"], s["choices"])
 
     @property
     def limits(self) -> DeviceLimits:
@@ -218,7 +229,7 @@ def load(path: str | Path) -> Sweep:
         raise SweepError(f"{path}: not a sweep file (its first line is not a {FORMAT} header)")
     header = lines[0]
     names = header["params"]
-    space = SubSpace(header["subspace"]["kernel"], header["subspace"]["choices"]).space()
+    space = SubSpace.recorded(header["subspace"]["kernel"], header["subspace"]["choices"]).space()
     rows = []
     for line in lines[1:]:
         values = dict(zip(names, line[: len(names)], strict=True))
