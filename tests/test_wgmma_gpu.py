@@ -163,6 +163,22 @@ def test_persistent_blocks_go_through_every_matrix_of_a_batch(name, layout, prod
     _check_on(_persistent(name, PRODUCERS=producers), layout, batches=PERSISTENT_BATCHES)
 
 
+# PRODUCERS=4: each producer thread loads a quarter of a tile (128 x 64 or 64 x 128: 12 floats; 64 x 64 with
+# K steps of 64: 8) at 56 registers. Every tile shape and loader the registers allow, block per tile and
+# persistent, on shapes with edges in M, N and K and on batches.
+FOUR_PRODUCERS = [("wgmma-128x64", {}), ("wgmma-128x64-tma", {}), ("wgmma-64", {}),
+                  ("wgmma-128x64", {"PERSISTENT": True}), ("wgmma-64", {"PERSISTENT": True}),
+                  ("wgmma-128x64", {"BN": 64, "BM": 64, "BK": 64, "STAGES": 3})]
+
+
+@pytest.mark.parametrize("name,extra", FOUR_PRODUCERS, ids=lambda v: str(v))
+@pytest.mark.parametrize("layout", ["nn", "tn"])
+def test_four_producers(name, extra, layout):
+    _hopper()
+    config = MATMUL.space.with_overrides(MATMUL.space.named(name), {"PRODUCERS": 4, **extra})
+    _check_on(config, layout, shapes=PERSISTENT_SHAPES, batches=PERSISTENT_BATCHES[:2])
+
+
 @pytest.mark.parametrize("name", ["wgmma-128", "wgmma-128-presplit"])
 def test_persistent_special_values_match_cublas(name):
     """The exact path of a warp whose tile holds Inf or NaN, in a block that goes on to other tiles."""
