@@ -5,8 +5,8 @@ aligned and then with N, K or all sizes made odd (with `--random`, issue 28's ra
 `autotile.cli.bench_torch.random_bmm_shapes`), the speed of named configs over cuBLAS (strided batched
 SGEMM) in the same run, CUDA events, L2 flushed, median, and each result's error against float64 (output
 poisoned with NaN first). Where an operand's rows are not a multiple of 4 floats, the tf32x3 kernels copy
-one element at a time instead of four (templates/mma_pipeline.j2); the wgmma kernels load four elements
-apart, or, with ROW_SHIFT=realign, the two aligned vectors around them (templates/matmul_wgmma.cu.j2).
+one element at a time instead of four (templates/mma_pipeline.j2); the wgmma kernels' producers load four
+elements apart (templates/matmul_wgmma.cu.j2).
 Prints the geometric mean of each config's ratios, and of the best of them per shape.
 """
 
