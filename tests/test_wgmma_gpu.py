@@ -164,8 +164,8 @@ def test_persistent_blocks_go_through_every_matrix_of_a_batch(name, layout, prod
 
 
 # PRODUCERS=4: each producer thread loads a quarter of a tile (128 x 64 or 64 x 128: 12 floats; 64 x 64 with
-# K steps of 64: 8) at 56 registers. Every tile shape and loader the registers allow, block per tile and
-# persistent, on shapes with edges in M, N and K and on batches.
+# K steps of 64: 8) at 56 registers. The tile shapes four producers fit, with the register loader (and 128 x 64
+# with the tma one), block per tile and persistent, on shapes with edges in M, N and K and on batches.
 FOUR_PRODUCERS = [("wgmma-128x64", {}), ("wgmma-128x64-tma", {}), ("wgmma-64", {}),
                   ("wgmma-128x64", {"PERSISTENT": True}), ("wgmma-64", {"PERSISTENT": True}),
                   ("wgmma-128x64", {"BN": 64, "BM": 64, "BK": 64, "STAGES": 3})]
