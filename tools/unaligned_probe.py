@@ -42,8 +42,9 @@ def with_twins(cases: list[tuple[str, tuple[int, int, int, int]]]) -> list[tuple
     out = []
     for label, shape in cases:
         out.append((label, shape))
-        if aligned_twin(shape) != shape:
-            out.append(("twin", aligned_twin(shape)))
+        twin = aligned_twin(shape)
+        if twin != shape:
+            out.append(("twin", twin))
     return out
 
 
