@@ -902,13 +902,13 @@ def test_cublas_time_on_a_large_16_bit_problem_is_learned_from_rows_aligned_as_i
     assert predicted(small, (2, 33, 33, 33)) == pytest.approx(rate[True])
 
 
-def test_a_gpus_own_databases_of_neighbouring_families_come_before_a_siblings():
+def test_a_gpus_own_databases_of_neighbouring_families_come_before_a_siblings(shipped_subset):
     """`database.find_first`: the GPU's own database of the problem or of a family it borrows from
     (float16's bfloat16) before another GPU's of the problem itself; a sibling's where the GPU has none of
-    any (the H200's bfloat16 matvec)."""
-    from autotile.dispatch.cache import TuningCache
-
-    cache = TuningCache(None)
+    any (the H200's bfloat16 matvec). The H100 of this cache has no float16 database (the shipped one has)."""
+    h100_dir, h200_dir = "NVIDIA-H100-80GB-HBM3_sm_90/database/", "NVIDIA-H200_sm_90/database/"
+    cache = shipped_subset(h100_dir + "matmul-bfloat16-nn.json", h100_dir + "matvec-bfloat16-row.json",
+                           h200_dir + "matmul-bfloat16-nn.json", h200_dir + "matmul-float16-nn.json")
     h100, h200 = PROFILES["h100"].fingerprint, PROFILES["h200"].fingerprint
     half = [("matmul", "float16", "nn"), ("matmul", "bfloat16", "nn")]
     assert (database.find_first(cache, h100, half).dtype, database.find_first(cache, h100, half).device) == \

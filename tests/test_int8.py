@@ -313,7 +313,7 @@ def test_where_cublas_refuses_an_nt_shape_the_model_still_chooses():
     assert found.implementation == "generated" and found.source.startswith("model"), found.explain()
 
 
-def test_a_gpu_without_its_own_database_reads_a_same_architecture_ones():
+def test_a_gpu_without_its_own_database_reads_a_same_architecture_ones(shipped_subset):
     """The H200 has no bfloat16 matvec database of its own: it reads the H100's (the same sm_90 kernels),
     and says so; its own float32 and bfloat16 databases stay first. A float16 problem takes its own GPU's bfloat16
     database before a sibling's float16 one (the GPU predicts more than the 16-bit type), but a sibling's
@@ -327,6 +327,10 @@ def test_a_gpu_without_its_own_database_reads_a_same_architecture_ones():
     for dtype in ("float32", "bfloat16"):
         own = select(ProblemKey("matmul", dtype, "nn", (4096, 4096, 4096)), PROFILES["h200"], cache)
         assert own.source.startswith("model") and " on " not in own.source, own.explain()
+    # an H100 with no float16 databases and no batched ones (the shipped H100 has them since 2026-12-06)
+    h100_dir, h200_dir = "NVIDIA-H100-80GB-HBM3_sm_90/database/", "NVIDIA-H200_sm_90/database/"
+    cache = shipped_subset(h100_dir + "matmul-bfloat16-nn.json", h200_dir + "matmul-float16-nn.json",
+                           h200_dir + "bmm-float16-nn.json")
     half = select(ProblemKey("matmul", "float16", "nn", (8192, 8192, 1024)), PROFILES["h100"], cache)
     assert half.source.startswith("model") and "of matmul bfloat16" in half.source, half.source
     assert " on " not in half.source, half.source
