@@ -68,7 +68,8 @@ BMM_RANGE = {"batch": (2, 256), "side": (32, 2048)}
 MAX_BMM_WORK = 1 << 36  # batch x M x N x K: about 0.14 TFLOP, a few milliseconds of an H100's FP32 work
 # Random rows of the bmm grid: most with rows that do not start 16-byte aligned (slower copies), as the grid has
 # none. 360 rather than 120 (H100, 2026-12-06): held out, the model's pick on the first 120 rose 1.087 -> 1.110x
-# cuBLAS (min 0.93 -> 0.99) and torch.bmm on the benchmark's random batches, seed 7, 1.10 -> 1.12x.
+# cuBLAS (min 0.93 -> 0.99) and torch.bmm on the benchmark's random batches, seed 7, 1.10 -> 1.12x; 1,046 rows
+# held out no better (1.106x on the first 120) and cost the grid's rows 1.368 -> 1.328x.
 BMM_RANDOM_SHAPES = 360
 SURVEYED_LAYOUTS = {"matmul": ("nn", *DECODE_LAYOUTS), "bmm": ("nn",), "matvec": ("row", "col")}
 SURVEYED_KERNELS = tuple(SURVEYED_LAYOUTS)
