@@ -116,21 +116,25 @@ def default_precision(monkeypatch):
 
 @pytest.fixture
 def shipped_subset(tmp_path):
-    """`make(*paths)`: a TuningCache whose shipped root holds only these of the shipped databases
-    ("GPU_DIR/database/FILE.json", copied) and whose user root is empty, so that a test of which database
-    serves a problem keeps its case (a GPU without a family) when the shipped cache gains that family."""
+    """`make(*families)`: a TuningCache whose shipped root holds only these of the shipped databases, each
+    (profile name, kernel, dtype, layout), copied, and whose user root is empty, so that a test of which
+    database serves a problem keeps its case (a GPU without a family) when the shipped cache gains that family."""
     import shutil
 
     from autotile.codegen import resources
+    from autotile.codegen.limits import PROFILES
+    from autotile.dispatch import database
     from autotile.dispatch.cache import TuningCache
 
     source = resources.shipped_cache_dir()
     assert source is not None
 
-    def make(*paths: str) -> TuningCache:
-        for path in paths:
-            (tmp_path / "shipped" / path).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(source / path, tmp_path / "shipped" / path)
+    def make(*families: tuple[str, str, str, str]) -> TuningCache:
+        for profile, *family in families:
+            device = PROFILES[profile].fingerprint
+            copy = database.path_in(tmp_path / "shipped", device, *family)
+            copy.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(database.path_in(source, device, *family), copy)
         return TuningCache(tmp_path / "user", shipped_root=tmp_path / "shipped")
 
     return make

@@ -906,9 +906,8 @@ def test_a_gpus_own_databases_of_neighbouring_families_come_before_a_siblings(sh
     """`database.find_first`: the GPU's own database of the problem or of a family it borrows from
     (float16's bfloat16) before another GPU's of the problem itself; a sibling's where the GPU has none of
     any (the H200's bfloat16 matvec). The H100 of this cache has no float16 database (the shipped one has)."""
-    h100_dir, h200_dir = "NVIDIA-H100-80GB-HBM3_sm_90/database/", "NVIDIA-H200_sm_90/database/"
-    cache = shipped_subset(h100_dir + "matmul-bfloat16-nn.json", h100_dir + "matvec-bfloat16-row.json",
-                           h200_dir + "matmul-bfloat16-nn.json", h200_dir + "matmul-float16-nn.json")
+    cache = shipped_subset(("h100", "matmul", "bfloat16", "nn"), ("h100", "matvec", "bfloat16", "row"),
+                           ("h200", "matmul", "bfloat16", "nn"), ("h200", "matmul", "float16", "nn"))
     h100, h200 = PROFILES["h100"].fingerprint, PROFILES["h200"].fingerprint
     half = [("matmul", "float16", "nn"), ("matmul", "bfloat16", "nn")]
     assert (database.find_first(cache, h100, half).dtype, database.find_first(cache, h100, half).device) == \

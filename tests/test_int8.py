@@ -328,9 +328,8 @@ def test_a_gpu_without_its_own_database_reads_a_same_architecture_ones(shipped_s
         own = select(ProblemKey("matmul", dtype, "nn", (4096, 4096, 4096)), PROFILES["h200"], cache)
         assert own.source.startswith("model") and " on " not in own.source, own.explain()
     # an H100 with no float16 databases and no batched ones (the shipped H100 has them since 2026-12-06)
-    h100_dir, h200_dir = "NVIDIA-H100-80GB-HBM3_sm_90/database/", "NVIDIA-H200_sm_90/database/"
-    cache = shipped_subset(h100_dir + "matmul-bfloat16-nn.json", h200_dir + "matmul-float16-nn.json",
-                           h200_dir + "bmm-float16-nn.json")
+    cache = shipped_subset(("h100", "matmul", "bfloat16", "nn"), ("h200", "matmul", "float16", "nn"),
+                           ("h200", "bmm", "float16", "nn"))
     half = select(ProblemKey("matmul", "float16", "nn", (8192, 8192, 1024)), PROFILES["h100"], cache)
     assert half.source.startswith("model") and "of matmul bfloat16" in half.source, half.source
     assert " on " not in half.source, half.source
