@@ -17,7 +17,7 @@ from autotile.codegen.problem import ProblemKey
 from autotile.dispatch import database, first_call, model, select
 from autotile.dispatch.cache import CacheWarning, TuningCache
 from autotile.dispatch.record import Record
-from autotile.errors import CacheError
+from autotile.errors import CacheError, CompileError
 from autotile.tuning import at_first_call, survey
 
 H100 = PROFILES["h100"]
@@ -574,6 +574,41 @@ def test_first_call_with_nothing_to_time_says_so(monkeypatch, tmp_path):
     with pytest.raises(RuntimeError, match="nothing to time"):
         at_first_call._tune(ProblemKey("matmul", "float32", "row", (5, 6, 7)), H100,
                             TuningCache(root=tmp_path, shipped_root=None), "high")
+
+
+def test_first_call_compiles_its_candidates_at_once_before_timing(monkeypatch, tmp_path):
+    import concurrent.futures
+
+    from autotile.codegen import build
+
+    key = ProblemKey("bmm", "float32", "nn", (28, 593, 211, 63))
+    listed = at_first_call.candidates(key, H100, TuningCache(root=tmp_path))
+    generated = [sel for sel in listed if sel.config is not None]
+    assert len(generated) >= 2 and any(sel.config is None for sel in listed)  # cuBLAS is listed, not compiled
+    submitted = []
+
+    def compile_many(jobs, workers=4, clock=None):
+        jobs = list(jobs)
+        submitted.extend(jobs)
+        assert 1 <= workers <= len(jobs)
+        done = []
+        for n, _ in enumerate(jobs):
+            future = concurrent.futures.Future()
+            if n == 0:  # a failed compile is left to the timing loop, which reports it with its candidate
+                future.set_exception(CompileError("bad"))
+            else:
+                future.set_result(None)
+            done.append(future)
+        return done
+
+    monkeypatch.setattr(build, "compile_many", compile_many)
+    at_first_call.compile_ahead(key, listed)
+    spec = kernels.get("bmm")
+    assert sorted(submitted) == sorted({(spec.render(sel.config, "float32", "nn"), "autotile_bmm")
+                                        for sel in generated})
+    submitted.clear()
+    at_first_call.compile_ahead(key, [sel for sel in listed if sel.config is None] + generated[:1])
+    assert submitted == []  # one compile: nothing to overlap
 
 
 def test_first_call_failure_warns_and_keeps_the_chosen(monkeypatch, tmp_path):
