@@ -221,6 +221,53 @@ def test_small_tune_lands_in_cache_and_library_uses_it(isolated_cache):
     assert float(cupy.linalg.norm(c - ref) / cupy.linalg.norm(ref)) < 1e-5
 
 
+def test_first_call_tuning_of_a_batch_compiles_its_candidates_at_once_and_saves_its_winner(isolated_cache,
+                                                                                          monkeypatch):
+    import cupy
+
+    import autotile
+    from autotile.codegen import build
+    from autotile.dispatch.cache import TuningCache
+    from autotile.library import calls as ops
+    from autotile.runtime.device import live_device
+    from autotile.tuning import at_first_call
+
+    batch, M, N, K = shape = (6, 131, 67, 257)  # no side a multiple of any tile
+    device = live_device()
+    listed = at_first_call.candidates(ProblemKey("bmm", "float32", "nn", shape), device, TuningCache())
+    generated = sum(sel.config is not None for sel in listed)
+    submitted: list[int] = []
+    real = build.compile_many
+
+    def spy(jobs, workers=4, clock=None):
+        jobs = list(jobs)
+        submitted.append(len(jobs))
+        return real(jobs, workers, clock)
+
+    monkeypatch.setattr(build, "compile_many", spy)
+    rng = cupy.random.default_rng(5)
+    a = rng.random((batch, M, K), dtype=cupy.float32) - 0.5
+    b = rng.random((batch, K, N), dtype=cupy.float32) - 0.5
+    out = cupy.full((batch, M, N), cupy.nan, dtype=cupy.float32)
+    ops.forget()
+    autotile.tune_at_first_call(True)
+    try:
+        autotile.matmul(a, b, out=out)
+        chosen = ops.selection_for("bmm", "float32", "nn", shape)
+    finally:
+        autotile.tune_at_first_call(None)
+        ops.forget()
+    ref = a.astype(cupy.float64) @ b.astype(cupy.float64)
+    assert float(cupy.linalg.norm(out - ref) / cupy.linalg.norm(ref)) <= kernels.tolerance("float32", K)
+    assert chosen.step == "first call", chosen.explain()
+    if generated >= 2:  # the candidates compiled together, before the first was timed
+        assert submitted[:1] == [generated]
+    if generated:  # the fastest generated candidate is kept, with cuBLAS's time, whichever won
+        records = [r for _, r in TuningCache().entries(device.fingerprint)
+                   if (r.kernel, r.dtype, r.layout, tuple(r.shape)) == ("bmm", "float32", "nn", shape)]
+        assert len(records) == 1 and records[0].baseline_ms
+
+
 def test_library_matvec_layouts_and_errors():
     import cupy
 
