@@ -24,3 +24,17 @@ def test_the_report_gives_the_back_to_back_distribution_of_the_small_problems():
     assert "geomean 1.08" in line  # (1.3 x 0.9)^(1/2)
     # no back-to-back line where no problem was timed so
     assert "Back to back" not in bench_torch._markdown([], [_row(1.0, 0.5)], {}, env)
+
+
+def test_the_report_gives_the_first_calls_cost_and_says_whether_tuning_at_first_call_was_on():
+    rows = [{**_row(1.2, 0.1), "case": "bmm", "first_call_s": t} for t in (0.04, 0.05, 1.5)]
+    env = {"gpu": "a GPU", "date": "2026-12-06", "torch": "2.11", "cupy": "14.2", "seed": 31}
+    off = bench_torch._markdown([], rows, {}, env)
+    line = next(x for x in off.splitlines() if x.startswith("First call"))
+    assert "(selection, compiles)" in line and "median 0.050 s, max 1.500 s, total 1.6 s" in line
+    assert "tuning at first call on" not in off
+    on = bench_torch._markdown([], rows, {}, {**env, "tune_at_first_call": True})
+    assert "TF32 off in PyTorch, tuning at first call on." in on
+    assert "(selection, compiles and tuning at first call)" in on
+    # rows without the measurement (the fixed shapes) give no such line
+    assert "First call" not in bench_torch._markdown([], [_row(1.0, 0.5)], {}, env)

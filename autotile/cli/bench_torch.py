@@ -6,7 +6,8 @@
 - `x @ W.T` (layout nt, PyTorch's linear layer) and `x @ W` (nn) on the benchmark shapes: autotile.matmul
   against torch.matmul (cuBLAS SGEMM/DGEMM, TF32 off), both with `out=`; with the kernels autotile
   launched for the nt call (torch.profiler: one kernel, no copy);
-- batches: torch.bmm against autotile.matmul on 3-D tensors;
+- batches: torch.bmm against autotile.matmul on 3-D tensors, and the wall time of autotile's first call of each
+  (selection, compiles, and the tuning at first call where `AUTOTILE_TUNE_AT_FIRST_CALL` is on);
 - `--random N`: N random shapes in layout nt, the distribution of the ratio;
 - `--random-decode N`: N random decode-size shapes (M 1-64 against N and K of 1024-16384, an LLM's tokens
   through a projection), `x @ W.T` and `x @ W` in turn;
@@ -42,6 +43,7 @@ from autotile.cli import bench, gpu_or_error
 from autotile.cli.overhead import time_calls
 from autotile.codegen import dtypes
 from autotile.codegen.dtypes import DTYPE_NAMES
+from autotile.dispatch import first_call
 from autotile.library import calls as ops
 from autotile.library.api import matmul, scaled_matmul
 from autotile.runtime.timing import L2Flusher, relative_error, time_launch
@@ -179,13 +181,24 @@ def _bmm_row(shape: tuple[int, ...], dtype: Any, flush: Any) -> dict[str, Any]:
     a = torch.rand(B, M, K, device="cuda", dtype=dtype, generator=g) - 0.5
     b = torch.rand(B, K, N, device="cuda", dtype=dtype, generator=g) - 0.5
     out_t, out_m = torch.empty(B, M, N, device="cuda", dtype=dtype), torch.empty(B, M, N, device="cuda", dtype=dtype)
+    first_call_s = _first_call_seconds(lambda: matmul(a, b, out=out_m), torch)
     torch_ms, mine_ms = _pair(lambda: torch.bmm(a, b, out=out_t), lambda: matmul(a, b, out=out_m), flush)
     ref = a.double() @ b.double()
     return {"case": "bmm", "layout": "nn", "shape": list(shape), "torch_ms": torch_ms, "autotile_ms": mine_ms,
-            "ratio": torch_ms / mine_ms, "error": relative_error(out_m.double(), ref),
+            "first_call_s": first_call_s, "ratio": torch_ms / mine_ms, "error": relative_error(out_m.double(), ref),
             "torch_error": relative_error(out_t.double(), ref),
             "runs": ops.selection_for("bmm", _name(dtype), "nn", shape).explain(),
             "kernels": _kernels_launched(lambda: matmul(a, b, out=out_m))}
+
+
+def _first_call_seconds(call: Any, torch: Any) -> float:
+    """Seconds from the first call of a problem to its synchronised result: selection, compiles, and the
+    tuning at first call where it is on (the problem's later calls prepare nothing)."""
+    torch.cuda.synchronize()
+    started = time.perf_counter()
+    call()
+    torch.cuda.synchronize()
+    return time.perf_counter() - started
 
 
 def host_overhead(calls: int = 2000, dtype: Any = None) -> dict[str, float]:
@@ -230,7 +243,9 @@ def host_overhead(calls: int = 2000, dtype: Any = None) -> dict[str, float]:
 def _markdown(rows: list[dict[str, Any]], random_rows: list[dict[str, Any]], overhead: dict[str, float],
               env: dict[str, Any]) -> str:
     lines = [f"## PyTorch comparison, {env['gpu']}, {env['date']}", "",
-             f"torch {env['torch']}, CuPy {env['cupy']}, TF32 off in PyTorch. Ratio = torch time / autotile time "
+             f"torch {env['torch']}, CuPy {env['cupy']}, TF32 off in PyTorch"
+             + (", tuning at first call on" if env.get("tune_at_first_call") else "")
+             + ". Ratio = torch time / autotile time "
              "(above 1: autotile faster), CUDA events, L2 flushed, median.", "",
              "| case | shape | torch ms | autotile ms | ratio | error (torch's) | kernels autotile launched |",
              "| --- | --- | --- | --- | --- | --- | --- |"]
@@ -260,6 +275,11 @@ def _markdown(rows: list[dict[str, Any]], random_rows: list[dict[str, Any]], ove
                   f"{q[0]:.2f}, median {statistics.median(ratios):.2f}, geomean {geomean:.2f}, p90 {q[-1]:.2f}, "
                   f"max {ratios[-1]:.2f}; at or above 1.0: {sum(r >= 1.0 for r in ratios)}, below 0.97: "
                   f"{sum(r < 0.97 for r in ratios)}."]
+        firsts = sorted(r["first_call_s"] for r in group if "first_call_s" in r)
+        if firsts:
+            work = "selection, compiles" + (" and tuning at first call" if env.get("tune_at_first_call") else "")
+            lines += ["", f"First call of each of them ({work}), to its synchronised result: median "
+                      f"{statistics.median(firsts):.3f} s, max {firsts[-1]:.3f} s, total {sum(firsts):.1f} s."]
         chained = sorted(r["back_to_back"] for r in group if "back_to_back" in r)
         if chained:
             mean = math.exp(sum(math.log(r) for r in chained) / len(chained))
@@ -334,7 +354,8 @@ def main(argv: list[str] | None = None, prog: str = "python -m autotile.cli.benc
     torch.backends.cuda.matmul.allow_tf32 = False
     dtype = getattr(torch, args.dtype)
     flush = L2Flusher(limits.l2_bytes)
-    env = {**bench.environment(limits), "torch": torch.__version__, "seed": args.seed, "dtype": args.dtype}
+    env = {**bench.environment(limits), "torch": torch.__version__, "seed": args.seed, "dtype": args.dtype,
+           "tune_at_first_call": first_call.enabled()}
     # against torch._int_mm or torch._scaled_mm: PyTorch has no batched int8 or 8-bit float matmul
     integer = dtype == torch.int8 or _scaled(dtype)
     rows = []
