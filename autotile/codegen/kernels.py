@@ -13,7 +13,7 @@ import numpy as np
 from autotile.codegen import dtypes
 from autotile.codegen.expr import ceil_div
 from autotile.codegen.problem import KERNEL_DIMS, canonical_layout, parse_shape
-from autotile.codegen.render import render
+from autotile.codegen.render import kernel_function_name, render
 from autotile.codegen.space import DEVICE_DERIVED, DTYPE_SIZES, Config, Space, load_space
 from autotile.codegen.tensor_map import TensorBox
 from autotile.errors import UnknownNameError
@@ -98,6 +98,11 @@ class KernelSpec:
     def layout(self, layout: str | None) -> str:
         """The layout under its current name (None: the kernel's default, nn or row)."""
         return canonical_layout(self.name, layout) if layout is not None else self.space.layouts[0]
+
+    @property
+    def function_name(self) -> str:
+        """The extern "C" name of the kernel its sources define (what a compile loads)."""
+        return kernel_function_name(self.name)
 
     def render(self, config: Config, dtype: str = "float32", layout: str | None = None,
                variant: Mapping[str, Any] | None = None) -> str:

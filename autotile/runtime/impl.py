@@ -398,7 +398,7 @@ class Generated:
 
         spec = kernels.get(key.kernel)
         source = self.source if self.source is not None else spec.render(self.config, key.dtype, key.layout)
-        kernel = build.compile_kernel(source, "autotile_" + spec.name)
+        kernel = build.compile_kernel(source, spec.function_name)
         launch = spec.launch(self.config, key.shape, key.dtype, key.layout, sm_count=sm_count())
         return KernelRunner(kernel, launch, spec.size_args(key.shape), spec.batched, spec.operand_count(key.dtype))
 

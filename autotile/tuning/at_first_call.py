@@ -91,7 +91,7 @@ def compile_ahead(key: ProblemKey, listed: list[Selection]) -> None:
     from autotile.codegen import build
 
     spec = kernels.get(key.kernel)
-    jobs = sorted({(spec.render(sel.config, key.dtype, key.layout), "autotile_" + spec.name)
+    jobs = sorted({(spec.render(sel.config, key.dtype, key.layout), spec.function_name)
                    for sel in listed if sel.config is not None})
     if len(jobs) < 2:  # nothing to overlap
         return

@@ -343,7 +343,7 @@ def survey(kernel: str, dtype: str, layout: str, device: DeviceLimits, shapes: l
                              tuple(tuple(rows[s]) for s in order), environment)
 
     # One compile per candidate, all in parallel before the first shape.
-    futures = build.compile_many(((spec.render(c, dtype, layout), "autotile_" + spec.name) for _, c in configs),
+    futures = build.compile_many(((spec.render(c, dtype, layout), spec.function_name) for _, c in configs),
                                  workers=8)
     for (name, _), future in zip(configs, futures, strict=True):
         try:

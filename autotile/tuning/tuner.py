@@ -357,7 +357,7 @@ class Tuner:
         self._next_id += 1
         shapes = [self.shape] + [s for s in self.spec.check_shapes if s != self.shape]
         launches = {s: self.spec.launch(config, s, self.dtype, self.layout) for s in shapes}
-        return Candidate(self._next_id, self._render(config), "autotile_" + self.spec.name, launches,
+        return Candidate(self._next_id, self._render(config), self.spec.function_name, launches,
                          config.key(), give_up_ms, wait_until)
 
     # -- the study ---------------------------------------------------------------------------------------
