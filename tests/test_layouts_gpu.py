@@ -202,6 +202,72 @@ def test_torch_runs_on_the_callers_stream_without_a_synchronisation():
     assert _rel(out, x.double() @ w.T.double()) < kernels.tolerance("float32", K)
 
 
+def _records(kernel: str, shape: tuple[int, ...]) -> list:
+    from autotile.dispatch.cache import TuningCache
+    from autotile.runtime.device import live_device
+
+    return [r for _, r in TuningCache().entries(live_device().fingerprint)
+            if (r.kernel, r.dtype, tuple(r.shape)) == (kernel, "float32", shape)]
+
+
+@pytest.mark.parametrize("framework", ["torch", "cupy"])
+def test_a_first_call_inside_a_graph_capture_runs_untuned_and_the_next_call_outside_tunes(framework,
+                                                                                         isolated_cache):
+    """Tuning at first call synchronises the GPU: inside a capture (torch's global mode, CuPy's) it would
+    invalidate the capture, so the captured call runs the selection chain's choice and stores nothing, and the
+    first call outside the capture tunes."""
+    import cupy
+
+    import autotile
+    from autotile.library import calls as ops
+
+    batch, M, N, K = shape = (6, 132, 68, 260)  # rows 16-byte aligned (no padded plan), no side a tile's multiple
+    if framework == "torch":
+        torch = _torch()
+        a, b = torch.rand(batch, M, K, device="cuda") - 0.5, torch.rand(batch, K, N, device="cuda") - 0.5
+        out = torch.empty(batch, M, N, device="cuda")
+    else:
+        rng = cupy.random.default_rng(3)
+        a, b = rng.random((batch, M, K), dtype=cupy.float32) - 0.5, rng.random((batch, K, N), dtype=cupy.float32) - 0.5
+        out = cupy.empty((batch, M, N), dtype=cupy.float32)
+    ops.forget()
+    autotile.tune_at_first_call(True)
+    try:
+        if framework == "torch":
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):  # the first call of the shape, in global capture mode
+                autotile.matmul(a, b, out=out)
+            replay = graph.replay
+        else:
+            stream = cupy.cuda.Stream(non_blocking=True)
+            with stream:
+                stream.begin_capture()
+                autotile.matmul(a, b, out=out)
+                cupy_graph = stream.end_capture()
+
+            def replay() -> None:
+                cupy_graph.launch(stream)
+                stream.synchronize()
+        assert _records("bmm", shape) == []  # nothing was timed inside the capture, nor kept for later calls
+        assert [key for key in ops._prepared if key[4] == shape] == []
+        if framework == "torch":
+            out.fill_(float("nan"))
+        else:
+            out.fill(float("nan"))
+        replay()
+        cupy.cuda.runtime.deviceSynchronize()
+        ref = cupy.asarray(a).astype(cupy.float64) @ cupy.asarray(b).astype(cupy.float64)
+        error = float(cupy.linalg.norm(cupy.asarray(out) - ref) / cupy.linalg.norm(ref))
+        assert error <= kernels.tolerance("float32", K)
+        autotile.matmul(a, b)  # outside the capture: tuned now
+        steps = [prepared.selection.step for key, prepared in ops._prepared.items() if key[4] == shape]
+    finally:
+        autotile.tune_at_first_call(None)
+        ops.forget()
+    assert steps == ["first call"]
+    assert len(_records("bmm", shape)) <= 1  # one record where a generated candidate ran (with a database)
+
+
 @pytest.mark.parametrize("shape", [(512, 512, 512), (64, 64, 8192), (131, 67, 257)])
 def test_torch_cuda_graph_capture_and_replay_on_new_values(shape):
     torch = _torch()

@@ -89,3 +89,27 @@ def test_only_a_frameworks_own_types_are_read_unchecked(stand):
     assert calls.repeated_call("host data", a, None, None) is None
     assert calls.repeated_call(a, "host data", None, None) is None
     assert stand.pair_signature("host data", a) is None and stand.pair_signature(a, a) == ((3, 4), (3, 4), False)
+
+
+@pytest.mark.parametrize(("answer", "capturing"), [(False, False), (True, True), (2, True), ("implicit", True)])
+def test_is_capturing_reads_the_stream_and_counts_the_legacy_streams_refusal_as_capturing(monkeypatch, answer,
+                                                                                          capturing):
+    """cudaStreamIsCapturing's answer per stream: none, active, invalidated (2), and the legacy stream's error
+    while another stream captures in global mode (which a synchronising call there would break too)."""
+    import types
+
+    class CUDARuntimeError(RuntimeError):
+        pass
+
+    asked: list[int] = []
+
+    def stream_is_capturing(ptr: int) -> object:
+        asked.append(ptr)
+        if answer == "implicit":
+            raise CUDARuntimeError("cudaErrorStreamCaptureImplicit")
+        return answer
+
+    runtime = types.SimpleNamespace(streamIsCapturing=stream_is_capturing, CUDARuntimeError=CUDARuntimeError)
+    monkeypatch.setattr(operands, "_cupy", lambda: types.SimpleNamespace(cuda=types.SimpleNamespace(runtime=runtime)))
+    assert operands.is_capturing(0xBEEF) is capturing
+    assert asked == [0xBEEF]

@@ -56,6 +56,7 @@ from autotile.runtime.operands import (
     Repeat,
     as_framework,
     framework_by_type,
+    is_capturing,
     stream_pointer,
 )
 
@@ -75,6 +76,9 @@ class _Prepared:
     selection: Selection
     # where cuBLAS won: its routine called on pointers (`autotile.runtime.cublas`), capturable in a CUDA graph
     direct: CublasCall | None = None
+    # the selection chain's choice run instead of tuning at first call, because the call came inside a CUDA-graph
+    # capture: not memoized, so that the first call outside a capture tunes the problem
+    provisional: bool = False
 
     def call(self, framework: Framework, inputs: tuple[Any, ...], out: Any, out_nbytes: int, dtype: str,
              stream_ptr: int, batch_strides: tuple[int, ...] = ()) -> None:
@@ -118,9 +122,11 @@ def _device(device_id: int) -> Any:
 
 
 def _prepare(kernel: str, dtype: str, layout: str, shape: tuple[int, ...], setting: str | None = None,
-             device_id: int | None = None) -> _Prepared:
+             device_id: int | None = None, stream_ptr: int | None = None) -> _Prepared:
     """What runs `kernel` on this problem under the precision `setting` (resolved by the caller; None: the
-    process-wide one) on `device_id` (None: CuPy's current device), prepared once."""
+    process-wide one) on `device_id` (None: CuPy's current device), prepared once. `stream_ptr`: the stream
+    the call runs on, where known; while it is capturing a CUDA graph, tuning at first call waits for a call
+    outside the capture (its timing synchronises the GPU, which would invalidate the caller's capture)."""
     # The per-call path: a dictionary lookup on plain values (a ProblemKey, which validates, is made only on
     # the first call of a problem).
     if setting is None:
@@ -140,7 +146,8 @@ def _prepare(kernel: str, dtype: str, layout: str, shape: tuple[int, ...], setti
     device = _device(device_id)
     selection = select(key, device, precision=setting)
     tune_here = first_call.tuner() if first_call.enabled() and selection.source != "exact" else None
-    if tune_here is not None:  # plugged in by the tuning layer (autotile/__init__.py)
+    provisional = tune_here is not None and stream_ptr is not None and is_capturing(stream_ptr)
+    if tune_here is not None and not provisional:  # plugged in by the tuning layer (autotile/__init__.py)
         from autotile.dispatch.cache import TuningCache
 
         selection = tune_here(key, device, TuningCache(), selection, setting)
@@ -151,9 +158,11 @@ def _prepare(kernel: str, dtype: str, layout: str, shape: tuple[int, ...], setti
                             f"CUDA's {MAX_GRID_Z} blocks along grid z; split the batch")
     # the 8-bit floats' vendor call is torch._scaled_mm, which `scaled_matmul` makes itself
     vendor = isinstance(runner, CublasRunner) and not dtypes_mod.get(dtype).scaled
-    prepared = _Prepared(runner, selection, direct=CublasCall(key, device_id) if vendor else None)
-    with _lock:
-        _prepared[memo_key] = prepared
+    prepared = _Prepared(runner, selection, direct=CublasCall(key, device_id) if vendor else None,
+                         provisional=provisional)
+    if not provisional:
+        with _lock:
+            _prepared[memo_key] = prepared
     return prepared
 
 
@@ -405,31 +414,32 @@ def matmul_no_autograd(A: Any, B: Any, out: Any = None, precision: str | None = 
     if vector is not None:
         layout, shape, swapped = vector
         with _device_of(a.device):
-            prepared = _prepare("matvec", dtype, layout, shape, setting, a.device)
+            prepared = _prepare("matvec", dtype, layout, shape, setting, a.device, stream_ptr)
         call = _Call(prepared, plan.out_shape, _nbytes(c), out_dtype, a.device, ())
         inputs = (b.obj, a.obj) if swapped else (a.obj, b.obj)
         _launch_on(a.device, prepared, framework, inputs, c.obj, call.out_nbytes, out_dtype, stream_ptr)
-        if memoize:
+        if memoize and not prepared.provisional:
             run = _swapped(_repeat(framework, call)) if swapped else _repeat(framework, call)
             with _lock:
                 _calls[signature] = _native_first(framework, call, "matmul", (len(a.shape), len(b.shape)), run)
         return c.obj
-    padded = padded_plan(plan.kernel, dtype, plan.layout, plan.shape, setting, a.device)
+    padded = padded_plan(plan.kernel, dtype, plan.layout, plan.shape, setting, a.device, stream_ptr)
     if padded is not None:
         with _device_of(a.device):  # the copy kernels are compiled and loaded there
             run = padding.PaddedCall(plan.layout, plan.shape, plan.batch_strides, dtype, a.device, padded,
                                      framework.allocate)
             run(a.ptr, b.ptr, c.ptr, stream_ptr)
-        if memoize:
+        if memoize and not padded.provisional:
             with _lock:
                 _calls[signature] = _repeat_padded(framework, run, plan.out_shape, out_dtype, a.device)
         return c.obj
     with _device_of(a.device):
-        prepared = _prepare(plan.kernel, dtype, plan.layout, plan.shape, setting, a.device)
+        prepared = _prepare(plan.kernel, dtype, plan.layout, plan.shape, setting, a.device, stream_ptr)
     call = _Call(prepared, plan.out_shape, _nbytes(c), out_dtype, a.device, plan.batch_strides)
     _launch_on(a.device, prepared, framework, (a.obj, b.obj), c.obj, call.out_nbytes, out_dtype, stream_ptr,
                plan.batch_strides)
-    if memoize:  # only signatures of the framework's own arrays that needed no copy: others convert every call
+    # only signatures of the framework's own arrays that needed no copy (others convert every call)
+    if memoize and not prepared.provisional:
         run = _native_first(framework, call, "matmul", (len(a.shape), len(b.shape)), _repeat(framework, call))
         with _lock:
             _calls[signature] = run
@@ -619,9 +629,10 @@ def matvec_no_autograd(A: Any, x: Any, out: Any = None, precision: str | None = 
     y = _output(framework, out, (M,), dtype, a.device)
     stream_ptr = _stream(framework, stream, a.device)
     with _device_of(a.device):
-        prepared = _prepare("matvec", dtype, "row" if order == "n" else "col", (M, K), setting, a.device)
+        prepared = _prepare("matvec", dtype, "row" if order == "n" else "col", (M, K), setting, a.device, stream_ptr)
     _launch_on(a.device, prepared, framework, (a.obj, v.obj), y.obj, _nbytes(y), dtype, stream_ptr)
-    if not copied and signature[1] is not None and (out is None or signature[2] is not None):
+    memoize = not copied and signature[1] is not None and (out is None or signature[2] is not None)
+    if memoize and not prepared.provisional:
         call = _Call(prepared, (M,), _nbytes(y), dtype, a.device, ())
         run = _native_first(framework, call, "matvec", (2, 1), _repeat(framework, call))
         with _lock:  # only signatures of the framework's own arrays that needed no copy
@@ -672,11 +683,13 @@ def scaled_matmul(A: Any, B: Any, scale_a: Any, scale_b: Any, out: Any = None, s
         return _zeros(framework, out, plan.out_shape, out_dtype, a.device)
     c = _output(framework, out, plan.out_shape, out_dtype, a.device)
     with _device_of(a.device):
-        prepared = _prepare(plan.kernel, dtype, plan.layout, plan.shape, None, a.device)
+        prepared = _prepare(plan.kernel, dtype, plan.layout, plan.shape, None, a.device,
+                            _stream(framework, stream, a.device))
     call = _Call(prepared, plan.out_shape, _nbytes(c), out_dtype, a.device, ())
     run = _scaled_repeat(torch, framework, prepared, call)
     result = run(a.obj, b.obj, scales[0], scales[1], c.obj, stream)
-    if not copied and None not in signature[:4] and (out is None or signature[4] is not None):
+    memoize = not copied and None not in signature[:4] and (out is None or signature[4] is not None)
+    if memoize and not prepared.provisional:
         with _lock:
             _scaled_calls[signature] = run
     return result
@@ -742,11 +755,12 @@ def _padded_choice(kernel: str, dtype: str, layout: str, shape: tuple[int, ...],
 
 
 def padded_plan(kernel: str, dtype: str, layout: str, shape: tuple[int, ...], setting: str,
-                device_id: int | None = None) -> _Prepared | None:
+                device_id: int | None = None, stream_ptr: int | None = None) -> _Prepared | None:
     """Where a matmul of `shape` ((batch,) M, N, K) in `layout` takes the padded plan
     (`autotile.library.padding`) under the precision `setting` (resolved) on `device_id` (None: CuPy's
     current device): what runs the padded shape, prepared; None where the plan does not pay. Decided once
-    per problem: the selections of the shape as it is and of the padded shape, weighed by `padding.pays`."""
+    per problem: the selections of the shape as it is and of the padded shape, weighed by `padding.pays`.
+    `stream_ptr`: the call's stream, as `_prepare`'s."""
     if not padding.applies(dtype, setting, kernel, layout, shape):
         return None
     if device_id is None:
@@ -758,7 +772,9 @@ def padded_plan(kernel: str, dtype: str, layout: str, shape: tuple[int, ...], se
     found = None
     if padded is not None:
         with _device_of(device_id):  # its kernel is compiled and loaded there
-            found = _prepare(kernel, dtype, layout, padded[1], setting, device_id)
+            found = _prepare(kernel, dtype, layout, padded[1], setting, device_id, stream_ptr)
+    if found is not None and found.provisional:  # decided again by the first call outside the capture
+        return found
     with _lock:
         return _padded_plans.setdefault(memo_key, found)
 

@@ -426,5 +426,16 @@ def stream_pointer(stream: Any) -> int:
                         "a stream pointer (int)")
 
 
+def is_capturing(stream_ptr: int) -> bool:
+    """Whether work enqueued on the stream `stream_ptr` is being captured into a CUDA graph (or the capture was
+    invalidated). The legacy default stream (0) answers with an error while another stream captures in global
+    mode: that counts as capturing, since a synchronising call there would break that capture too."""
+    runtime = _cupy().cuda.runtime
+    try:
+        return bool(runtime.streamIsCapturing(stream_ptr))
+    except runtime.CUDARuntimeError:  # cudaErrorStreamCaptureImplicit
+        return True
+
+
 __all__ = ["CupyFramework", "Framework", "Operand", "TorchFramework", "as_cupy", "as_framework", "framework_of",
-           "is_torch_tensor", "stream_pointer"]
+           "is_capturing", "is_torch_tensor", "stream_pointer"]
