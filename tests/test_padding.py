@@ -450,6 +450,7 @@ def test_the_padded_plan_prepares_the_padded_shape_only_where_it_pays(monkeypatc
     """Without a GPU: both shapes' selections weighed by `padding.pays`, the padded shape prepared where the
     plan pays, nothing where it does not (each decision made once per problem)."""
     import contextlib
+    import types
 
     from autotile.dispatch import select as select_mod
     from autotile.library import calls
@@ -462,13 +463,20 @@ def test_the_padded_plan_prepares_the_padded_shape_only_where_it_pays(monkeypatc
     monkeypatch.setattr(padding, "pays", lambda direct, padded, layout, shape, dtype: plan_pays[0])
     monkeypatch.setattr(calls, "_device", lambda device_id: None)
     monkeypatch.setattr(calls, "_device_of", lambda device_id: contextlib.nullcontext())
-    monkeypatch.setattr(calls, "_prepare", lambda kernel, dtype, layout, s, setting, device_id:
-                        prepared.append(s) or "prepared")
+    made = types.SimpleNamespace(provisional=False)  # what `_prepare` returns
+    monkeypatch.setattr(calls, "_prepare", lambda kernel, dtype, layout, s, setting, device_id, stream_ptr=None:
+                        prepared.append(s) or made)
     monkeypatch.setattr(calls, "_padded_plans", {})
-    assert calls.padded_plan("matmul", "float32", "nn", shape, "high", 0) == "prepared"
+    assert calls.padded_plan("matmul", "float32", "nn", shape, "high", 0) is made
     assert selected == [shape, padded_shape] and prepared == [padded_shape]
-    assert calls.padded_plan("matmul", "float32", "nn", shape, "high", 0) == "prepared" and len(selected) == 2
+    assert calls.padded_plan("matmul", "float32", "nn", shape, "high", 0) is made and len(selected) == 2
     plan_pays[0] = False
     monkeypatch.setattr(calls, "_padded_plans", {})
     assert calls.padded_plan("matmul", "float32", "nn", shape, "high", 0) is None
     assert selected == [shape, padded_shape] * 2 and prepared == [padded_shape]
+    # prepared inside a CUDA-graph capture without the tuning at first call it asked for: decided again next time
+    plan_pays[0], made.provisional = True, True
+    monkeypatch.setattr(calls, "_padded_plans", {})
+    assert calls.padded_plan("matmul", "float32", "nn", shape, "high", 0, stream_ptr=7) is made
+    assert calls.padded_plan("matmul", "float32", "nn", shape, "high", 0) is made
+    assert prepared == [padded_shape] * 3 and calls._padded_plans == {}
