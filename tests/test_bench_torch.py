@@ -38,3 +38,12 @@ def test_the_report_gives_the_first_calls_cost_and_says_whether_tuning_at_first_
     assert "(selection, compiles and tuning at first call)" in on
     # rows without the measurement (the fixed shapes) give no such line
     assert "First call" not in bench_torch._markdown([], [_row(1.0, 0.5)], {}, env)
+
+
+def test_the_report_gives_the_back_to_back_distribution_of_the_small_batches_apart():
+    bmm = [{**_row(0.74, 0.016, 1.45), "case": "bmm"}, {**_row(1.3, 0.4), "case": "bmm"}]
+    env = {"gpu": "a GPU", "date": "2026-12-06", "torch": "2.11", "cupy": "14.2", "seed": 101}
+    text = bench_torch._markdown([], [_row(1.0, 0.010, 0.9), *bmm], {}, env)
+    lines = [x for x in text.splitlines() if x.startswith("Back to back")]
+    assert len(lines) == 2  # one per group: the nt shapes', then the batches'
+    assert "the 1 of them" in lines[1] and "min 1.45" in lines[1] and "below 0.97: 0." in lines[1]

@@ -23,9 +23,9 @@ and B column-major only, so layout nt; sides multiples of 16: the random sides a
 batches.
 
 Times: CUDA events around the launch alone, L2 flushed before each repetition, median (`autotile.runtime.timing`).
-Random `x @ W.T` shapes of under `BACK_TO_BACK_BELOW_MS` of torch's GPU time are also timed back to back (as a
-model's layer makes them: `BACK_TO_BACK_CALLS` calls enqueued with nothing between, the host's time per call
-included: `autotile.cli.overhead`), where the host decides what a call costs and the GPU time alone does not.
+Random `x @ W.T` shapes and batches of under `BACK_TO_BACK_BELOW_MS` of torch's GPU time are also timed back to
+back (as a model's layer makes them: `BACK_TO_BACK_CALLS` calls enqueued with nothing between, the host's time per
+call included: `autotile.cli.overhead`), where the host decides what a call costs and the GPU time alone does not.
 Writes torch.md and torch.json to --out. Needs a GPU, CuPy and torch.
 """
 
@@ -173,7 +173,8 @@ def _matmul_row(shape: tuple[int, ...], layout: str, dtype: Any, flush: Any, pro
     return row
 
 
-def _bmm_row(shape: tuple[int, ...], dtype: Any, flush: Any) -> dict[str, Any]:
+def _bmm_row(shape: tuple[int, ...], dtype: Any, flush: Any, back_to_back: bool = False) -> dict[str, Any]:
+    """One batch's row against torch.bmm (`back_to_back`: as `_matmul_row`'s)."""
     import torch
 
     B, M, N, K = shape
@@ -184,11 +185,16 @@ def _bmm_row(shape: tuple[int, ...], dtype: Any, flush: Any) -> dict[str, Any]:
     first_call_s = _first_call_seconds(lambda: matmul(a, b, out=out_m), torch)
     torch_ms, mine_ms = _pair(lambda: torch.bmm(a, b, out=out_t), lambda: matmul(a, b, out=out_m), flush)
     ref = a.double() @ b.double()
-    return {"case": "bmm", "layout": "nn", "shape": list(shape), "torch_ms": torch_ms, "autotile_ms": mine_ms,
-            "first_call_s": first_call_s, "ratio": torch_ms / mine_ms, "error": relative_error(out_m.double(), ref),
-            "torch_error": relative_error(out_t.double(), ref),
-            "runs": ops.selection_for("bmm", _name(dtype), "nn", shape).explain(),
-            "kernels": _kernels_launched(lambda: matmul(a, b, out=out_m))}
+    row = {"case": "bmm", "layout": "nn", "shape": list(shape), "torch_ms": torch_ms, "autotile_ms": mine_ms,
+           "first_call_s": first_call_s, "ratio": torch_ms / mine_ms, "error": relative_error(out_m.double(), ref),
+           "torch_error": relative_error(out_t.double(), ref),
+           "runs": ops.selection_for("bmm", _name(dtype), "nn", shape).explain(),
+           "kernels": _kernels_launched(lambda: matmul(a, b, out=out_m))}
+    if back_to_back and torch_ms < BACK_TO_BACK_BELOW_MS:
+        timed = time_calls({"torch": lambda: torch.bmm(a, b, out=out_t), "autotile": lambda: matmul(a, b, out=out_m)},
+                           torch.cuda.synchronize, BACK_TO_BACK_CALLS, BACK_TO_BACK_ROUNDS)
+        row["back_to_back"] = timed["torch"][1] / timed["autotile"][1]
+    return row
 
 
 def _first_call_seconds(call: Any, torch: Any) -> float:
@@ -379,8 +385,10 @@ def main(argv: list[str] | None = None, prog: str = "python -m autotile.cli.benc
             chained = f" (back to back {found['back_to_back']:.2f}x)" if "back_to_back" in found else ""
             print(f"random nt {random_shape}: {found['ratio']:.2f}x{chained}  {found['runs']}", flush=True)
     for batch_shape in () if integer else random_bmm_shapes(args.random_bmm, args.seed):
-        random_rows.append(_bmm_row(batch_shape, dtype, flush))
-        print(f"random bmm {batch_shape}: {random_rows[-1]['ratio']:.2f}x  {random_rows[-1]['runs']}", flush=True)
+        found = _bmm_row(batch_shape, dtype, flush, back_to_back=True)
+        random_rows.append(found)
+        chained = f" (back to back {found['back_to_back']:.2f}x)" if "back_to_back" in found else ""
+        print(f"random bmm {batch_shape}: {found['ratio']:.2f}x{chained}  {found['runs']}", flush=True)
     for i, shape in enumerate(random_decode_shapes(args.random_decode, args.seed)):
         found = _matmul_row(shape, ("nt", "nn")[i % 2], dtype, flush, profile=False, back_to_back=True)
         if found is None:
