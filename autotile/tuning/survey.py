@@ -232,6 +232,15 @@ def portfolio(kernel: str, dtype: str, layout: str, device: DeviceLimits,
                 add(f"{name}/staged", space.with_overrides(config, {"STORE": "staged"}))
             except AutotileError:  # a variant the space refuses: not a candidate
                 continue
+    # Narrow-copy variants of the mma.sync kernels that copy 4 elements at a time (tf32x3 and mma, their staged
+    # twins included): where an operand's rows start 2-element aligned but not 4 (a quarter of random sizes),
+    # copies of 2 elements instead of single ones.
+    for config, name in list(found.items()):
+        if config.get("MATH") in ("tf32x3", "mma") and config.get("VEC") == 4 and not config.get("NARROW_COPIES"):
+            try:
+                add(f"{name}/narrow", space.with_overrides(config, {"NARROW_COPIES": True}))
+            except AutotileError:  # a variant the space refuses: not a candidate
+                continue
     return [(name, config) for config, name in found.items()]
 
 
