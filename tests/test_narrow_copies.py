@@ -1,6 +1,7 @@
 """NARROW_COPIES on the mma.sync kernels (tf32x3, mma): copies of VEC / 2 elements where an operand's rows start
-aligned to that but not to VEC. Without a GPU: the source it adds, that nothing else changes, that it compiles
-without spills; with one (`gpu`): results against float64 where leading dimensions are 2 mod 4."""
+aligned to that but not to VEC; on the wgmma kernels' register loads: 8-byte (or single, unguarded) loads inside
+the matrix where rows are not 16-byte aligned. Without a GPU: the source it adds, that nothing else changes, that
+it compiles without spills; with one (`gpu`): results against float64 where leading dimensions are 2 mod 4."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ from autotile.errors import AutotileError
 
 # tf32x3 (float32: 8-byte copies) and mma (16-bit: 4-byte copies), small and large tiles
 NAMES = {"float32": ("tf32x3-32", "tf32x3-64", "tf32x3-128x64"), "bfloat16": ("mma-32", "mma-64")}
+# wgmma (sm_90a): a block per tile through the TMA's register fallback, and persistent blocks, two and four producers
+WGMMA = ("wgmma-64-tma", "wgmma-128-persistent-p2", "wgmma-128x64-persistent-p4")
 
 
 def _narrow(name: str, **overrides):
@@ -43,8 +46,8 @@ def test_narrow_copies_need_four_element_vectors():
     two = _narrow("tf32x3-64", VEC=2)
     assert not space.is_feasible(two, problem)
     assert any("narrow copies" in v for v in map(str, space.violations(two, problem)))
-    with pytest.raises(AutotileError):  # only the mma.sync kernels have it
-        space.check(space.with_overrides(space.named("wgmma-128"), {"NARROW_COPIES": True}), problem)
+    with pytest.raises(AutotileError):  # the presplit loader's workspace rows are always aligned
+        space.check(space.with_overrides(space.named("wgmma-128-presplit"), {"NARROW_COPIES": True}), problem)
 
 
 @pytest.mark.parametrize("layout", ["nn", "nt", "tn", "tt"])
@@ -56,6 +59,22 @@ def test_narrow_copies_compile_without_spills(layout):
             for name in names:
                 usage = build.compile(spec.render(_narrow(name), dtype, layout), "sm_90").usage(f"autotile_{kernel}")
                 assert usage is not None and usage.spill_stores == 0, (kernel, name, dtype, layout, usage)
+
+
+def test_narrow_wgmma_loads_add_one_path_and_compile_without_spills():
+    """wgmma: the narrow configs render the plain source plus a guard-free path per operand; every layout,
+    batched too, compiles for sm_90a without spills."""
+    for kernel in ("matmul", "bmm"):
+        spec = kernels.get(kernel)
+        for name in WGMMA:
+            for layout in ("nn", "nt", "tn", "tt"):
+                plain = spec.render(spec.space.named(name), "float32", layout)
+                narrow = spec.render(_narrow(name), "float32", layout)
+                assert "narrow_ok" not in plain and narrow.count("_narrow_ok = (") == 2
+                assert {line for line in plain.splitlines() if not line.startswith("// config:")} <= set(
+                    narrow.splitlines())
+                usage = build.compile(narrow, "sm_90a").usage(f"autotile_{kernel}")
+                assert usage is not None and usage.spill_stores == 0, (kernel, name, layout, usage)
 
 
 @pytest.mark.gpu
@@ -71,4 +90,10 @@ def test_narrow_copies_match_reference(layout):
         configs = [_narrow(name) for name in names]
         failures += _check_configs("matmul", dtype, layout, configs, shapes)
         failures += _check_configs("bmm", dtype, layout, configs[:2], [(3, 66, 130, 258), (2, 33, 62, 94)])
+    from autotile.runtime.device import live_device
+
+    if live_device().compute_capability == (9, 0):  # wgmma
+        wgmma = [_narrow(name) for name in WGMMA]
+        failures += _check_configs("matmul", "float32", layout, wgmma, shapes + [(200, 390, 514)])
+        failures += _check_configs("bmm", "float32", layout, wgmma, [(3, 66, 130, 258), (2, 130, 262, 98)])
     assert not failures
