@@ -157,7 +157,9 @@ def test_compiles_for_sm90a_within_the_register_model(compiled, case):
     assert "C7508" not in result.log and "C7510" not in result.log, result.log  # setmaxnreg kept, wgmma not serialized
 
 
-@pytest.mark.parametrize("config", WGMMA.feasible(Problem(PROFILES["h100"], "float32", "nn")), ids=str)
+# NARROW_COPIES changes no register count (the same loads, fewer guards): its twins are left out
+@pytest.mark.parametrize("config", [c for c in WGMMA.feasible(Problem(PROFILES["h100"], "float32", "nn"))
+                                    if not c["NARROW_COPIES"]], ids=str)
 def test_setmaxnreg_fits_the_blocks_registers(config):
     """More than 256 threads (two consumer or two producer warpgroups): setmaxnreg's new counts must fit
     the registers the block was launched with (65536 / threads a thread, rounded down to 8). An increase

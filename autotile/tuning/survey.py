@@ -232,6 +232,18 @@ def portfolio(kernel: str, dtype: str, layout: str, device: DeviceLimits,
                 add(f"{name}/staged", space.with_overrides(config, {"STORE": "staged"}))
             except AutotileError:  # a variant the space refuses: not a candidate
                 continue
+    # Narrow-copy variants (their staged twins included) of the mma.sync kernels that copy 4 elements at a time
+    # (tf32x3 and mma) and of the wgmma kernels whose producers load into registers: where an operand's rows
+    # start 2-element aligned but not 4 (a quarter of random sizes), copies of 2 elements instead of single
+    # ones (wgmma: and no edge guards inside the matrix).
+    for config, name in list(found.items()):
+        narrowed = (config.get("MATH") in ("tf32x3", "mma") and config.get("VEC") == 4) or (
+            config.get("MATH") == "wgmma" and config.get("LOADER") != "presplit")
+        if narrowed and not config.get("NARROW_COPIES"):
+            try:
+                add(f"{name}/narrow", space.with_overrides(config, {"NARROW_COPIES": True}))
+            except AutotileError:  # a variant the space refuses: not a candidate
+                continue
     return [(name, config) for config, name in found.items()]
 
 
