@@ -17,6 +17,7 @@ from autotile.codegen.space import Config, Problem, Space, load_space
 from autotile.dispatch import first_call as _first_call
 from autotile.dispatch.first_call import tune_at_first_call
 from autotile.dispatch.precision import get_float32_matmul_precision, set_float32_matmul_precision
+from autotile.dispatch.shape_log import record_shapes
 from autotile.errors import (
     ArgumentError,
     AutotileError,
@@ -42,8 +43,8 @@ __all__ = [
     "AutotileError", "ArgumentError", "CacheError", "CompileError", "Config", "DeviceLimits",
     "DeviceUnavailableError", "InfeasibleConfigError", "InvalidValueError", "KERNELS", "PROFILES", "Problem",
     "Space", "SpaceDefinitionError", "UnknownNameError", "get_float32_matmul_precision", "get_kernel", "live_device",
-    "load_space", "profile", "matmul", "matvec", "render", "scaled_matmul", "set_float32_matmul_precision", "tune",
-    "tune_at_first_call",
+    "load_space", "profile", "matmul", "matvec", "record_shapes", "render", "scaled_matmul",
+    "set_float32_matmul_precision", "tune", "tune_at_first_call",
 ]
 
 

@@ -530,3 +530,35 @@ def test_timing_stops_early_only_for_a_clearly_slower_launch():
     assert full.reps >= 10
     assert time_launch(launch, None, give_up_ms=full.min_ms / 100).reps == PROBE_REPS  # far above the threshold
     assert time_launch(launch, None, give_up_ms=full.median_ms * 100).reps >= 10  # far below it: timed in full
+
+
+def test_recording_lists_the_problems_met_without_a_record_once_for_autotile_batch(isolated_cache, tmp_path):
+    import cupy
+
+    import autotile
+    from autotile.dispatch import shape_log
+    from autotile.library import calls as ops
+    from autotile.tuning import batch
+
+    path = tmp_path / "seen.yaml"
+    untuned = (6, 132, 68, 260)  # rows 16-byte aligned (no padded plan), no side a tile's multiple
+    shipped = (128, 256, 256, 256)  # a tuned record ships for it (the exact step)
+    rng = cupy.random.default_rng(2)
+    ops.forget()
+    autotile.record_shapes(path)
+    try:
+        for n, (batch_size, M, N, K) in enumerate((untuned, shipped, untuned)):
+            if n == 2:
+                ops.forget()  # a later process, as far as memory goes: the file keeps the list unique
+            a = rng.random((batch_size, M, K), dtype=cupy.float32) - 0.5
+            b = rng.random((batch_size, K, N), dtype=cupy.float32) - 0.5
+            out = cupy.full((batch_size, M, N), cupy.nan, dtype=cupy.float32)
+            autotile.matmul(a, b, out=out)
+            ref = a.astype(cupy.float64) @ b.astype(cupy.float64)
+            assert float(cupy.linalg.norm(out - ref) / cupy.linalg.norm(ref)) <= kernels.tolerance("float32", K)
+        assert ops.selection_for("bmm", "float32", "nn", shipped).source == "exact"
+    finally:
+        autotile.record_shapes(None)
+        shape_log._noted.clear()
+        ops.forget()
+    assert [item.key for item in batch.read_problems(path)] == [ProblemKey("bmm", "float32", "nn", untuned)]

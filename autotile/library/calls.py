@@ -42,7 +42,7 @@ import numpy as np
 from autotile.codegen import dtypes as dtypes_mod
 from autotile.codegen.dtypes import DTYPE_NAMES
 from autotile.codegen.problem import MATVEC_DTYPES, MAX_DIM, ProblemKey, as_matvec, canonical_layout
-from autotile.dispatch import events, first_call
+from autotile.dispatch import events, first_call, shape_log
 from autotile.dispatch import precision as precision_mod
 from autotile.errors import ArgumentError, DeviceUnavailableError
 from autotile.library import padding
@@ -145,6 +145,8 @@ def _prepare(kernel: str, dtype: str, layout: str, shape: tuple[int, ...], setti
     key = ProblemKey(kernel, dtype, layout, shape)
     device = _device(device_id)
     selection = select(key, device, precision=setting)
+    if selection.source != "exact":  # listed for `autotile batch` where the program records its problems
+        shape_log.note(key)
     tune_here = first_call.tuner() if first_call.enabled() and selection.source != "exact" else None
     provisional = tune_here is not None and stream_ptr is not None and is_capturing(stream_ptr)
     if tune_here is not None and not provisional:  # plugged in by the tuning layer (autotile/__init__.py)
