@@ -562,3 +562,22 @@ def test_recording_lists_the_problems_met_without_a_record_once_for_autotile_bat
         shape_log._noted.clear()
         ops.forget()
     assert [item.key for item in batch.read_problems(path)] == [ProblemKey("bmm", "float32", "nn", untuned)]
+
+
+def test_autotile_batch_shortlist_tunes_a_recorded_problem_and_resumes(isolated_cache, tmp_path, capsys):
+    from autotile.cli import main as cli
+    from autotile.dispatch import shape_log
+    from autotile.library import calls as ops
+
+    key = ProblemKey("bmm", "float32", "nn", (6, 132, 68, 260))
+    path = tmp_path / "seen.yaml"
+    path.write_text(shape_log.line(key))
+    ops.forget()
+    assert ops.selection_for("bmm", "float32", "nn", key.shape).step != "exact"
+    assert cli.main(["batch", str(path), "--shortlist"]) == 0
+    assert "1 of 1 problems tuned" in capsys.readouterr().out
+    ops.forget()
+    assert ops.selection_for("bmm", "float32", "nn", key.shape).step == "exact"  # its record, found first
+    assert cli.main(["batch", str(path), "--shortlist"]) == 0
+    assert f"[1/1] {key}: tuned before" in capsys.readouterr().out
+    ops.forget()

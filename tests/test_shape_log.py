@@ -94,3 +94,73 @@ def test_a_file_that_cannot_be_written_warns_once_and_the_call_goes_on(tmp_path)
         warnings.simplefilter("error")  # the same path again: no second warning
         shape_log.note(KEYS[1])
     assert not path.exists()
+
+
+# -- tuning the recorded list: autotile batch --shortlist ------------------------------------------------------
+
+
+def test_the_shortlist_tunes_each_problem_skips_those_tuned_before_and_goes_on_past_a_failure(monkeypatch):
+    from autotile.codegen.limits import PROFILES
+    from autotile.dispatch import select as select_mod
+    from autotile.dispatch.select import Selection
+    from autotile.tuning import at_first_call
+
+    tuned_before, failing = KEYS[1], KEYS[2]
+    timed: list[tuple[ProblemKey, str]] = []
+
+    def fake_select(key, device, cache=None, precision=None):
+        return Selection(None, "a record" if key == tuned_before else "model", None, step=(
+            "exact" if key == tuned_before else "model"))
+
+    def fake_tune(key, device, cache, setting):
+        timed.append((key, setting))
+        if key == failing:
+            raise RuntimeError("none of 7 candidates ran correctly")
+        return Selection(None, "first call", None, why="timed 7 candidates at first call in 0.05 s: 0.0100 ms")
+
+    monkeypatch.setattr(select_mod, "select", fake_select)
+    monkeypatch.setattr(at_first_call, "_tune", fake_tune)
+    said: list[str] = []
+    outcome = at_first_call.tune_listed(KEYS, PROFILES["h100"], cache=None, setting=None, say=said.append)
+    assert [key for key, _ in timed] == [KEYS[0], KEYS[2], KEYS[3]] and {s for _, s in timed} == {"high"}
+    assert outcome == {KEYS[0]: None, KEYS[1]: None, KEYS[2]: "RuntimeError: none of 7 candidates ran correctly",
+                       KEYS[3]: None}
+    assert said[1] == f"[2/4] {KEYS[1]}: tuned before"
+    assert said[2].startswith(f"[3/4] {KEYS[2]}: failed (RuntimeError") and said[3].startswith("[4/4]")
+
+
+def test_autotile_batch_shortlist_refuses_the_search_only_options_in_one_line(tmp_path, capsys):
+    from autotile.cli import main as cli
+
+    path = tmp_path / "seen.yaml"
+    path.write_text("".join(map(shape_log.line, KEYS)))
+    rc = cli.main(["batch", str(path), "--shortlist", "--devices", "0,1", "--no-cache"])
+    out, err = capsys.readouterr()
+    assert rc == 2 and out == "" and len(err.splitlines()) == 1
+    assert "--shortlist runs in this process" in err and "--devices, --no-cache does not apply" in err
+
+
+def test_autotile_batch_shortlist_reports_each_problem_and_exits_1_where_one_failed(tmp_path, capsys, monkeypatch):
+    from autotile.cli import main as cli
+    from autotile.codegen.limits import PROFILES
+    from autotile.runtime import device
+    from autotile.tuning import at_first_call
+
+    path = tmp_path / "seen.yaml"
+    path.write_text("".join(map(shape_log.line, KEYS)))
+    monkeypatch.setattr(device, "live_device", lambda index=None: PROFILES["h100"])
+    results = {KEYS[2]: "RuntimeError: no candidate"}
+
+    def fake_tune_listed(keys, device_limits, cache, setting, say):
+        assert keys == KEYS and device_limits is PROFILES["h100"]
+        for key in keys:
+            say(f"{key}: {results.get(key, 'tuned')}")
+        return {key: results.get(key) for key in keys}
+
+    monkeypatch.setattr(at_first_call, "tune_listed", fake_tune_listed)
+    rc = cli.main(["batch", str(path), "--shortlist"])
+    out = capsys.readouterr().out
+    assert rc == 1 and "3 of 4 problems tuned in" in out and f"failed: {KEYS[2]}" in out
+    results.clear()
+    assert cli.main(["batch", str(path), "--shortlist"]) == 0
+    assert "4 of 4 problems tuned" in capsys.readouterr().out

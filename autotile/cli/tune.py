@@ -72,6 +72,10 @@ def add_commands(sub: Any, add_problem_options: Callable[..., None]) -> None:
     b.add_argument("--no-cache", action="store_true", help="do not write the winners to the cache")
     b.add_argument("--survey", action="store_true",
                    help="then rebuild the shape database of this GPU (autotile survey) for the kernels listed")
+    b.add_argument("--shortlist", action="store_true",
+                   help="instead of an optuna search per problem, time the shape database's short list of verified "
+                        "candidates and cuBLAS, as tuning at first call does (seconds per problem; this process, "
+                        "the current GPU; resumes by skipping problems tuned before)")
     add_scale_options(b)
     b.set_defaults(func=cmd_batch)
 
@@ -182,6 +186,8 @@ def cmd_batch(args: argparse.Namespace) -> int:
     validate.seed(args.seed, name="--seed")
     storage = validate.storage_url(args.storage, name="--storage")
     setting = validate.precision(args.precision, name="--precision")
+    if args.shortlist:
+        return _batch_shortlist(items, setting, args)
     if args.backend is None:
         from autotile.runtime.device import live_device
 
@@ -208,6 +214,29 @@ def cmd_batch(args: argparse.Namespace) -> int:
             if names and survey.run(ns) != 0:
                 return 1
     return 0 if done == len(rows) else 1
+
+
+def _batch_shortlist(items: list[Any], setting: str, args: argparse.Namespace) -> int:
+    """`autotile batch --shortlist`: each problem timed as tuning at first call times it, in this process."""
+    unused = [name for name, given in (("--devices", args.devices), ("--storage", args.storage),
+                                       ("--study-name", args.study_name), ("--no-cache", args.no_cache),
+                                       ("--survey", args.survey)) if given]
+    if unused:
+        raise InvalidValueError(f"--shortlist runs in this process on the current GPU and stores its winners: "
+                                f"{', '.join(unused)} does not apply")
+    import time
+
+    from autotile.dispatch.cache import TuningCache
+    from autotile.runtime.device import live_device
+    from autotile.tuning.at_first_call import tune_listed
+
+    started = time.monotonic()
+    outcome = tune_listed([item.key for item in items], live_device(), TuningCache(), setting,
+                          say=lambda line: print(line, flush=True))
+    failed = [key for key, why in outcome.items() if why is not None]
+    print(f"\n{len(items) - len(failed)} of {len(items)} problems tuned in {time.monotonic() - started:.1f} s"
+          + ("" if not failed else f"; failed: {', '.join(map(str, failed))}"))
+    return 0 if not failed else 1
 
 
 def report_saving(result: Any) -> int:

@@ -114,6 +114,34 @@ def tune_here(key: ProblemKey, device: DeviceLimits, cache: Any, fallback: Selec
         return fallback
 
 
+def tune_listed(keys: list[ProblemKey], device: DeviceLimits, cache: Any, setting: str | None,
+                say: Any = print) -> dict[ProblemKey, str | None]:
+    """Tuning at first call's timing for each problem of `keys` in turn, in this process (`autotile batch
+    --shortlist`: seconds per problem where an optuna search takes minutes): its record stored, a line said per
+    problem. A problem with a tuned record already (the selection's exact step under `setting`; None: the
+    process-wide one) is skipped, so a run stopped part way resumes; one that fails is said and the next goes
+    on. Returns, per problem, None where it is tuned (now or before) and the reason where it failed."""
+    from autotile.dispatch.select import select
+
+    setting = precision_mod.resolve(setting)
+    outcome: dict[ProblemKey, str | None] = {}
+    for n, key in enumerate(keys, 1):
+        where = f"[{n}/{len(keys)}] {key}"
+        try:
+            if select(key, device, cache, precision=setting).step == "exact":
+                say(f"{where}: tuned before")
+                outcome[key] = None
+                continue
+            chosen = _tune(key, device, cache, setting)
+        except Exception as exc:  # one problem's failure never ends the list
+            outcome[key] = f"{type(exc).__name__}: {exc}"
+            say(f"{where}: failed ({outcome[key]})")
+            continue
+        outcome[key] = None
+        say(f"{where}: {chosen.why}; {'cuBLAS' if chosen.config is None else 'a generated kernel'} is faster")
+    return outcome
+
+
 def _tune(key: ProblemKey, device: DeviceLimits, cache: Any, setting: str) -> Selection:
     listed = candidates(key, device, cache, setting)
     if not listed:  # before anything touches the GPU
@@ -173,4 +201,4 @@ def _tune(key: ProblemKey, device: DeviceLimits, cache: Any, setting: str) -> Se
     return dataclasses.replace(best, why=why)
 
 
-__all__ = ["FirstCallWarning", "MAX_CANDIDATES", "candidates", "compile_ahead", "tune_here"]
+__all__ = ["FirstCallWarning", "MAX_CANDIDATES", "candidates", "compile_ahead", "tune_here", "tune_listed"]
