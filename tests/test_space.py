@@ -266,9 +266,10 @@ REDUCED = {
     # Both choices of the wgmma knobs and of STORE kept, the warp tile cut to one shape, the stages to
     # a cp.async depth and a TMA-only one, the mma depth, VEC and the knobs that only K splits or a launch
     # order (fixed here) make feasible to one: the brute force checks every point twice (about 37 thousand
-    # here, a few seconds).
+    # here, a few seconds). PAD is cut to one value to pay for NARROW_COPIES's two (with VEC 1, its constraint
+    # prunes it wherever it is active).
     "matmul": {"BM": [16, 256], "BN": [16, 128], "TM": [1, 8], "TN": [1, 4], "BK": [8, 64], "VEC": [1],
-               "PAD": [0, 4], "SPLIT_K": [1], "SWIZZLE": [1], "UNROLL": ["full"], "WM": [32], "WN": [32],
+               "PAD": [0], "SPLIT_K": [1], "SWIZZLE": [1], "UNROLL": ["full"], "WM": [32], "WN": [32],
                "MMA_K": [8], "THREADS_K": [1], "STEPS": [1], "STAGES": [2, 5], "PERSISTENT": [False],
                "SPLIT_REDUCE": ["atomic"], "CLUSTER_M": [1]},
     "matvec": {"ROWS": [1, 4, 32, 512], "THREADS_K": [1, 8, 64, 256], "TILE_K": [16, 256, 2048],
