@@ -409,7 +409,7 @@ def matmul_no_autograd(A: Any, B: Any, out: Any = None, precision: str | None = 
         if emulation_pays(plan.kernel, dtype, plan.layout, plan.shape, a.device):  # large: not memoized
             with _device_of(a.device):
                 emulation.run_batch(framework, a, b, c, plan.layout, plan.shape, plan.batch_strides, stream_ptr,
-                                    _int8_gemm(framework, a.device))
+                                    _int8_gemm(framework, a.device, stream_ptr))
             return c.obj
     memoize = not copied and signature[1] is not None and (out is None or signature[2] is not None)
     vector = _matvec_plan(plan.kernel, dtype, plan.layout, plan.shape, setting, a.device)
@@ -555,13 +555,15 @@ _batched_runners: dict[tuple[int, int], Any] = {}  # (the int32 runner's id, cou
 _batched_products: dict[tuple[int, int, tuple[int, int, int]], CublasCall] = {}
 
 
-def _int8_gemm(framework: Framework, device: int) -> Callable[[tuple[int, int, int]], _Int8Products]:
+def _int8_gemm(framework: Framework, device: int,
+               stream_ptr: int | None = None) -> Callable[[tuple[int, int, int]], _Int8Products]:
     """What the emulation's int8 products run, per shape (M, N, K): `_Int8Products` of the int8 selection, or
     of the model's runner-up where the products are large enough to run as a sustained load
-    (`_sustained_products`)."""
+    (`_sustained_products`). `stream_ptr`: the call's stream (`_prepare`'s)."""
 
     def gemm(shape: tuple[int, int, int]) -> _Int8Products:
-        prepared = _sustained_products(_prepare("matmul", "int8", "nt", shape, None, device), shape, device)
+        prepared = _prepare("matmul", "int8", "nt", shape, None, device, stream_ptr)
+        prepared = _sustained_products(prepared, shape, device)
         return _Int8Products(prepared, shape, framework.allocate)
 
     return gemm
