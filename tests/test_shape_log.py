@@ -116,7 +116,7 @@ def test_the_shortlist_tunes_each_problem_skips_those_tuned_before_and_goes_on_p
         timed.append((key, setting))
         if key == failing:
             raise RuntimeError("none of 7 candidates ran correctly")
-        return Selection(None, "first call", None, why="timed 7 candidates at first call in 0.05 s: 0.0100 ms")
+        return Selection(None, "first call", None, why="timed 7 candidates in 0.05 s: 0.0100 ms")
 
     monkeypatch.setattr(select_mod, "select", fake_select)
     monkeypatch.setattr(at_first_call, "_tune", fake_tune)

@@ -196,7 +196,7 @@ def _tune(key: ProblemKey, device: DeviceLimits, cache: Any, setting: str) -> Se
         save_timed_config(key, gen.config, gen_ms, cublas_ms, cache, device,
                      {"tuned_by": "first call", "candidates": len(timed), "seconds": round(seconds, 3),
                       "precision_setting": setting})
-    why = f"timed {len(timed)} candidates at first call in {seconds:.2f} s: {best_ms:.4f} ms" + (
+    why = f"timed {len(timed)} candidates in {seconds:.2f} s: {best_ms:.4f} ms" + (
         f", cuBLAS {cublas_ms:.4f} ms" if cublas_ms is not None else "")
     return dataclasses.replace(best, why=why)
 
