@@ -112,7 +112,7 @@ def test_a_result_that_was_not_saved_stops_the_run(capsys, monkeypatch, tmp_path
     monkeypatch.setattr("autotile.runtime.timing.L2Flusher", lambda l2_bytes: None)
     monkeypatch.setattr(bench, "_retired_entry", lambda *a: None)
     monkeypatch.setattr(bench, "select",
-                        lambda *a, **k: types.SimpleNamespace(source="built-in default", config=None))
+                        lambda *a, **k: types.SimpleNamespace(source="built-in default", tuned_here=False, config=None))
     result = types.SimpleNamespace(best=types.SimpleNamespace(median_ms=1.5), vs_baseline=0.9,
                                    saved_path="/ro/x.json", save_error="[Errno 30] Read-only file system")
     calls = []

@@ -109,7 +109,7 @@ def test_the_shortlist_tunes_each_problem_skips_those_tuned_before_and_goes_on_p
     timed: list[tuple[ProblemKey, str]] = []
 
     def fake_select(key, device, cache=None, precision=None):
-        return Selection(None, "a record" if key == tuned_before else "model", None, step=(
+        return Selection(None, "exact" if key == tuned_before else "model", None, step=(
             "exact" if key == tuned_before else "model"))
 
     def fake_tune(key, device, cache, setting):

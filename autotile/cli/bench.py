@@ -658,7 +658,7 @@ def _tune_first(request: _Request, limits: Any) -> str | None:
     for kernel, shape, layout, _ in request.todo:
         for setting in settings_for(kernel, args.dtype, request.precisions):
             sel = select(ProblemKey(kernel, args.dtype, layout, shape), limits, precision=setting or None)
-            if sel.source == "exact" and not args.retune:
+            if sel.tuned_here and not args.retune:
                 continue
             t0 = time.time()
             # Re-tuning starts from the config in use, so the new entry is never slower than the old one, and

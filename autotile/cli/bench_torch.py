@@ -165,9 +165,7 @@ def _matmul_row(shape: tuple[int, ...], layout: str, dtype: Any, flush: Any, pro
            "error": relative_error(out_m.double(), ref), "torch_error": relative_error(out_t.double(), ref),
            "runs": ops.selection_for("matmul", _name(dtype), layout, shape).explain()}
     if back_to_back and torch_ms < BACK_TO_BACK_BELOW_MS:
-        timed = time_calls({"torch": lambda: reference_call(x, b, out_t), "autotile": lambda: mine(x, b, out_m)},
-                      torch.cuda.synchronize, BACK_TO_BACK_CALLS, BACK_TO_BACK_ROUNDS)
-        row["back_to_back"] = timed["torch"][1] / timed["autotile"][1]
+        row["back_to_back"] = _back_to_back_ratio(torch, lambda: reference_call(x, b, out_t), lambda: mine(x, b, out_m))
     if profile:
         row["kernels"] = _kernels_launched(lambda: mine(x, b, out_m))
     return row
@@ -191,10 +189,17 @@ def _bmm_row(shape: tuple[int, ...], dtype: Any, flush: Any, back_to_back: bool 
            "runs": ops.selection_for("bmm", _name(dtype), "nn", shape).explain(),
            "kernels": _kernels_launched(lambda: matmul(a, b, out=out_m))}
     if back_to_back and torch_ms < BACK_TO_BACK_BELOW_MS:
-        timed = time_calls({"torch": lambda: torch.bmm(a, b, out=out_t), "autotile": lambda: matmul(a, b, out=out_m)},
-                           torch.cuda.synchronize, BACK_TO_BACK_CALLS, BACK_TO_BACK_ROUNDS)
-        row["back_to_back"] = timed["torch"][1] / timed["autotile"][1]
+        row["back_to_back"] = _back_to_back_ratio(torch, lambda: torch.bmm(a, b, out=out_t),
+                                                  lambda: matmul(a, b, out=out_m))
     return row
+
+
+def _back_to_back_ratio(torch: Any, reference: Any, mine: Any) -> float:
+    """torch's time per call over autotile's, each call enqueued BACK_TO_BACK_CALLS times with nothing between
+    (the host's time included), the median of BACK_TO_BACK_ROUNDS rounds."""
+    timed = time_calls({"torch": reference, "autotile": mine}, torch.cuda.synchronize, BACK_TO_BACK_CALLS,
+                       BACK_TO_BACK_ROUNDS)
+    return float(timed["torch"][1] / timed["autotile"][1])
 
 
 def _first_call_seconds(call: Any, torch: Any) -> float:

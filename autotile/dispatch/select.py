@@ -75,6 +75,12 @@ class Selection:
     step: str = ""
     predicted_ms: float | None = None
 
+    @property
+    def tuned_here(self) -> bool:
+        """Whether a current record of this very problem on this GPU chose it (the exact step, not a record of
+        another compiler or another problem's): nothing left to tune for it."""
+        return self.source == "exact"
+
     def explain(self) -> str:
         """One line: what runs, and why (and the precision setting, where it is not the default)."""
         tuned = f", tuned on {'x'.join(map(str, self.tuned_shape))}" if self.tuned_shape else ""

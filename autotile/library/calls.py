@@ -145,9 +145,9 @@ def _prepare(kernel: str, dtype: str, layout: str, shape: tuple[int, ...], setti
     key = ProblemKey(kernel, dtype, layout, shape)
     device = _device(device_id)
     selection = select(key, device, precision=setting)
-    if selection.source != "exact":  # listed for `autotile batch` where the program records its problems
+    if not selection.tuned_here:  # listed for `autotile batch` where the program records its problems
         shape_log.note(key)
-    tune_here = first_call.tuner() if first_call.enabled() and selection.source != "exact" else None
+    tune_here = first_call.tuner() if first_call.enabled() and not selection.tuned_here else None
     provisional = tune_here is not None and stream_ptr is not None and is_capturing(stream_ptr)
     if tune_here is not None and not provisional:  # plugged in by the tuning layer (autotile/__init__.py)
         from autotile.dispatch.cache import TuningCache

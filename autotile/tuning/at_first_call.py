@@ -118,8 +118,8 @@ def tune_listed(keys: list[ProblemKey], device: DeviceLimits, cache: Any, settin
                 say: Any = print) -> dict[ProblemKey, str | None]:
     """Tuning at first call's timing for each problem of `keys` in turn, in this process (`autotile batch
     --shortlist`: seconds per problem where an optuna search takes minutes): its record stored, a line said per
-    problem. A problem with a tuned record already (the selection's exact step under `setting`; None: the
-    process-wide one) is skipped, so a run stopped part way resumes; one that fails is said and the next goes
+    problem. A problem with a current record of its own already (`Selection.tuned_here`, under `setting`; None:
+    the process-wide one) is skipped, so a run stopped part way resumes; one that fails is said and the next goes
     on. Returns, per problem, None where it is tuned (now or before) and the reason where it failed."""
     from autotile.dispatch.select import select
 
@@ -128,7 +128,7 @@ def tune_listed(keys: list[ProblemKey], device: DeviceLimits, cache: Any, settin
     for n, key in enumerate(keys, 1):
         where = f"[{n}/{len(keys)}] {key}"
         try:
-            if select(key, device, cache, precision=setting).step == "exact":
+            if select(key, device, cache, precision=setting).tuned_here:
                 say(f"{where}: tuned before")
                 outcome[key] = None
                 continue
