@@ -454,7 +454,8 @@ def _fake_select(asked):
         asked.append(precision)
         math = "simt" if precision == "highest" else "tf32x3"
         config = types.SimpleNamespace(key=lambda: f"MATH={math}")
-        return types.SimpleNamespace(source="exact", config=config, implementation_object=lambda: f"MATH={math}")
+        return types.SimpleNamespace(source="exact", tuned_here=True, config=config,
+                                     implementation_object=lambda: f"MATH={math}")
 
     return select
 

@@ -190,7 +190,8 @@ def fake_library(monkeypatch):
     def select(key, device, cache=None, precision=None):
         asked.append((key.kernel, precision))
         impl = types.SimpleNamespace(prepare=lambda key: types.SimpleNamespace(run=lambda arrays, out: None))
-        return types.SimpleNamespace(source="exact", implementation_object=lambda: impl, precision=precision)
+        return types.SimpleNamespace(source="exact", tuned_here=True, implementation_object=lambda: impl,
+                                     precision=precision)
 
     monkeypatch.setattr(select_mod, "select", select)
     ops.forget()
