@@ -27,3 +27,20 @@ def test_every_small_kind_names_the_library_problem_it_times():
     for kind, shape in overhead.random_small_calls(10, 1):
         kernel, layout = overhead.SMALL_PROBLEMS[kind]
         ProblemKey(kernel, "float32", layout, shape)  # a valid problem of that shape
+
+
+def test_the_small_problems_table_splits_by_kind_and_by_what_autotile_ran():
+    from autotile.cli.overhead import small_table
+
+    rows = [{"kind": "bmm", "ratio": 0.76, "autotile_runs": "cuBLAS"},
+            {"kind": "bmm", "ratio": 1.5, "autotile_runs": "generated (model (665 surveyed shapes))"},
+            {"kind": "matmul", "ratio": 1.2, "autotile_runs": "generated (exact)"},
+            {"kind": "matmul", "ratio": 0.9, "autotile_runs": "the padded plan (model (615 surveyed shapes))"}]
+    lines = small_table(rows)
+    assert lines[2].startswith("| all (4) | 0.76 |")
+    by_name = {line.split(" (")[0].lstrip("| "): line for line in lines[2:]}
+    # no rows for the kinds without problems
+    assert set(by_name) == {"all", "matmul", "bmm", "runs cuBLAS", "runs generated", "runs padded plan"}
+    assert by_name["runs cuBLAS"] == "| runs cuBLAS (1) | 0.76 | 0.76 | 0.76 | 0.76 | 0 | 1 |"
+    assert by_name["runs generated"].startswith("| runs generated (2) | 1.20 | 1.20 | 1.35 |")
+    assert by_name["runs padded plan"].endswith("| 0 | 1 |")

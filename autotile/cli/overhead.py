@@ -16,7 +16,8 @@ their operands once, three launches and a workspace a call):
 Also an empty kernel launched through CuPy (the floor of any launch from Python). Prints one table;
 `--json PATH` writes the numbers. With `--random N --seed S`, also N small problems drawn at run time
 (`random_small_calls`: matmul, `x @ W.T` at 1-64 tokens, gemv both layouts, bmm; sizes log-uniform), torch's
-call against autotile's on torch tensors, back to back: the distribution of the ratios.
+call against autotile's on torch tensors, back to back: the distribution of the ratios, over all of them, per
+kind, and per kind of launch autotile made (cuBLAS, a generated kernel, the padded plan).
 """
 
 from __future__ import annotations
@@ -191,6 +192,31 @@ def random_small(torch: Any, autotile: Any, n: int, seed: int, rounds: int, dtyp
     return rows
 
 
+def _what_runs(row: dict[str, Any]) -> str:
+    """A random row's kind of launch: "cuBLAS", "generated" or "padded plan" (its `autotile_runs`'s first words)."""
+    runs = row["autotile_runs"]
+    return "padded plan" if runs.startswith("the padded plan") else runs.split(" (")[0]
+
+
+def small_table(rows: list[dict[str, Any]]) -> list[str]:
+    """The random small problems' back-to-back ratios (torch's time / autotile's) as a markdown table: all of
+    them, each kind, and each kind of launch autotile made (a cuBLAS pick costs torch's call plus the
+    lookup; a generated kernel's launch costs less than torch's call)."""
+    lines = ["| problems | min | p10 | median | geomean | at or above 1.0 | below 0.97 |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    groups = [("all", lambda r: True)] + [(kind, lambda r, k=kind: r["kind"] == k) for kind in SMALL_KINDS]
+    groups += [(f"runs {what}", lambda r, w=what: _what_runs(r) == w)
+               for what in ("cuBLAS", "generated", "padded plan")]
+    for name, member in groups:
+        ratios = sorted(r["ratio"] for r in rows if member(r))
+        if not ratios:
+            continue
+        lines.append(f"| {name} ({len(ratios)}) | {ratios[0]:.2f} | {ratios[len(ratios) // 10]:.2f} | "
+                     f"{statistics.median(ratios):.2f} | {statistics.geometric_mean(ratios):.2f} | "
+                     f"{sum(r >= 1.0 for r in ratios)} | {sum(r < 0.97 for r in ratios)} |")
+    return lines
+
+
 def _runs(problem: tuple[str, str, tuple[int, ...]], dtype: str = "float32") -> str:
     """What the library runs for a problem: cuBLAS, or a generated config (and the selection step), or the
     padded plan."""
@@ -252,16 +278,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m autotile.cli.over
     if small:
         print(f"\n{len(small)} random small problems (seed {args.seed}), back to back, ratio = torch's time / "
               "autotile's:\n")
-        print("| problems | min | p10 | median | geomean | at or above 1.0 | below 0.97 |")
-        print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
-        for kind in ("all", *SMALL_KINDS):
-            ratios = sorted(r["ratio"] for r in small if kind in ("all", r["kind"]))
-            if not ratios:
-                continue
-            geomean = statistics.geometric_mean(ratios)
-            print(f"| {kind} ({len(ratios)}) | {ratios[0]:.2f} | {ratios[len(ratios) // 10]:.2f} | "
-                  f"{statistics.median(ratios):.2f} | {geomean:.2f} | {sum(r >= 1.0 for r in ratios)} | "
-                  f"{sum(r < 0.97 for r in ratios)} |")
+        print("\n".join(small_table(small)))
         worst = sorted(small, key=lambda r: r["ratio"])[:5]
         print("\nslowest: " + ", ".join(f"{r['kind']} {'x'.join(map(str, r['shape']))} {r['ratio']:.2f}x "
                                       f"({r['torch_us']:.1f} / {r['autotile_us']:.1f} us, "
