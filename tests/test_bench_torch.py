@@ -47,3 +47,19 @@ def test_the_report_gives_the_back_to_back_distribution_of_the_small_batches_apa
     lines = [x for x in text.splitlines() if x.startswith("Back to back")]
     assert len(lines) == 2  # one per group: the nt shapes', then the batches'
     assert "the 1 of them" in lines[1] and "min 1.45" in lines[1] and "below 0.97: 0." in lines[1]
+
+
+def test_the_back_to_back_line_splits_by_what_autotile_ran():
+    rows = [{**_row(1.0, 0.012, 0.78), "case": "bmm", "launch": "cuBLAS"},
+            {**_row(1.0, 0.014, 0.84), "case": "bmm", "launch": "cuBLAS"},
+            {**_row(1.1, 0.010, 1.6), "case": "bmm", "launch": "generated"},
+            {**_row(1.3, 0.4), "case": "bmm", "launch": "generated"}]  # not timed back to back
+    env = {"gpu": "a GPU", "date": "2026-12-06", "torch": "2.11", "cupy": "14.2", "seed": 101}
+    line = next(x for x in bench_torch._markdown([], rows, {}, env).splitlines() if x.startswith("Back to back"))
+    assert line.endswith("By what autotile ran: cuBLAS 2 (geomean 0.81, below 0.97: 2), generated 1 (geomean 1.60, "
+                         "below 0.97: 0).")
+    # one kind only, or rows that do not say: no split
+    same = [{**r, "launch": "generated"} for r in rows]
+    assert "By what" not in bench_torch._markdown([], same, {}, env)
+    assert "By what" not in bench_torch._markdown([], [{k: v for k, v in r.items() if k != "launch"} for r in rows],
+                                                  {}, env)

@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from autotile.cli import bench, gpu_or_error
-from autotile.cli.overhead import time_calls
+from autotile.cli.overhead import launch_kind, time_calls, what_runs
 from autotile.codegen import dtypes
 from autotile.codegen.dtypes import DTYPE_NAMES
 from autotile.dispatch import first_call
@@ -163,7 +163,8 @@ def _matmul_row(shape: tuple[int, ...], layout: str, dtype: Any, flush: Any, pro
     row = {"case": f"x @ W{'.T' if layout == 'nt' else ''}", "layout": layout, "shape": list(shape),
            "torch_ms": torch_ms, "autotile_ms": mine_ms, "ratio": torch_ms / mine_ms,
            "error": relative_error(out_m.double(), ref), "torch_error": relative_error(out_t.double(), ref),
-           "runs": ops.selection_for("matmul", _name(dtype), layout, shape).explain()}
+           "runs": ops.selection_for("matmul", _name(dtype), layout, shape).explain(),
+           "launch": launch_kind(what_runs(("matmul", layout, shape), _name(dtype)))}
     if back_to_back and torch_ms < BACK_TO_BACK_BELOW_MS:
         row["back_to_back"] = _back_to_back_ratio(torch, lambda: reference_call(x, b, out_t), lambda: mine(x, b, out_m))
     if profile:
@@ -187,6 +188,7 @@ def _bmm_row(shape: tuple[int, ...], dtype: Any, flush: Any, back_to_back: bool 
            "first_call_s": first_call_s, "ratio": torch_ms / mine_ms, "error": relative_error(out_m.double(), ref),
            "torch_error": relative_error(out_t.double(), ref),
            "runs": ops.selection_for("bmm", _name(dtype), "nn", shape).explain(),
+           "launch": launch_kind(what_runs(("bmm", "nn", shape), _name(dtype))),
            "kernels": _kernels_launched(lambda: matmul(a, b, out=out_m))}
     if back_to_back and torch_ms < BACK_TO_BACK_BELOW_MS:
         row["back_to_back"] = _back_to_back_ratio(torch, lambda: torch.bmm(a, b, out=out_t),
@@ -298,7 +300,7 @@ def _markdown(rows: list[dict[str, Any]], random_rows: list[dict[str, Any]], ove
                       f"included), the {len(chained)} of them under {BACK_TO_BACK_BELOW_MS * 1000:.0f} us of torch's "
                       f"GPU time: ratio min {chained[0]:.2f}, median {statistics.median(chained):.2f}, geomean "
                       f"{mean:.2f}; at or above 1.0: {sum(r >= 1.0 for r in chained)}, below 0.97: "
-                      f"{sum(r < 0.97 for r in chained)}."]
+                      f"{sum(r < 0.97 for r in chained)}." + _by_launch(group)]
     if overhead:
         lines += ["", "Host time per call (64x64x64, no synchronisation): "
                   + "; ".join(f"{name} {us:.1f} us" for name, us in overhead.items()) + "."]
@@ -308,6 +310,21 @@ def _markdown(rows: list[dict[str, Any]], random_rows: list[dict[str, Any]], ove
 # Issue 28's ranges (sizes log-uniform within them), which the bmm survey covers: batch 2-256, sides 32-2048,
 # batch x M x N x K at most about 0.1 TFLOP (each shape times in milliseconds).
 BMM_RANDOM, BMM_RANDOM_WORK = survey.BMM_RANGE, survey.MAX_BMM_WORK
+
+
+def _by_launch(group: list[dict[str, Any]]) -> str:
+    """The back-to-back ratios of `group`'s rows split by the kind of launch autotile made (a cuBLAS pick costs
+    the host torch's call plus autotile's lookup, a generated kernel's launch less than torch's call), as a
+    sentence; empty where the rows do not say (`launch`) or all made one kind."""
+    kinds: dict[str, list[float]] = {}
+    for r in group:
+        if "back_to_back" in r and "launch" in r:
+            kinds.setdefault(r["launch"], []).append(r["back_to_back"])
+    if len(kinds) < 2:
+        return ""
+    parts = [f"{kind} {len(ratios)} (geomean {math.exp(sum(map(math.log, ratios)) / len(ratios)):.2f}, below 0.97: "
+             f"{sum(r < 0.97 for r in ratios)})" for kind, ratios in sorted(kinds.items())]
+    return " By what autotile ran: " + ", ".join(parts) + "."
 
 
 def random_bmm_shapes(n: int, seed: int) -> list[tuple[int, int, int, int]]:

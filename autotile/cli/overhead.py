@@ -188,13 +188,12 @@ def random_small(torch: Any, autotile: Any, n: int, seed: int, rounds: int, dtyp
         rows.append({"kind": kind, "shape": list(shape), "torch_us": timed["theirs"][1],
                      "autotile_us": timed["mine"][1], "torch_enqueue_us": timed["theirs"][0],
                      "autotile_enqueue_us": timed["mine"][0], "ratio": timed["theirs"][1] / timed["mine"][1],
-                     "autotile_runs": _runs((kernel, layout, shape), dtype)})
+                     "autotile_runs": what_runs((kernel, layout, shape), dtype)})
     return rows
 
 
-def _what_runs(row: dict[str, Any]) -> str:
-    """A random row's kind of launch: "cuBLAS", "generated" or "padded plan" (its `autotile_runs`'s first words)."""
-    runs = row["autotile_runs"]
+def launch_kind(runs: str) -> str:
+    """The kind of launch a `what_runs` text names: "cuBLAS", "generated" or "padded plan"."""
     return "padded plan" if runs.startswith("the padded plan") else runs.split(" (")[0]
 
 
@@ -205,7 +204,7 @@ def small_table(rows: list[dict[str, Any]]) -> list[str]:
     lines = ["| problems | min | p10 | median | geomean | at or above 1.0 | below 0.97 |",
              "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
     groups = [("all", lambda r: True)] + [(kind, lambda r, k=kind: r["kind"] == k) for kind in SMALL_KINDS]
-    groups += [(f"runs {what}", lambda r, w=what: _what_runs(r) == w)
+    groups += [(f"runs {what}", lambda r, w=what: launch_kind(r["autotile_runs"]) == w)
                for what in ("cuBLAS", "generated", "padded plan")]
     for name, member in groups:
         ratios = sorted(r["ratio"] for r in rows if member(r))
@@ -217,7 +216,7 @@ def small_table(rows: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
-def _runs(problem: tuple[str, str, tuple[int, ...]], dtype: str = "float32") -> str:
+def what_runs(problem: tuple[str, str, tuple[int, ...]], dtype: str = "float32") -> str:
     """What the library runs for a problem: cuBLAS, or a generated config (and the selection step), or the
     padded plan."""
     from autotile.dispatch import precision
@@ -263,7 +262,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m autotile.cli.over
         (their_enqueue, their_total), (my_enqueue, my_total) = timed["theirs"], timed["mine"]
         rows.append({"case": name, "other_enqueue_us": their_enqueue, "autotile_enqueue_us": my_enqueue,
                      "other_us": their_total, "autotile_us": my_total, "ratio": their_total / my_total,
-                     "autotile_runs": _runs(problem, args.dtype)})
+                     "autotile_runs": what_runs(problem, args.dtype)})
     device = torch.cuda.get_device_name()
     print(f"## Host cost per call, {args.dtype}, {device}, {time.strftime('%Y-%m-%d')} (torch {torch.__version__}, "
           f"CuPy {cupy.__version__}, TF32 off)\n")
