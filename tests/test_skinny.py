@@ -1,9 +1,10 @@
 """MATH=skinny, the short-M matmul kernels (templates/matmul_skinny.cu.j2).
 
 Without a GPU: the space (tiles under 16 only for skinny, the precision class, the named configs feasible in
-every layout), and the named configs and a random sample of the skinny sub-space compiled by the library's
-NVRTC for sm_90 and sm_80, in all four layouts and batched, float32 and float64: no spills, registers
-within the launch bound, shared memory as the space says.
+every layout, the 16-bit types' K splits summed in float32 only), and the named configs and a random sample of
+the skinny sub-space compiled by the library's NVRTC for sm_90 and sm_80, in all four layouts and batched,
+float32, float64, bfloat16 and float16: no spills, registers within the launch bound, shared memory as the
+space says.
 On a GPU (marker gpu): every named config and a random sample against a float64 reference on shapes no tile
 divides (M of 1 to 64, odd N and K), the output poisoned first, all layouts, batched with a broadcast
 operand, split-K summed both ways; special values give IEEE's Inf/NaN pattern (the FMAs are FP32's own).
@@ -57,6 +58,25 @@ def test_small_tiles_are_skinny_only_and_skinny_is_ieee():
             assert SPACE.is_feasible(SPACE.named(name), Problem(PROFILES["h100"], "float32", layout)), (name, layout)
 
 
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_the_16_bit_types_are_widened_and_summed_in_float32(dtype):
+    # every named config runs them in every layout; a K split meets in float32 (last_block), never by atomics
+    # on the 16-bit C, which would round each split's sum
+    for name in NAMES:
+        for layout in LAYOUTS:
+            assert SPACE.is_feasible(SPACE.named(name), Problem(PROFILES["h100"], dtype, layout)), (name, layout)
+    problem = Problem(PROFILES["h100"], dtype, "nt")
+    atomic = SPACE.with_overrides(SPACE.named("skinny-t-16"), {"SPLIT_K": 4, "SPLIT_REDUCE": "atomic"})
+    assert not SPACE.is_feasible(atomic, problem)
+    assert SPACE.is_feasible(SPACE.with_overrides(atomic, {"SPLIT_REDUCE": "last_block"}), problem)
+    for name in ("skinny-t-16", "skinny-n-16-split4"):
+        for layout in ("nt", "nn"):
+            source = MATMUL.render(SPACE.named(name), dtype, layout)
+            assert "float acc[" in source and "widen(" in source and "narrow(" in source, (name, layout)
+    float32 = MATMUL.render(SPACE.named("skinny-n-16-split4"), "float32", "nn")
+    assert "T acc[" in float32 and "widen(" not in float32  # float32 sums in its own type, as before
+
+
 @dataclasses.dataclass(frozen=True)
 class Case:
     arch: str
@@ -80,6 +100,11 @@ def _cases() -> list[Case]:
         for dtype in ("float32", "float64"):
             for i, config in enumerate(_sample(dtype, layout, 2, seed=17 + k)):
                 out.append(Case("sm_80" if i % 2 else "sm_90", layout, dtype, f"random{i}", config, batched=k == i))
+    for k, layout in enumerate(LAYOUTS):  # the 16-bit types: a named config and a random one per layout
+        for j, dtype in enumerate(("bfloat16", "float16")):
+            name = NAMES[(2 * k + j) % len(NAMES)]
+            out.append(Case("sm_90", layout, dtype, name, SPACE.named(name), batched=j == 1))
+            out.append(Case("sm_80", layout, dtype, "random0", _sample(dtype, layout, 1, seed=31 + k)[0]))
     return out
 
 
@@ -150,6 +175,49 @@ def _check(c: np.ndarray, a: np.ndarray, b: np.ndarray, dtype: str) -> None:
     assert np.all(np.isfinite(c)), "unwritten (NaN-poisoned) or non-finite outputs"
     err = np.max(np.abs(c - ref) / np.maximum(scale, np.finfo(np.float64).tiny))
     assert err <= kernels.tolerance(dtype, a.shape[-1]), (err, kernels.tolerance(dtype, a.shape[-1]))
+
+
+def _half_run_and_check(config: Config, M: int, N: int, K: int, layout: str, dtype: str, rng, batch: int = 0
+                        ) -> None:
+    """A 16-bit product through the kernel (operands rounded to `dtype`, held as its storage), against the
+    float64 product of the rounded values: within the tolerance of float32 sums rounded once to `dtype`."""
+    import cupy
+
+    from autotile.codegen.dtypes import from_float32, to_float32
+    from autotile.codegen.problem import ProblemKey
+    from autotile.runtime.impl import Generated
+
+    lead = (batch,) if batch else ()
+    a32 = rng.standard_normal(lead + (M, K)).astype(np.float32)
+    b32 = rng.standard_normal(lead + (K, N)).astype(np.float32)
+    a, b = from_float32(cupy.asarray(a32), dtype), from_float32(cupy.asarray(b32), dtype)
+    a64, b64 = (to_float32(x, dtype).get().astype(np.float64) for x in (a, b))
+    stored = [cupy.ascontiguousarray(x.swapaxes(-1, -2)) if t == "t" else x
+              for x, t in zip((a, b), layout, strict=True)]
+    out = (cupy.full(lead + (M, N), 0x7FC0, dtype=cupy.uint16) if dtype == "bfloat16"
+           else cupy.full(lead + (M, N), cupy.nan, dtype=cupy.float16))  # poisoned
+    key = ProblemKey("bmm" if batch else "matmul", dtype, layout, lead + (M, N, K))
+    runner = Generated(config).prepare(key)
+    for _ in range(2):  # split-K's tickets hold up on a second launch
+        runner.run(tuple(stored), out)
+    c = to_float32(out, dtype).get().astype(np.float64)
+    ref, scale = np.matmul(a64, b64), np.matmul(np.abs(a64), np.abs(b64))
+    assert np.all(np.isfinite(c)), "unwritten (NaN-poisoned) or non-finite outputs"
+    err = np.max(np.abs(c - ref) / np.maximum(scale, np.finfo(np.float64).tiny))
+    assert err <= kernels.tolerance(dtype, K), (config.key(), layout, (M, N, K), err)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("name", NAMES)
+def test_16_bit_matches_float64_on_odd_shapes_in_every_layout(name, dtype):
+    rng = np.random.default_rng(8)
+    configs = [SPACE.named(name), SPACE.with_overrides(SPACE.named(name), {"SPLIT_K": 8, "SPLIT_REDUCE": "last_block"})]
+    for config in configs:
+        for layout in LAYOUTS:
+            for M, N, K in SHAPES:
+                _half_run_and_check(config, M, N, K, layout, dtype, rng)
+    _half_run_and_check(configs[0], 7, 131, 257, "nt", dtype, rng, batch=3)
 
 
 def _gpu_configs() -> list[tuple[str, str, Config]]:

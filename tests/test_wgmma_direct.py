@@ -105,10 +105,11 @@ def test_wgmma_direct_only_for_16_bit_types_on_sm90(name):
 
 
 def test_cuda_core_kernels_and_tf32_splits_never_take_16_bit_types():
+    # mma: the 16-bit types on mma.sync (test_mma.py); skinny: widened and summed in float32 (test_skinny.py)
     for dtype in HALF:
         problem = Problem(PROFILES["h100"], dtype, "nn")
         for name, config in SPACE.named_configs.items():
-            if config["MATH"] not in ("wgmma_direct", "mma"):  # mma: the 16-bit types on mma.sync (test_mma.py)
+            if config["MATH"] not in ("wgmma_direct", "mma", "skinny"):
                 assert not SPACE.is_feasible(config, problem), name
 
 
