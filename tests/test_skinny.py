@@ -162,38 +162,74 @@ PTXAS, NVDISASM = _tool("ptxas"), _tool("nvdisasm")
 @pytest.mark.skipif(PTXAS is None or NVDISASM is None, reason="ptxas or nvdisasm is missing")
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 @pytest.mark.parametrize("name,layout", [("skinny-t-4", "nt"), ("skinny-t-1", "nt"), ("skinny-n-4", "nn")])
-def test_16_bit_vector_loads_are_issued_back_to_back(name, layout, dtype):
-    # no instruction in the basic block of an 8-byte load of B (or A) reads what it loaded: unpacking a vector
-    # of 16-bit elements next to its load, inside the load's guard, had the thread wait for every load in
-    # turn (one in flight per thread: 0.4-1.1 TB/s on an H100)
-    config = SPACE.named(name)
-    assert config["VEC"] == 4
-    ptx = build.compile(MATMUL.render(config, dtype, layout), "compute_90").binary  # NVRTC's PTX, the
-    with tempfile.TemporaryDirectory() as tmp:  # toolkit's ptxas: a cubin its nvdisasm reads
+def _sass_blocks(source: str) -> list[list[str]]:
+    """The basic blocks of `source`'s sm_90 SASS (NVRTC's PTX, the toolkit's ptxas and nvdisasm): lists of
+    instruction lines, split at labels and at branches, reconvergence and exits."""
+    ptx = build.compile(source, "compute_90").binary
+    with tempfile.TemporaryDirectory() as tmp:
         Path(tmp, "k.ptx").write_bytes(ptx)
         subprocess.run([str(PTXAS), "-arch=sm_90", "k.ptx", "-o", "k.cubin"], cwd=tmp, check=True, capture_output=True)
         sass = subprocess.run([str(NVDISASM), "-c", "k.cubin"], cwd=tmp, check=True, capture_output=True,
                               text=True).stdout
-    lines = sass.splitlines()
-    loads = [i for i, line in enumerate(lines) if "LDG.E.64" in line]
-    assert len(loads) >= config["STEPS"], sass
-    for at in loads:
-        match = re.search(r"LDG\.E\.64\S*\s+R(\d+),", lines[at])
-        assert match, lines[at]
-        low = int(match.group(1))
-        loaded = re.compile(rf"\bR({low}|{low + 1})\b")
-        block = []
-        for line in lines[at + 1:]:
-            if line.rstrip().endswith(":") or re.search(r"\b(BRA|BSYNC|EXIT|RET)\b", line):
-                break
-            block.append(line)
-        readers = [line for line in block if loaded.search(line.split(";")[0].split(",", 1)[-1])]
-        assert not readers, (lines[at], readers)
+    blocks: list[list[str]] = [[]]
+    for line in sass.splitlines():
+        if line.rstrip().endswith(":") or re.search(r"\b(BRA|BSYNC|EXIT|RET)\b", line):
+            blocks.append([])
+        elif "/*" in line:
+            blocks[-1].append(line)
+    return [b for b in blocks if b]
+
+
+def _reads(line: str, register: int) -> bool:
+    """Whether an instruction line reads `register` (a source operand: after the first comma)."""
+    return re.search(rf"\bR{register}\b", line.split(";")[0].split(",", 1)[-1]) is not None
+
+
+def _destination(line: str) -> int:
+    match = re.search(r"LDG\S*\s+R(\d+),", line)
+    assert match, line
+    return int(match.group(1))
+
+
+@pytest.mark.skipif(PTXAS is None or NVDISASM is None, reason="ptxas or nvdisasm is missing")
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("name,layout", [("skinny-t-4", "nt"), ("skinny-t-1", "nt"), ("skinny-n-4", "nn")])
+def test_16_bit_loads_are_issued_back_to_back(name, layout, dtype):
+    # Unpacking (or packing) 16-bit elements next to their load, inside a guard, made each thread wait for
+    # every load in turn (one in flight per thread: 0.4-1.1 TB/s on an H100). Vector loads: nothing in an
+    # 8-byte load's block reads what it loaded. Single elements (rows not aligned to a vector): a block
+    # issues a whole step's loads before any of them is read.
+    config = SPACE.named(name)
+    assert config["VEC"] == 4
+    blocks = _sass_blocks(MATMUL.render(config, dtype, layout))
+    vector_loads = 0
+    for block in blocks:
+        for at, line in enumerate(block):
+            if "LDG.E.64" in line:
+                vector_loads += 1
+                low = _destination(line)
+                readers = [later for later in block[at + 1:] if _reads(later, low) or _reads(later, low + 1)]
+                assert not readers, (line, readers)
+    assert vector_loads >= config["STEPS"]
+    single = config["STEPS"] * config["TN"] * config["VEC"]  # B's elements of one step, A's aside
+    widest = 0
+    for block in blocks:
+        loads = [at for at, line in enumerate(block) if "LDG.E.U16" in line]
+        if not loads:
+            continue
+        read_early = [block[at] for at in loads
+                      if any(_reads(line, _destination(block[at])) for line in block[at + 1:loads[-1]])]
+        if not read_early:
+            widest = max(widest, len(loads))
+    assert widest >= single, f"no block issues a step's {single} single loads before reading them"
 
 
 # -- on a GPU ----------------------------------------------------------------------------------------------
 
-SHAPES = [(1, 1, 1), (1, 257, 1031), (5, 131, 67), (16, 97, 2053), (33, 61, 129), (64, 67, 7), (3, 4099, 37)]
+# Odd shapes (every load a single element's: no N or K a multiple of 4), then shapes whose rows allow vector loads
+# (N and K multiples of 4, of no tile's size): both paths of every kernel.
+SHAPES = [(1, 1, 1), (1, 257, 1031), (5, 131, 67), (16, 97, 2053), (33, 61, 129), (64, 67, 7), (3, 4099, 37),
+          (1, 260, 1028), (5, 132, 516), (33, 68, 2052)]
 
 
 def _stored(x: np.ndarray, transposed: bool) -> np.ndarray:
