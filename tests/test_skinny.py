@@ -117,7 +117,10 @@ def test_compiles_without_spills(compiled, case):
 
 # -- on a GPU ----------------------------------------------------------------------------------------------
 
-SHAPES = [(1, 1, 1), (1, 257, 1031), (5, 131, 67), (16, 97, 2053), (33, 61, 129), (64, 67, 7), (3, 4099, 37)]
+# Odd shapes (every load a single element's: no N or K a multiple of 4), then shapes whose rows allow vector loads
+# (N and K multiples of 4, of no tile's size): both paths of every kernel.
+SHAPES = [(1, 1, 1), (1, 257, 1031), (5, 131, 67), (16, 97, 2053), (33, 61, 129), (64, 67, 7), (3, 4099, 37),
+          (1, 260, 1028), (5, 132, 516), (33, 68, 2052)]
 
 
 def _stored(x: np.ndarray, transposed: bool) -> np.ndarray:
