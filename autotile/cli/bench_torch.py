@@ -283,7 +283,7 @@ def _markdown(rows: list[dict[str, Any]], random_rows: list[dict[str, Any]], ove
             continue
         ratios = sorted(r["ratio"] for r in group)
         q = statistics.quantiles(ratios, n=10) if len(ratios) > 1 else ratios * 9
-        geomean = math.exp(sum(math.log(r) for r in ratios) / len(ratios))
+        geomean = statistics.geometric_mean(ratios)
         lines += ["", f"{what} on {len(ratios)} {drawn}, seed {env['seed']}: ratio min {ratios[0]:.2f}, p10 "
                   f"{q[0]:.2f}, median {statistics.median(ratios):.2f}, geomean {geomean:.2f}, p90 {q[-1]:.2f}, "
                   f"max {ratios[-1]:.2f}; at or above 1.0: {sum(r >= 1.0 for r in ratios)}, below 0.97: "
@@ -295,7 +295,7 @@ def _markdown(rows: list[dict[str, Any]], random_rows: list[dict[str, Any]], ove
                       f"{statistics.median(firsts):.3f} s, max {firsts[-1]:.3f} s, total {sum(firsts):.1f} s."]
         chained = sorted(r["back_to_back"] for r in group if "back_to_back" in r)
         if chained:
-            mean = math.exp(sum(math.log(r) for r in chained) / len(chained))
+            mean = statistics.geometric_mean(chained)
             lines += ["", f"Back to back ({BACK_TO_BACK_CALLS} calls enqueued with nothing between, the host's time "
                       f"included), the {len(chained)} of them under {BACK_TO_BACK_BELOW_MS * 1000:.0f} us of torch's "
                       f"GPU time: ratio min {chained[0]:.2f}, median {statistics.median(chained):.2f}, geomean "
@@ -322,7 +322,7 @@ def _by_launch(group: list[dict[str, Any]]) -> str:
             kinds.setdefault(r["launch"], []).append(r["back_to_back"])
     if len(kinds) < 2:
         return ""
-    parts = [f"{kind} {len(ratios)} (geomean {math.exp(sum(map(math.log, ratios)) / len(ratios)):.2f}, below 0.97: "
+    parts = [f"{kind} {len(ratios)} (geomean {statistics.geometric_mean(ratios):.2f}, below 0.97: "
              f"{sum(r < 0.97 for r in ratios)})" for kind, ratios in sorted(kinds.items())]
     return " By what autotile ran: " + ", ".join(parts) + "."
 

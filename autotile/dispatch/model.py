@@ -66,7 +66,9 @@ FLOOR_NEAR_MIN_SIDE = 64  # M and N
 # torch's own call) cuBLAS's calls took 13-16 us (GEMV) and 15-21 us (GEMM), but on larger ones 21-36 us (a
 # column-major GEMV of 3000 x 3000, `x @ W.T` 16x4096x4096); constants lowered to the small problems' figures
 # sent the overhead benchmark's bfloat16 GEMV to cuBLAS, 0.90x torch's call back to back where the generated
-# kernel ran 1.66x: they stay.
+# kernel ran 1.66x: they stay. Measured a third time (H100, 2026-12-06): the 25 random benchmark problems whose
+# choice changes with "cublas" at 0.018 ran back to back 1.12x torch's call as chosen with 0.027 (5 under 0.97x)
+# and 0.94x with 0.018 (18 under), on the GPU 1.08x either way: 0.027 stays.
 HOST_MS = {"generated": 0.012, "cublas": 0.027, "cublas matvec": 0.018}
 EXTRA_LAUNCH_MS = 0.005
 # A LOADER=presplit call's host time beyond a generated kernel's: its workspace's allocation and the two split
