@@ -159,9 +159,6 @@ def _tool(name: str) -> str | None:
 PTXAS, NVDISASM = _tool("ptxas"), _tool("nvdisasm")
 
 
-@pytest.mark.skipif(PTXAS is None or NVDISASM is None, reason="ptxas or nvdisasm is missing")
-@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
-@pytest.mark.parametrize("name,layout", [("skinny-t-4", "nt"), ("skinny-t-1", "nt"), ("skinny-n-4", "nn")])
 def _sass_blocks(source: str) -> list[list[str]]:
     """The basic blocks of `source`'s sm_90 SASS (NVRTC's PTX, the toolkit's ptxas and nvdisasm): lists of
     instruction lines, split at labels and at branches, reconvergence and exits."""
