@@ -11,12 +11,11 @@ import concurrent.futures
 import functools
 import importlib
 import re
-import shutil
-import subprocess
-from pathlib import Path
 
 import pytest
 from historical_space import sample_before_skinny
+from sass_support import needs_sass
+from sass_support import sass as sass_of
 
 from autotile.codegen import build, kernels
 from autotile.codegen.limits import PROFILES
@@ -194,45 +193,9 @@ def test_compiles_within_the_register_model(compiled, case):
     assert usage.spill_stores <= DMMA_SPILL_BYTES, f"{cfg.key()}: {usage.spill_stores} bytes spilled"
 
 
-def _tool(name: str) -> str | None:
-    """`name` from the PATH, a CUDA toolkit, or an NVIDIA wheel (nvidia/*/bin)."""
-    found = shutil.which(name)
-    if found:
-        return found
-    candidates = [Path("/usr/local/cuda/bin") / name]
-    try:
-        import nvidia  # the namespace package of NVIDIA's CUDA wheels
-
-        candidates += [p / name for root in nvidia.__path__ for p in Path(root).glob("*/bin")]
-    except ImportError:
-        pass
-    return next((str(c) for c in candidates if c.is_file()), None)
-
-
-PTXAS, NVDISASM = _tool("ptxas"), _tool("nvdisasm")
-
-
-def _sass(source: str, arch: str) -> str:
-    """SASS of `source`: NVRTC to PTX with the library's options, ptxas for `arch`, nvdisasm."""
-    ptx = build.compile(source, arch.replace("sm_", "compute_")).binary
-    return _assemble(ptx if isinstance(ptx, bytes) else ptx.encode(), arch)
-
-
-def _assemble(ptx: bytes, arch: str) -> str:
-    import tempfile
-
-    with tempfile.TemporaryDirectory() as tmp:
-        Path(tmp, "k.ptx").write_bytes(ptx)
-        subprocess.run([str(PTXAS), f"-arch={arch}", "k.ptx", "-o", "k.cubin"], cwd=tmp, check=True,
-                       capture_output=True)
-        return subprocess.run([str(NVDISASM), "-c", "k.cubin"], cwd=tmp, check=True, capture_output=True,
-                              text=True).stdout
-
-
 @pytest.mark.slow
 @needs_nvrtc
-@pytest.mark.skipif(PTXAS is None or NVDISASM is None,
-                    reason="ptxas (a CUDA toolkit) or nvdisasm (pip install nvidia-cuda-nvdisasm) is missing")
+@needs_sass
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 @pytest.mark.parametrize("mma_k,layout,batched", [(4, "nn", False), (8, "nn", False), (16, "nn", False),
                                                   (8, "tn", False), (16, "nt", True), (4, "tt", True)])
@@ -240,7 +203,7 @@ def test_sass_multiplies_on_the_fp64_tensor_cores(arch, mma_k, layout, batched):
     """The products are DMMA instructions (the FP64 tensor cores), with no FP64 FMA (DFMA) anywhere: sm_90
     runs one DMMA of the configured depth per mma, sm_80 DMMA.884s; in every layout, batched or not."""
     config = SPEC.space.with_overrides(DMMA.named("dmma-64"), {"MMA_K": mma_k})
-    sass = _sass(render(config, layout, batched), arch)
+    sass = sass_of(render(config, layout, batched), arch)
     dmma = re.findall(r"\bDMMA\.(\S+)", sass)
     assert dmma, sass[-2000:]
     assert "DFMA" not in sass

@@ -15,13 +15,11 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import re
-import shutil
-import subprocess
-import tempfile
-from pathlib import Path
 
 import numpy as np
 import pytest
+from sass_support import needs_sass
+from sass_support import sass as sass_of
 
 from autotile.codegen import build, kernels
 from autotile.codegen.limits import PROFILES
@@ -145,31 +143,11 @@ def test_compiles_without_spills(compiled, case):
     assert usage.static_smem == (geometry["smem_bytes"] if case.config["smem"] == "static" else 0)
 
 
-def _tool(name: str) -> str | None:
-    found = shutil.which(name)
-    if found:
-        return found
-    try:
-        import nvidia
-    except ImportError:
-        return None
-    return next((str(p) for root in nvidia.__path__ for p in Path(root).glob(f"*/bin/{name}")), None)
-
-
-PTXAS, NVDISASM = _tool("ptxas"), _tool("nvdisasm")
-
-
 def _sass_blocks(source: str) -> list[list[str]]:
-    """The basic blocks of `source`'s sm_90 SASS (NVRTC's PTX, the toolkit's ptxas and nvdisasm): lists of
+    """The basic blocks of `source`'s sm_90 SASS (`sass_support.sass`): lists of
     instruction lines, split at labels and at branches, reconvergence and exits."""
-    ptx = build.compile(source, "compute_90").binary
-    with tempfile.TemporaryDirectory() as tmp:
-        Path(tmp, "k.ptx").write_bytes(ptx)
-        subprocess.run([str(PTXAS), "-arch=sm_90", "k.ptx", "-o", "k.cubin"], cwd=tmp, check=True, capture_output=True)
-        sass = subprocess.run([str(NVDISASM), "-c", "k.cubin"], cwd=tmp, check=True, capture_output=True,
-                              text=True).stdout
     blocks: list[list[str]] = [[]]
-    for line in sass.splitlines():
+    for line in sass_of(source, "sm_90").splitlines():
         if line.rstrip().endswith(":") or re.search(r"\b(BRA|BSYNC|EXIT|RET)\b", line):
             blocks.append([])
         elif "/*" in line:
@@ -188,7 +166,7 @@ def _destination(line: str) -> int:
     return int(match.group(1))
 
 
-@pytest.mark.skipif(PTXAS is None or NVDISASM is None, reason="ptxas or nvdisasm is missing")
+@needs_sass
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 @pytest.mark.parametrize("name,layout", [("skinny-t-4", "nt"), ("skinny-t-1", "nt"), ("skinny-n-4", "nn")])
 def test_16_bit_loads_are_issued_back_to_back(name, layout, dtype):
@@ -253,12 +231,13 @@ def _run(config: Config, a: np.ndarray, b: np.ndarray, layout: str, dtype: str) 
     return cupy.asnumpy(out)
 
 
-def _check(c: np.ndarray, a: np.ndarray, b: np.ndarray, dtype: str) -> None:
+def _check(c: np.ndarray, a: np.ndarray, b: np.ndarray, dtype: str, what: tuple = ()) -> None:
+    """C against the float64 product of A and B, within `dtype`'s tolerance; `what` names the case on failure."""
     ref = np.matmul(a.astype(np.float64), b.astype(np.float64))
     scale = np.matmul(np.abs(a).astype(np.float64), np.abs(b).astype(np.float64))
     assert np.all(np.isfinite(c)), "unwritten (NaN-poisoned) or non-finite outputs"
     err = np.max(np.abs(c - ref) / np.maximum(scale, np.finfo(np.float64).tiny))
-    assert err <= kernels.tolerance(dtype, a.shape[-1]), (err, kernels.tolerance(dtype, a.shape[-1]))
+    assert err <= kernels.tolerance(dtype, a.shape[-1]), (*what, err, kernels.tolerance(dtype, a.shape[-1]))
 
 
 def _half_run_and_check(config: Config, M: int, N: int, K: int, layout: str, dtype: str, rng, batch: int = 0
@@ -284,11 +263,7 @@ def _half_run_and_check(config: Config, M: int, N: int, K: int, layout: str, dty
     runner = Generated(config).prepare(key)
     for _ in range(2):  # split-K's tickets hold up on a second launch
         runner.run(tuple(stored), out)
-    c = to_float32(out, dtype).get().astype(np.float64)
-    ref, scale = np.matmul(a64, b64), np.matmul(np.abs(a64), np.abs(b64))
-    assert np.all(np.isfinite(c)), "unwritten (NaN-poisoned) or non-finite outputs"
-    err = np.max(np.abs(c - ref) / np.maximum(scale, np.finfo(np.float64).tiny))
-    assert err <= kernels.tolerance(dtype, K), (config.key(), layout, (M, N, K), err)
+    _check(to_float32(out, dtype).get().astype(np.float64), a64, b64, dtype, (config.key(), layout, (M, N, K)))
 
 
 @pytest.mark.gpu

@@ -6,12 +6,10 @@ multiplies with HGMMA and splits only in the producer. GPU correctness: tests/te
 from __future__ import annotations
 
 import random
-import shutil
-import subprocess
-import tempfile
-from pathlib import Path
 
 import pytest
+from sass_support import needs_sass
+from sass_support import sass as sass_of
 
 from autotile.codegen import build, kernels
 from autotile.codegen.limits import PROFILES
@@ -190,40 +188,12 @@ def test_arch_specific_target_is_chosen_by_the_source():
             build.target_arch(80, True)
 
 
-def _tool(name: str) -> str | None:
-    found = shutil.which(name)
-    if found:
-        return found
-    try:
-        import nvidia
-
-        for root in nvidia.__path__:
-            for p in Path(root).glob(f"*/bin/{name}"):
-                return str(p)
-    except ImportError:
-        pass
-    return None
-
-
-PTXAS, NVDISASM = _tool("ptxas"), _tool("nvdisasm")
-
-
-def _sass(source: str) -> str:
-    ptx = build.compile(source, "compute_90a").binary
-    with tempfile.TemporaryDirectory() as tmp:
-        Path(tmp, "k.ptx").write_bytes(ptx if isinstance(ptx, bytes) else ptx.encode())
-        subprocess.run([str(PTXAS), "-arch=sm_90a", "k.ptx", "-o", "k.cubin"], cwd=tmp, check=True,
-                       capture_output=True)
-        return subprocess.run([str(NVDISASM), "-c", "k.cubin"], cwd=tmp, check=True, capture_output=True,
-                              text=True).stdout
-
-
 @pytest.mark.slow
 @needs_nvrtc
-@pytest.mark.skipif(PTXAS is None or NVDISASM is None, reason="ptxas or nvdisasm is missing")
+@needs_sass
 @pytest.mark.parametrize("name,layout", [("wgmma-128", "nn"), ("wgmma-64", "tt"), ("wgmma-128-k64", "nt")])
 def test_sass_multiplies_with_hgmma_and_splits_in_the_producer_only(name, layout):
-    sass = _sass(_render(name, layout, False))
+    sass = sass_of(_render(name, layout, False), "sm_90a")
     config = SPEC.space.named(name)
     bk, bm, bn = config["BK"], config["BM"], config["BN"]
     lines = sass.splitlines()
