@@ -28,9 +28,10 @@ SKINNY_CONSTANTS = ("THREADS_K", "STEPS", "CLUSTER_M", "PERSISTENT", "STORE", "P
 # MATH=wgmma_direct (issue 30, the 16-bit types) came after skinny, with STAGES of 5 and 6, and int8's K step of
 # 128 after it; MATH=mma (the 16-bit types on mma.sync) after those.
 DIRECT_CHOICES = {"MATH": ("wgmma_direct", "mma"), "STAGES": (5, 6), "BK": (128,)}
-# PRODUCERS=4 (wgmma's four producer warpgroups, issue 28) came after all of them.
+# PRODUCERS=4 (wgmma's four producer warpgroups, issue 28) came after all of them, and VEC=8 (16-byte loads of
+# the 16-bit skinny kernels, issue 28) after that.
 SKINNY_CHOICES = {"MATH": ("skinny", *DIRECT_CHOICES["MATH"]), "BM": (1, 2, 4, 8), "BN": (4, 8),
-                  "STAGES": DIRECT_CHOICES["STAGES"], "BK": DIRECT_CHOICES["BK"], "PRODUCERS": (4,)}
+                  "STAGES": DIRECT_CHOICES["STAGES"], "BK": DIRECT_CHOICES["BK"], "PRODUCERS": (4,), "VEC": (8,)}
 
 
 def space_as_it_was(kernel: str, *, dropped: Sequence[str] = (), constants: Sequence[str] = (),

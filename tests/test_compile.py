@@ -88,9 +88,10 @@ ADDED_SINCE_THE_SAMPLE = ("SPLIT_REDUCE",)
 # PRODUCERS and LOADER, which only wgmma activates, are then constants (their defaults), as MMA_K is.
 # MATH=skinny came later still, with tiles under 16 and THREADS_K and STEPS, which only it activates
 # (constants here, as MMA_K is); its kernels have their own tests (tests/test_skinny.py), as MATH=mma's
-# (tests/test_mma.py).
+# (tests/test_mma.py). VEC=8, which only the 16-bit skinny kernels take, came after all of them (in the matvec
+# space, 8-wide loads came with the 16-bit types).
 CHOICES_ADDED_SINCE_THE_SAMPLE = {"MATH": ("dmma", "wgmma", "skinny", "wgmma_direct", "mma"), "BM": (1, 2, 4, 8),
-                                  "BN": (4, 8), "STAGES": (5, 6), "BK": (128,)}
+                                  "BN": (4, 8), "STAGES": (5, 6), "BK": (128,), "VEC": (8,)}
 CONSTANTS_SINCE_THE_SAMPLE = ("MMA_K", "PRODUCERS", "LOADER", "THREADS_K", "STEPS", "CLUSTER_M",
                               "PERSISTENT", "STORE", "PINGPONG", "NARROW_COPIES")
 OUT_OF_THE_KEYS = (*ADDED_SINCE_THE_SAMPLE, *CONSTANTS_SINCE_THE_SAMPLE)
@@ -104,7 +105,7 @@ ACTIVE_WHEN_SAMPLED = {"UNROLL": "MATH == 'simt'", "BK": "smem != 'none'", "VEC"
 def _sampling_space(kernel: str) -> Space:
     if kernel != "matmul":  # matvec: 8-wide loads came with the 16-bit types (tests/test_matvec_half.py)
         return space_as_it_was(kernel, dropped=ADDED_SINCE_THE_SAMPLE,
-                               added_choices={**CHOICES_ADDED_SINCE_THE_SAMPLE, "VEC": (8,)})
+                               added_choices=CHOICES_ADDED_SINCE_THE_SAMPLE)
     # Without dmma, MMA_K is a constant (its default) and UNROLL's condition reads as it did before: the
     # enumeration then binds and prunes in the order the sample was drawn in, and draws the same configs.
     return space_as_it_was(kernel, dropped=ADDED_SINCE_THE_SAMPLE, constants=CONSTANTS_SINCE_THE_SAMPLE,

@@ -168,22 +168,24 @@ def _destination(line: str) -> int:
 
 @needs_sass
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
-@pytest.mark.parametrize("name,layout", [("skinny-t-4", "nt"), ("skinny-t-1", "nt"), ("skinny-n-4", "nn")])
-def test_16_bit_loads_are_issued_back_to_back(name, layout, dtype):
+@pytest.mark.parametrize("name,layout,vec", [("skinny-t-4", "nt", 4), ("skinny-t-1", "nt", 4), ("skinny-n-4", "nn", 4),
+                                             ("skinny-t-1", "nt", 8), ("skinny-n-4", "nn", 8)])
+def test_16_bit_loads_are_issued_back_to_back(name, layout, vec, dtype):
     # Unpacking (or packing) 16-bit elements next to their load, inside a guard, made each thread wait for
-    # every load in turn (one in flight per thread: 0.4-1.1 TB/s on an H100). Vector loads: nothing in an
-    # 8-byte load's block reads what it loaded. Single elements (rows not aligned to a vector): a block
-    # issues a whole step's loads before any of them is read.
-    config = SPACE.named(name)
-    assert config["VEC"] == 4
+    # every load in turn (one in flight per thread: 0.4-1.1 TB/s on an H100). Vector loads (8 bytes for VEC 4,
+    # 16 for VEC 8): nothing in a vector load's block reads what it loaded. Single elements (rows not aligned
+    # to a vector): a block issues a whole step's loads before any of them is read.
+    config = SPACE.with_overrides(SPACE.named(name), {"VEC": vec})
+    assert SPACE.is_feasible(config, Problem(PROFILES["h100"], dtype, layout))
     blocks = _sass_blocks(MATMUL.render(config, dtype, layout))
+    words = vec // 2  # 32-bit registers a vector load fills
     vector_loads = 0
     for block in blocks:
         for at, line in enumerate(block):
-            if "LDG.E.64" in line:
+            if f"LDG.E.{16 * vec}" in line:
                 vector_loads += 1
                 low = _destination(line)
-                readers = [later for later in block[at + 1:] if _reads(later, low) or _reads(later, low + 1)]
+                readers = [later for later in block[at + 1:] if any(_reads(later, low + w) for w in range(words))]
                 assert not readers, (line, readers)
     assert vector_loads >= config["STEPS"]
     single = config["STEPS"] * config["TN"] * config["VEC"]  # B's elements of one step, A's aside
@@ -202,9 +204,9 @@ def test_16_bit_loads_are_issued_back_to_back(name, layout, dtype):
 # -- on a GPU ----------------------------------------------------------------------------------------------
 
 # Odd shapes (every load a single element's: no N or K a multiple of 4), then shapes whose rows allow vector loads
-# (N and K multiples of 4, of no tile's size): both paths of every kernel.
+# of up to 8 elements (N and K odd multiples of 8, of no tile's size but 8): both paths of every kernel.
 SHAPES = [(1, 1, 1), (1, 257, 1031), (5, 131, 67), (16, 97, 2053), (33, 61, 129), (64, 67, 7), (3, 4099, 37),
-          (1, 260, 1028), (5, 132, 516), (33, 68, 2052)]
+          (1, 264, 1032), (5, 136, 520), (33, 72, 2056)]
 
 
 def _stored(x: np.ndarray, transposed: bool) -> np.ndarray:
@@ -272,9 +274,12 @@ def _half_run_and_check(config: Config, M: int, N: int, K: int, layout: str, dty
 def test_16_bit_matches_float64_on_odd_shapes_in_every_layout(name, dtype):
     rng = np.random.default_rng(8)
     configs = [SPACE.named(name), SPACE.with_overrides(SPACE.named(name), {"SPLIT_K": 8, "SPLIT_REDUCE": "last_block"}),
-               SPACE.with_overrides(SPACE.named(name), {"VEC": 2})]  # words of one pair each
+               SPACE.with_overrides(SPACE.named(name), {"VEC": 2}),  # words of one pair each
+               SPACE.with_overrides(SPACE.named(name), {"VEC": 8})]  # 16-byte loads, where the tile allows them
     for config in configs:
         for layout in LAYOUTS:
+            if not SPACE.is_feasible(config, Problem(PROFILES["h100"], dtype, layout)):
+                continue
             for M, N, K in SHAPES:
                 _half_run_and_check(config, M, N, K, layout, dtype, rng)
     _half_run_and_check(configs[0], 7, 131, 257, "nt", dtype, rng, batch=3)

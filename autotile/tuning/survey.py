@@ -223,6 +223,12 @@ def portfolio(kernel: str, dtype: str, layout: str, device: DeviceLimits,
                 add(f"{name}/split{split}", space.with_overrides(config, overrides))
             except Exception:  # a variant the space refuses (a constraint on SPLIT_K): not a candidate
                 continue
+    # 16-byte-load variants of the 16-bit skinny kernels (split or not): VEC 8 where B's rows allow it (K a
+    # multiple of 8 for x @ W.T, N for x @ W), as float32's VEC 4 loads; rows aligned to 4 elements only keep
+    # the VEC 4 kernel's vector path, so both stay candidates.
+    for config, name in list(found.items()):
+        if config.get("MATH") == "skinny" and config.get("VEC") == 4 and dtypes.get(dtype).size == 2:
+            add(f"{name}/vec8", space.with_overrides(config, {"VEC": 8}))  # `add` drops the infeasible ones
     # Staged-store variants of the float32 tensor-core kernels (wgmma, and mma.sync tf32x3 without K splits):
     # the same kernel where C's rows are 8-byte aligned, and where they are not (N odd: half of all random
     # shapes) row stores of 32 neighbours instead of two 4-byte stores per pair.
