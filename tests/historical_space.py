@@ -23,8 +23,10 @@ from autotile.codegen.space import Config, Problem, Space
 
 # MATH=skinny (issue 28) added THREADS_K and STEPS, which only it activates, and tiles under 16.
 # wgmma_direct's own knobs (PINGPONG came after the others) are constants (their defaults) there too.
-# NARROW_COPIES (half-vector copies on the mma.sync kernels, issue 28) came after all of them.
-SKINNY_CONSTANTS = ("THREADS_K", "STEPS", "CLUSTER_M", "PERSISTENT", "STORE", "PINGPONG", "NARROW_COPIES")
+# NARROW_COPIES (half-vector copies on the mma.sync kernels, issue 28) came after all of them, and REALIGN
+# (their realigned copies) after that.
+SKINNY_CONSTANTS = ("THREADS_K", "STEPS", "CLUSTER_M", "PERSISTENT", "STORE", "PINGPONG", "NARROW_COPIES",
+                    "REALIGN")
 # MATH=wgmma_direct (issue 30, the 16-bit types) came after skinny, with STAGES of 5 and 6, and int8's K step of
 # 128 after it; MATH=mma (the 16-bit types on mma.sync) after those.
 DIRECT_CHOICES = {"MATH": ("wgmma_direct", "mma"), "STAGES": (5, 6), "BK": (128,)}

@@ -93,7 +93,7 @@ ADDED_SINCE_THE_SAMPLE = ("SPLIT_REDUCE",)
 CHOICES_ADDED_SINCE_THE_SAMPLE = {"MATH": ("dmma", "wgmma", "skinny", "wgmma_direct", "mma"), "BM": (1, 2, 4, 8),
                                   "BN": (4, 8), "STAGES": (5, 6), "BK": (128,), "VEC": (8,)}
 CONSTANTS_SINCE_THE_SAMPLE = ("MMA_K", "PRODUCERS", "LOADER", "THREADS_K", "STEPS", "CLUSTER_M",
-                              "PERSISTENT", "STORE", "PINGPONG", "NARROW_COPIES")
+                              "PERSISTENT", "STORE", "PINGPONG", "NARROW_COPIES", "REALIGN")
 OUT_OF_THE_KEYS = (*ADDED_SINCE_THE_SAMPLE, *CONSTANTS_SINCE_THE_SAMPLE)
 # Conditions as they read when the sample was drawn (skinny's exemptions added since change the
 # enumeration's plan, and with it the draws).

@@ -267,11 +267,11 @@ REDUCED = {
     # a cp.async depth and a TMA-only one, the mma depth, VEC and the knobs that only K splits or a launch
     # order (fixed here) make feasible to one: the brute force checks every point twice (about 37 thousand
     # here, a few seconds). PAD is cut to one value to pay for NARROW_COPIES's two (with VEC 1, its constraint
-    # prunes it wherever it is active).
+    # prunes it wherever it is active); REALIGN to false (with VEC 1 its constraint prunes it too).
     "matmul": {"BM": [16, 256], "BN": [16, 128], "TM": [1, 8], "TN": [1, 4], "BK": [8, 64], "VEC": [1],
                "PAD": [0], "SPLIT_K": [1], "SWIZZLE": [1], "UNROLL": ["full"], "WM": [32], "WN": [32],
                "MMA_K": [8], "THREADS_K": [1], "STEPS": [1], "STAGES": [2, 5], "PERSISTENT": [False],
-               "SPLIT_REDUCE": ["atomic"], "CLUSTER_M": [1]},
+               "SPLIT_REDUCE": ["atomic"], "CLUSTER_M": [1], "REALIGN": [False]},
     "matvec": {"ROWS": [1, 4, 32, 512], "THREADS_K": [1, 8, 64, 256], "TILE_K": [16, 256, 2048],
                "SPLIT_K": [1], "UNROLL": [1]},
 }

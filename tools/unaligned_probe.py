@@ -1,15 +1,17 @@
-"""What rows that do not start 16-byte aligned cost the generated kernels on batched problems (needs a GPU).
+"""What rows that do not start 16-byte aligned cost the generated kernels (needs a GPU).
 
-`python tools/unaligned_probe.py [--names A,B,...] [--random N --seed S] [--twins]`: for a few batched shapes,
-each aligned and then with N, K or all sizes made odd (with `--random`, issue 28's random batches instead,
-`autotile.cli.bench_torch.random_bmm_shapes`; with `--twins` as well, each followed by its aligned twin, N and K
-rounded up to multiples of 4), the speed of configs over cuBLAS (strided batched SGEMM) in the same run, CUDA
-events, L2 flushed, median, and each result's error against float64 (output poisoned with NaN first). A config
-is a named config of the bmm space, with parameters changed after `+` (`wgmma-128x64-persistent-p4+STORE=staged`,
-`wgmma-128x64+PRODUCERS=4+PERSISTENT=true`). Where an operand's rows are not a multiple of 4 floats, the tf32x3
-kernels copy one element at a time instead of four (templates/mma_pipeline.j2); the wgmma kernels' producers load
-four elements apart (templates/matmul_wgmma.cu.j2). Prints the geometric mean of each config's ratios, and of the
-best of them per shape.
+`python tools/unaligned_probe.py [--kernel bmm|matmul] [--dtype D] [--layout L] [--names A,B,...]
+[--random N | --decode N] [--seed S] [--twins]`: for a few shapes, each aligned and then with N, K or all sizes
+made odd (with `--random`, issue 28's random batches instead, `autotile.cli.bench_torch.random_bmm_shapes`; with
+`--decode`, matmul's random decode-size shapes, `random_decode_shapes`; with `--twins` as well, each followed by
+its aligned twin, N and K rounded up to 16 bytes of elements), the speed of configs over cuBLAS in the same run,
+CUDA events, L2 flushed, median, and each result's error against float64 (output poisoned with NaN first). A
+config is a named config of the kernel's space, with parameters changed after `+`
+(`wgmma-128x64-persistent-p4+STORE=staged`, `mma-32+REALIGN=true`). Where an operand's rows are not a multiple
+of 16 bytes, the tf32x3 and mma kernels copy one element at a time instead of a vector (templates/mma_pipeline.j2;
+mma with REALIGN: aligned pieces shifted into place); the wgmma kernels' producers load four elements apart
+(templates/matmul_wgmma.cu.j2). Prints the geometric mean of each config's ratios, and of the best of them per
+shape.
 """
 
 from __future__ import annotations
@@ -24,25 +26,29 @@ NAMES = ("tf32x3-32", "tf32x3-64", "tf32x3-32x128")
 SHAPES = ((64, 256, 256, 256), (16, 512, 512, 512), (128, 128, 128, 128), (8, 1024, 1024, 256))
 
 
-def variants(b: int, m: int, n: int, k: int) -> list[tuple[str, tuple[int, int, int, int]]]:
-    """The aligned shape and its unaligned neighbours (labelled)."""
-    return [("aligned", (b, m, n, k)), ("N+1", (b, m, n + 1, k)), ("K+1", (b, m, n, k + 1)),
-            ("N+2,K+2", (b, m, n + 2, k + 2)), ("all+1", (b, m + 1, n + 1, k + 1))]
+MATMUL_SHAPES = ((2048, 2048, 2048), (512, 1024, 4096), (16, 8192, 8192), (64, 4096, 4096))
 
 
-def aligned_twin(shape: tuple[int, int, int, int]) -> tuple[int, int, int, int]:
-    """A batch (batch, M, N, K) with N and K rounded up to multiples of 4: every operand's and C's rows start
-    16-byte aligned (float32) where the matrices do."""
-    b, m, n, k = shape
-    return (b, m, -(-n // 4) * 4, -(-k // 4) * 4)
+def variants(*shape: int) -> list[tuple[str, tuple[int, ...]]]:
+    """The aligned shape (batch, M, N, K or M, N, K) and its unaligned neighbours (labelled)."""
+    *lead, m, n, k = shape
+    return [("aligned", (*lead, m, n, k)), ("N+1", (*lead, m, n + 1, k)), ("K+1", (*lead, m, n, k + 1)),
+            ("N+2,K+2", (*lead, m, n + 2, k + 2)), ("all+1", (*lead, m + 1, n + 1, k + 1))]
 
 
-def with_twins(cases: list[tuple[str, tuple[int, int, int, int]]]) -> list[tuple[str, tuple[int, int, int, int]]]:
+def aligned_twin(shape: tuple[int, ...], elements: int = 4) -> tuple[int, ...]:
+    """A shape (batch, M, N, K or M, N, K) with N and K rounded up to multiples of `elements` (16 bytes of
+    them: 4 float32, 8 bfloat16): every operand's and C's rows start 16-byte aligned where the matrices do."""
+    *lead, m, n, k = shape
+    return (*lead, m, -(-n // elements) * elements, -(-k // elements) * elements)
+
+
+def with_twins(cases: list[tuple[str, tuple[int, ...]]], elements: int = 4) -> list[tuple[str, tuple[int, ...]]]:
     """The (label, shape) cases, each unaligned one followed by its aligned twin (labelled "twin")."""
     out = []
     for label, shape in cases:
         out.append((label, shape))
-        twin = aligned_twin(shape)
+        twin = aligned_twin(shape, elements)
         if twin != shape:
             out.append(("twin", twin))
     return out
@@ -63,18 +69,25 @@ def config_of(space: Any, entry: str) -> Any:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--kernel", choices=("bmm", "matmul"), default="bmm")
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--layout", default="nn")
     parser.add_argument("--names", default=",".join(NAMES),
-                        help="named configs of the bmm space, each with +PARAM=VALUE changes if any")
-    parser.add_argument("--random", type=int, default=0, metavar="N", help="N of issue 28's random batches")
+                        help="named configs of the kernel's space, each with +PARAM=VALUE changes if any")
+    parser.add_argument("--random", type=int, default=0, metavar="N", help="N of issue 28's random batches (bmm)")
+    parser.add_argument("--decode", type=int, default=0, metavar="N", help="N random decode-size shapes (matmul)")
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--twins", action="store_true", help="each shape followed by its aligned twin")
     args = parser.parse_args(argv)
     names = args.names.split(",")
+    if args.random and args.kernel != "bmm" or args.decode and args.kernel != "matmul":
+        raise ArgumentError("--random draws batches (--kernel bmm), --decode matmul's shapes (--kernel matmul)")
 
-    from autotile.codegen import kernels
+    from autotile.codegen import dtypes, kernels
 
-    spec = kernels.get("bmm")
+    spec = kernels.get(args.kernel)
     configs = {n: config_of(spec.space, n) for n in names}  # a bad entry fails before the GPU is touched
+    elements = 16 // dtypes.DTYPE_SIZES[args.dtype]
 
     import cupy
 
@@ -90,27 +103,32 @@ def main(argv: list[str] | None = None) -> int:
         return time_launch(lambda: runner.run(inputs, out), flush, warmup=3, min_reps=10, max_reps=30,
                            target_ms=30.0).median_ms
 
+    cases: list[tuple[str, tuple[int, ...]]]
     if args.random:
         from autotile.cli.bench_torch import random_bmm_shapes
 
         cases = [("random", s) for s in random_bmm_shapes(args.random, args.seed)]
+    elif args.decode:
+        from autotile.cli.bench_torch import random_decode_shapes
+
+        cases = [("decode", s) for s in random_decode_shapes(args.decode, args.seed)]
     else:
-        cases = [case for base in SHAPES for case in variants(*base)]
+        cases = [case for base in (SHAPES if args.kernel == "bmm" else MATMUL_SHAPES) for case in variants(*base)]
     if args.twins:
-        cases = with_twins(cases)
+        cases = with_twins(cases, elements)
     print("shape".ljust(26), "cublas_ms", *[n.rjust(max(14, len(n) + 1)) for n in names], " worst error")
     logs: list[list[float]] = [[] for _ in names]
     best: list[float] = []
     for label, shape in cases:
-        key = ProblemKey("bmm", "float32", "nn", shape)
-        inputs = spec.make_inputs(shape, "float32", "nn", rng, cupy)
-        reference = kernels.to_float64(inputs[0]) @ kernels.to_float64(inputs[1])
-        out = cupy.empty(spec.output_shape(shape), dtype="float32")
+        key = ProblemKey(args.kernel, args.dtype, args.layout, shape)
+        inputs = spec.make_inputs(shape, args.dtype, args.layout, rng, cupy)
+        reference = spec.reference(inputs, args.dtype)
+        out = cupy.empty(spec.output_shape(shape), dtype=dtypes.output_storage(args.dtype))
         cublas_ms = median_ms(Cublas().prepare(key), inputs, out)
         ratios, worst = [], 0.0
         for n in names:
             runner = Generated(configs[n]).prepare(key)
-            out.fill(cupy.nan)
+            kernels.poison(out)
             runner.run(inputs, out)
             worst = max(worst, relative_error(out, reference))
             ratios.append(cublas_ms / median_ms(runner, inputs, out))

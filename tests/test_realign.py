@@ -1,0 +1,127 @@
+"""REALIGN on the mma.sync kernels of the 16-bit types and int8: where an operand's rows do not start aligned to
+VEC elements, each copy of VEC elements inside the matrix reads the two aligned pieces that hold it and shifts
+them into place in registers (instead of single 16- or 8-bit elements through registers), its stores deferred
+past the products of the tile before it. Without a GPU: the source it adds, that nothing else changes, the
+constraint, that it compiles without spills in every layout; with one (`gpu`): results against float64 on rows
+of every misalignment, operands that start off their allocation's alignment, batched and split."""
+
+from __future__ import annotations
+
+import pytest
+
+from autotile.codegen import build, dtypes, kernels
+from autotile.codegen.limits import PROFILES
+from autotile.codegen.space import Problem
+from autotile.errors import AutotileError
+
+SPACE = kernels.get("matmul").space
+# small and large tiles, K split by the last block, int8's own tiles (4-byte copies: VEC 4 of one byte)
+NAMES = {"bfloat16": ("mma-32", "mma-64-split4", "mma-128"), "float16": ("mma-64", "mma-32"),
+         "int8": ("mma8-32", "mma8-64-split4")}
+LAYOUTS = ("nn", "nt", "tn", "tt")
+
+
+def _realigned(name: str, kernel: str = "matmul", **overrides):
+    space = kernels.get(kernel).space
+    return space.with_overrides(space.named(name), {"REALIGN": True, **overrides})
+
+
+@pytest.mark.parametrize("dtype", sorted(NAMES))
+def test_realign_adds_one_path_and_changes_nothing_else(dtype):
+    """The realigned configs render the plain source plus the helpers, one deferred path per operand and the
+    placing of their pieces; the plain configs do not mention it (their source, and so the shipped
+    databases' columns, stay as timed)."""
+    spec = kernels.get("matmul")
+    for name in NAMES[dtype]:
+        plain = spec.render(spec.space.named(name), dtype, "nt")
+        realigned = spec.render(_realigned(name), dtype, "nt")
+        assert "pieces" not in plain and "_held" not in plain
+        width = SPACE.named(name)["VEC"] * {"int8": 1}.get(dtype, 2)  # bytes per copy
+        assert realigned.count(f"load_pieces<VEC * {width // SPACE.named(name)['VEC']}>(") == 2  # A's and B's
+        assert realigned.count(f"place_pieces<{width}>(") == 2
+        assert "auto place_tiles" in realigned and realigned.count("place_tiles(") == 2  # the first tiles', the K loop's
+        # every line of the plain source but the config's own comment and the single-element copies it replaces
+        plain_lines = {line for line in plain.splitlines() if not line.startswith("// config:")}
+        kept = plain_lines - set(realigned.splitlines())
+        assert all("copy_async<" in line or "const T* src" in line or "T* dst" in line or "Rows that" in line
+                   or "neighbouring threads" in line or "const int dr" in line or "for (int l" in line
+                   for line in kept), kept
+
+
+def test_realign_needs_copies_of_four_bytes_or_more():
+    problem = Problem(PROFILES["h100"], "bfloat16", "nt")
+    assert SPACE.is_feasible(_realigned("mma-32"), problem)
+    narrow = _realigned("mma-32", VEC=1)
+    assert not SPACE.is_feasible(narrow, problem)
+    assert any("realigned copies" in str(v) for v in SPACE.violations(narrow, problem))
+    int8 = Problem(PROFILES["h100"], "int8", "nt")
+    assert SPACE.is_feasible(_realigned("mma8-32"), int8)
+    assert not SPACE.is_feasible(_realigned("mma8-32", VEC=2), int8)  # 2-byte copies
+    # the other tensor-core kernels have no such path: the parameter is not theirs
+    with pytest.raises(AutotileError, match="REALIGN only where MATH == 'mma'"):
+        SPACE.check(SPACE.with_overrides(SPACE.named("tf32x3-64"), {"REALIGN": True}),
+                    Problem(PROFILES["h100"], "float32", "nt"))
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_realign_compiles_without_spills(layout):
+    """Every layout (the pieces follow each operand's contiguous dimension), batched too, for sm_90 and sm_80;
+    one tile per dtype and layout (a compile is about a second: the suite stays fast)."""
+    i = LAYOUTS.index(layout)
+    for dtype, names in NAMES.items():
+        name = names[i % len(names)]
+        kernel = ("matmul", "bmm")[i % 2]
+        spec = kernels.get(kernel)
+        config = _realigned(name, kernel)
+        arch = ("sm_90", "sm_80")[(i // 2) % 2]
+        usage = build.compile(spec.render(config, dtype, layout), arch).usage(f"autotile_{kernel}")
+        model = spec.space.derive(config, Problem(PROFILES["h100"], dtype, layout))["regs_per_thread"]
+        assert usage is not None and usage.spill_stores == 0 and usage.stack_frame == 0, (name, dtype, usage)
+        assert usage.registers <= model + 56, (name, dtype, layout, usage.registers, model)
+
+
+def _offset_view(x, xp, elements: int):
+    """`x` with the same values and strides, its storage starting `elements` past an aligned allocation."""
+    stored = x if x.flags.c_contiguous else x.swapaxes(-1, -2)  # the contiguous layout it is a view of
+    buffer = xp.empty(stored.size + elements, dtype=stored.dtype)
+    moved = buffer[elements:].reshape(stored.shape)
+    moved[...] = stored
+    return moved if x.flags.c_contiguous else moved.swapaxes(-1, -2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("dtype", sorted(NAMES))
+def test_realign_matches_reference(dtype, layout):
+    """Rows of every length mod 8 (K and N odd, even, 2 and 4 mod 8), one-row and one-column problems,
+    operands starting 1 to 3 elements past their allocation's alignment, batches; each config twice (the K
+    splits' tickets), output poisoned, against the float64 product (int8: exact)."""
+    import cupy
+
+    from autotile.codegen.problem import ProblemKey
+    from autotile.runtime.impl import Generated
+    from autotile.runtime.timing import relative_error
+
+    shapes = [(67, 131, 257), (64, 130, 258), (33, 260, 1030), (1, 1001, 4097), (129, 3, 515), (16, 515, 2053),
+              (96, 96, 97), (5, 17, 33)]
+    batches = [(3, 33, 66, 131), (2, 65, 127, 260)]
+    rng = cupy.random.default_rng(3)
+    failures = []
+    for name in NAMES[dtype]:
+        for kernel, cases in (("matmul", shapes), ("bmm", batches)):
+            spec = kernels.get(kernel)
+            config = _realigned(name, kernel)
+            for n, shape in enumerate(cases):
+                inputs = spec.make_inputs(shape, dtype, layout, rng, cupy)
+                if n % 2:  # every other problem: operands that start off 16 bytes
+                    inputs = tuple(_offset_view(x, cupy, 1 + (n // 2) % 3) for x in inputs)
+                reference = spec.reference(inputs, dtype)
+                out = cupy.empty(spec.output_shape(shape), dtype=dtypes.output_storage(dtype))
+                runner = Generated(config).prepare(ProblemKey(kernel, dtype, layout, shape))
+                for _ in range(2):
+                    kernels.poison(out)
+                    runner.run(inputs, out)
+                error = relative_error(out, reference)
+                if not error <= kernels.tolerance(dtype, shape[-1]):
+                    failures.append(f"{name} {kernel} {shape} ({'offset' if n % 2 else 'aligned start'}): {error:.3g}")
+    assert not failures, failures
