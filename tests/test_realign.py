@@ -39,7 +39,7 @@ def test_realign_adds_one_path_and_changes_nothing_else(dtype):
         width = SPACE.named(name)["VEC"] * {"int8": 1}.get(dtype, 2)  # bytes per copy
         assert realigned.count(f"load_pieces<VEC * {width // SPACE.named(name)['VEC']}>(") == 2  # A's and B's
         assert realigned.count(f"place_pieces<{width}>(") == 2
-        assert "auto place_tiles" in realigned and realigned.count("place_tiles(") == 2  # the first tiles', the K loop's
+        assert "auto place_tiles" in realigned and realigned.count("place_tiles(") == 2  # first tiles, K loop
         # every line of the plain source but the config's own comment and the single-element copies it replaces
         plain_lines = {line for line in plain.splitlines() if not line.startswith("// config:")}
         kept = plain_lines - set(realigned.splitlines())
