@@ -15,9 +15,11 @@ from autotile.codegen.space import Problem
 from autotile.errors import AutotileError
 
 SPACE = kernels.get("matmul").space
-# small and large tiles, K split by the last block, int8's own tiles (4-byte copies: VEC 4 of one byte)
+# mma: small and large tiles, K split by the last block, int8's own tiles (4-byte copies: VEC 4 of one byte)
 NAMES = {"bfloat16": ("mma-32", "mma-64-split4", "mma-128"), "float16": ("mma-64", "mma-32"),
          "int8": ("mma8-32", "mma8-64-split4")}
+# skinny (16-bit): both K loops (B transposed and row-major), K split, vectors of 2, 4 and 8 elements
+SKINNY = {"bfloat16": ("skinny-t-4", "skinny-n-4", "skinny-t-16-split4"), "float16": ("skinny-t-1", "skinny-n-16")}
 LAYOUTS = ("nn", "nt", "tn", "tt")
 
 
@@ -57,8 +59,11 @@ def test_realign_needs_copies_of_four_bytes_or_more():
     int8 = Problem(PROFILES["h100"], "int8", "nt")
     assert SPACE.is_feasible(_realigned("mma8-32"), int8)
     assert not SPACE.is_feasible(_realigned("mma8-32", VEC=2), int8)  # 2-byte copies
-    # the other tensor-core kernels have no such path: the parameter is not theirs
-    with pytest.raises(AutotileError, match="REALIGN only where MATH == 'mma'"):
+    # skinny: the 16-bit types' packed vectors only
+    assert SPACE.is_feasible(_realigned("skinny-t-4"), problem)
+    assert not SPACE.is_feasible(_realigned("skinny-t-4"), Problem(PROFILES["h100"], "float32", "nt"))
+    # the other kernels have no such path: the parameter is not theirs
+    with pytest.raises(AutotileError, match="REALIGN only where MATH in"):
         SPACE.check(SPACE.with_overrides(SPACE.named("tf32x3-64"), {"REALIGN": True}),
                     Problem(PROFILES["h100"], "float32", "nt"))
 
@@ -78,6 +83,22 @@ def test_realign_compiles_without_spills(layout):
         model = spec.space.derive(config, Problem(PROFILES["h100"], dtype, layout))["regs_per_thread"]
         assert usage is not None and usage.spill_stores == 0 and usage.stack_frame == 0, (name, dtype, usage)
         assert usage.registers <= model + 56, (name, dtype, layout, usage.registers, model)
+
+
+@pytest.mark.parametrize("vec", [2, 4, 8])
+def test_realigned_skinny_kernels_compile_without_spills(vec):
+    """The skinny kernels' realigned K loops (B transposed: nt, tt; row-major: nn), each vector width, sm_90."""
+    spec = kernels.get("matmul")
+    for layout, name in (("nt", "skinny-t-4"), ("tt", "skinny-t-16-split4"), ("nn", "skinny-n-4")):
+        config = _realigned(name, VEC=vec)
+        problem = Problem(PROFILES["h100"], "bfloat16", layout)
+        if not SPACE.is_feasible(config, problem):  # 8-wide vectors of a row-major tile too wide for its block
+            continue
+        source = spec.render(config, "bfloat16", layout)
+        assert "load_words_realigned(" in source and f"load_pieces<{2 * vec}>(" in source
+        usage = build.compile(source, "sm_90").usage("autotile_matmul")
+        assert usage is not None and usage.spill_stores == 0 and usage.stack_frame == 0, (name, vec, layout, usage)
+        assert usage.registers <= SPACE.derive(config, problem)["regs_per_thread"] + 56, (name, vec, layout)
 
 
 def _offset_view(x, xp, elements: int):
@@ -107,10 +128,14 @@ def test_realign_matches_reference(dtype, layout):
     batches = [(3, 33, 66, 131), (2, 65, 127, 260)]
     rng = cupy.random.default_rng(3)
     failures = []
-    for name in NAMES[dtype]:
+    variants = [(name, {}) for name in NAMES[dtype]]
+    variants += [(name, overrides) for name in SKINNY.get(dtype, ()) for overrides in ({}, {"VEC": 8}, {"VEC": 2})]
+    for name, overrides in variants:
         for kernel, cases in (("matmul", shapes), ("bmm", batches)):
             spec = kernels.get(kernel)
-            config = _realigned(name, kernel)
+            config = _realigned(name, kernel, **overrides)
+            if not spec.space.is_feasible(config, Problem(PROFILES["h100"], dtype, layout)):
+                continue  # (8-wide vectors of a row-major skinny tile too wide for its block)
             for n, shape in enumerate(cases):
                 inputs = spec.make_inputs(shape, dtype, layout, rng, cupy)
                 if n % 2:  # every other problem: operands that start off 16 bytes
@@ -123,5 +148,6 @@ def test_realign_matches_reference(dtype, layout):
                     runner.run(inputs, out)
                 error = relative_error(out, reference)
                 if not error <= kernels.tolerance(dtype, shape[-1]):
-                    failures.append(f"{name} {kernel} {shape} ({'offset' if n % 2 else 'aligned start'}): {error:.3g}")
+                    start = "offset" if n % 2 else "aligned start"
+                    failures.append(f"{config.key()} {kernel} {shape} ({start}): {error:.3g}")
     assert not failures, failures
