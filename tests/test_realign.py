@@ -18,6 +18,8 @@ SPACE = kernels.get("matmul").space
 # mma: small and large tiles, K split by the last block, int8's own tiles (4-byte copies: VEC 4 of one byte)
 NAMES = {"bfloat16": ("mma-32", "mma-64-split4", "mma-128"), "float16": ("mma-64", "mma-32"),
          "int8": ("mma8-32", "mma8-64-split4")}
+# wgmma_direct (sm_90a): its producer's register copies, where the TMA cannot copy an operand
+DIRECT = {"bfloat16": ("direct-64", "direct-128x256"), "float16": ("direct-128",), "int8": ("direct-64-split8",)}
 # skinny (16-bit): both K loops (B transposed and row-major), K split, vectors of 2, 4 and 8 elements
 SKINNY = {"bfloat16": ("skinny-t-4", "skinny-n-4", "skinny-t-16-split4"), "float16": ("skinny-t-1", "skinny-n-16")}
 LAYOUTS = ("nn", "nt", "tn", "tt")
@@ -85,6 +87,22 @@ def test_realign_compiles_without_spills(layout):
         assert usage.registers <= model + 56, (name, dtype, layout, usage.registers, model)
 
 
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_realigned_wgmma_direct_compiles_without_spills(layout):
+    """wgmma_direct's realigned register copies, sm_90a, every layout (one tile per dtype and layout)."""
+    i = LAYOUTS.index(layout)
+    for dtype, names in DIRECT.items():
+        name = names[i % len(names)]
+        spec = kernels.get(("matmul", "bmm")[i % 2])
+        config = _realigned(name, spec.name)
+        source = spec.render(config, dtype, layout)
+        if dtype == "int8" and layout != "nt":
+            continue  # a transposed 8-bit operand takes the producer's transposing copies, not these
+        assert "shift_pieces<16>(src, pieces, w);" in source
+        usage = build.compile(source, "sm_90a").usage(f"autotile_{spec.name}")
+        assert usage is not None and usage.spill_stores == 0 and usage.stack_frame == 0, (name, dtype, layout, usage)
+
+
 @pytest.mark.parametrize("vec", [2, 4, 8])
 def test_realigned_skinny_kernels_compile_without_spills(vec):
     """The skinny kernels' realigned K loops (B transposed: nt, tt; row-major: nn), each vector width, sm_90."""
@@ -128,7 +146,11 @@ def test_realign_matches_reference(dtype, layout):
     batches = [(3, 33, 66, 131), (2, 65, 127, 260)]
     rng = cupy.random.default_rng(3)
     failures = []
+    from autotile.runtime.device import live_device
+
     variants = [(name, {}) for name in NAMES[dtype]]
+    if live_device().compute_capability == (9, 0):
+        variants += [(name, {}) for name in DIRECT[dtype]]
     variants += [(name, overrides) for name in SKINNY.get(dtype, ()) for overrides in ({}, {"VEC": 8}, {"VEC": 2})]
     for name, overrides in variants:
         for kernel, cases in (("matmul", shapes), ("bmm", batches)):
