@@ -19,7 +19,7 @@ SPACE = kernels.get("matmul").space
 NAMES = {"bfloat16": ("mma-32", "mma-64-split4", "mma-128"), "float16": ("mma-64", "mma-32"),
          "int8": ("mma8-32", "mma8-64-split4")}
 # wgmma_direct (sm_90a): its producer's register copies, where the TMA cannot copy an operand
-DIRECT = {"bfloat16": ("direct-64", "direct-128x256"), "float16": ("direct-128",), "int8": ("direct-64-split8",)}
+DIRECT = {"bfloat16": ("direct-64", "direct-128x256"), "float16": ("direct-128",), "int8": ("direct8-64-split8",)}
 # skinny (16-bit): both K loops (B transposed and row-major), K split, vectors of 2, 4 and 8 elements
 SKINNY = {"bfloat16": ("skinny-t-4", "skinny-n-4", "skinny-t-16-split4"), "float16": ("skinny-t-1", "skinny-n-16")}
 LAYOUTS = ("nn", "nt", "tn", "tt")
@@ -80,6 +80,7 @@ def test_realign_compiles_without_spills(layout):
         kernel = ("matmul", "bmm")[i % 2]
         spec = kernels.get(kernel)
         config = _realigned(name, kernel)
+        assert spec.space.is_feasible(config, Problem(PROFILES["a100"], dtype, layout)), (name, dtype, layout)
         arch = ("sm_90", "sm_80")[(i // 2) % 2]
         usage = build.compile(spec.render(config, dtype, layout), arch).usage(f"autotile_{kernel}")
         model = spec.space.derive(config, Problem(PROFILES["h100"], dtype, layout))["regs_per_thread"]
@@ -95,6 +96,7 @@ def test_realigned_wgmma_direct_compiles_without_spills(layout):
         name = names[i % len(names)]
         spec = kernels.get(("matmul", "bmm")[i % 2])
         config = _realigned(name, spec.name)
+        assert spec.space.is_feasible(config, Problem(PROFILES["h100"], dtype, layout)), (name, dtype, layout)
         source = spec.render(config, dtype, layout)
         if dtype == "int8" and layout != "nt":
             continue  # a transposed 8-bit operand takes the producer's transposing copies, not these
