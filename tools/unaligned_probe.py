@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--twins", action="store_true", help="each shape followed by its aligned twin")
     args = parser.parse_args(argv)
     names = args.names.split(",")
-    if args.random and args.kernel != "bmm" or args.decode and args.kernel != "matmul":
+    if (args.random and args.kernel != "bmm") or (args.decode and args.kernel != "matmul"):
         raise ArgumentError("--random draws batches (--kernel bmm), --decode matmul's shapes (--kernel matmul)")
 
     from autotile.codegen import dtypes, kernels

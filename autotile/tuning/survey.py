@@ -250,17 +250,16 @@ def portfolio(kernel: str, dtype: str, layout: str, device: DeviceLimits,
                 add(f"{name}/narrow", space.with_overrides(config, {"NARROW_COPIES": True}))
             except AutotileError:  # a variant the space refuses: not a candidate
                 continue
-    # Realigned variants of the mma.sync and wgmma_direct kernels of the 16-bit types and int8 and of the
-    # 16-bit skinny kernels (split or not): where an operand's rows do not start aligned (7 of 8 random sizes for
-    # the 16-bit types), each vector read as the aligned pieces that hold it and shifted into place, instead of
-    # single elements.
+    # Realigned variants of the mma.sync, wgmma_direct and skinny kernels (split or not; the space's constraint
+    # keeps the types they serve, and `add` drops the rest): where an operand's rows do not start aligned (7 of
+    # 8 random sizes for the 16-bit types), each vector read as the aligned pieces that hold it and shifted into
+    # place, instead of single elements.
     for config, name in list(found.items()):
-        realigned = config.get("MATH") in ("mma", "wgmma_direct") or (
-            config.get("MATH") == "skinny" and dtypes.get(dtype).size == 2)
+        realigned = config.get("MATH") in ("mma", "wgmma_direct", "skinny")
         if realigned and not config.get("NARROW_COPIES") and not config.get("REALIGN"):
             try:
                 add(f"{name}/realign", space.with_overrides(config, {"REALIGN": True}))
-            except AutotileError:  # a variant the space refuses (copies under 4 bytes): not a candidate
+            except AutotileError:  # a variant the space refuses: not a candidate
                 continue
     return [(name, config) for config, name in found.items()]
 
