@@ -530,6 +530,13 @@ def test_survey_add_extends_a_database_with_named_portfolio_candidates_only():
         survey.extension(shipped, offered, ["no-such-config"])
     with pytest.raises(InvalidValueError, match="there is none"):
         survey.extension(None, offered, [new])
+    # `*/VARIANT`: the portfolio's VARIANT twin of each of the database's columns that has one, in column order
+    twins = [n for n, _ in survey.extension(shipped, offered, ["*/realign"])][len(kept):]
+    assert twins == [f"{n}/realign" for n in kept if f"{n}/realign" in dict(offered)] and twins
+    assert all(dict(offered)[t]["REALIGN"] and not dict(offered)[t.removesuffix("/realign")]["REALIGN"]
+               for t in twins)
+    with pytest.raises(InvalidValueError, match=r"\*/no-such-variant not in the portfolio"):
+        survey.extension(shipped, offered, ["*/no-such-variant"])
 
 
 # -- tuning at first call -------------------------------------------------------------------------------

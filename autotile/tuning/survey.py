@@ -268,13 +268,16 @@ def extension(previous: ShapeDatabase | None, configs: list[tuple[str, Config]],
               ) -> list[tuple[str, Config]]:
     """The candidates of a survey that extends `previous` by the portfolio entries `names` only: previous's
     generated candidates as they are (kept, not timed again), then those of `configs` (the portfolio) named.
-    Raises `InvalidValueError` for a name the portfolio lacks, or where there is no database to extend."""
+    A name `*/VARIANT` stands for the portfolio's VARIANT twin of each of previous's columns, where it has one
+    (`*/realign`: `mma-64/realign` for a column `mma-64`). Raises `InvalidValueError` for a name the
+    portfolio lacks (or a `*/` name no column has a twin of), or where there is no database to extend."""
     from autotile.errors import InvalidValueError
 
     if previous is None:
         raise InvalidValueError("--add extends a shape database, and there is none for this problem family yet: "
                                 "run the survey without --add first")
     offered = dict(configs)
+    names = _expand_twins(names, [c.name for c in previous.candidates], offered)
     missing = [n for n in names if n not in offered]
     if missing:
         raise InvalidValueError(f"--add: {', '.join(missing)} not in the portfolio; it has {', '.join(offered)}")
@@ -288,6 +291,19 @@ def extension(previous: ShapeDatabase | None, configs: list[tuple[str, Config]],
                 continue
     have = {name for name, _ in kept}
     return kept + [(n, offered[n]) for n in names if n not in have]
+
+
+def _expand_twins(names: list[str], columns: list[str], offered: dict[str, Config]) -> list[str]:
+    """`names` with each `*/VARIANT` replaced by the offered `COLUMN/VARIANT` names of `columns`, in their
+    order (a `*/` name that matches none stays, for the caller to report as missing)."""
+    out: list[str] = []
+    for name in names:
+        if not name.startswith("*/"):
+            out.append(name)
+            continue
+        twins = [f"{column}{name[1:]}" for column in columns if f"{column}{name[1:]}" in offered]
+        out.extend(twins or [name])
+    return list(dict.fromkeys(out))
 
 
 def lent_matvec_config(space: Space, config: Config, tuned_dtype: str, dtype: str) -> Config | None:
@@ -557,8 +573,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="random shapes besides the grid (default 80 matmul, 40 matvec)")
     parser.add_argument("--add", default=None, metavar="NAMES",
                         help="extend the existing database (yours, else the shipped one) with these portfolio "
-                             "candidates only (comma-separated names, such as mma-32,mma-64/split4): its columns "
-                             "are kept, the new ones timed with cuBLAS again")
+                             "candidates only (comma-separated names, such as mma-32,mma-64/split4; */realign: the "
+                             "/realign twin of each of its columns): its columns are kept, the new ones timed with "
+                             "cuBLAS again")
     parser.add_argument("--check", action="store_true",
                         help="only print the model's leave-one-out check of the databases there are")
     parser.add_argument("--device", default=None,
