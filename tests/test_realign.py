@@ -174,8 +174,7 @@ int main() {
     if (map == MAP_FAILED) return 2;
     unsigned char* page = map + size;
     for (size_t i = 0; i < size; ++i) page[i] = static_cast<unsigned char>(i * 37u + 11u + i / 251u);
-    mprotect(map, size, PROT_NONE);
-    mprotect(page + size, size, PROT_NONE);
+    if (mprotect(map, size, PROT_NONE) != 0 || mprotect(page + size, size, PROT_NONE) != 0) return 2;
     const int failures = check<4>(page, size) + check<8>(page, size) + check<16>(page, size);
     std::printf("%d failures\\n", failures);
     return failures ? 1 : 0;

@@ -301,8 +301,8 @@ def _expand_twins(names: list[str], columns: list[str], offered: dict[str, Confi
         if not name.startswith("*/"):
             out.append(name)
             continue
-        twins = [f"{column}{name[1:]}" for column in columns if f"{column}{name[1:]}" in offered]
-        out.extend(twins or [name])
+        twins = [column + name[1:] for column in columns]  # name[1:] is "/VARIANT"
+        out.extend([twin for twin in twins if twin in offered] or [name])
     return list(dict.fromkeys(out))
 
 
