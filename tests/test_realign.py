@@ -119,7 +119,7 @@ def test_realigned_skinny_kernels_compile_without_spills(vec):
         if not SPACE.is_feasible(config, problem):  # 8-wide vectors of a row-major tile too wide for its block
             continue
         source = spec.render(config, "bfloat16", layout)
-        assert "load_words_realigned(" in source and f"load_pieces<{2 * vec}>(" in source
+        assert "load_realigned(" in source and "realigned_words(" in source and f"load_pieces<{2 * vec}>(" in source
         usage = build.compile(source, "sm_90").usage("autotile_matmul")
         assert usage is not None and usage.spill_stores == 0 and usage.stack_frame == 0, (name, vec, layout, usage)
         assert usage.registers <= SPACE.derive(config, problem)["regs_per_thread"] + 56, (name, vec, layout)
@@ -147,22 +147,38 @@ using T = unsigned char;  // one byte: every start a vector of any element type 
 
 _HOST_MAIN = """
 template <int BYTES>
+static int compare(const unsigned char* src, int wanted, int offset, const char* where) {
+    unsigned pieces[BYTES / 2];
+    unsigned out[BYTES / 4];
+    unsigned char expected[BYTES] = {};
+    if (wanted == BYTES) {
+        load_pieces<BYTES>(src, pieces);
+        shift_pieces<BYTES>(src, pieces, out);
+    } else {
+        load_pieces<BYTES>(src, pieces, wanted);
+        shift_pieces<BYTES>(src, pieces, out, wanted);
+    }
+    std::memcpy(expected, src, wanted);
+    if (std::memcmp(out, expected, BYTES) == 0) return 0;
+    std::printf("BYTES %d offset %d wanted %d (%s): wrong bytes\\n", BYTES, offset, wanted, where);
+    return 1;
+}
+
+template <int BYTES>
 static int check(const unsigned char* page, size_t size) {
     int failures = 0;
-    // Vectors ending at the last byte before a faulting page and starting at the first byte after one, at every
-    // misalignment: a piece read outside the vector's aligned granules would fault.
+    // Whole vectors ending at the last byte before a faulting page and starting at the first byte after one, at
+    // every misalignment: a piece read outside the vector's aligned granules would fault.
     for (int d = 0; d < BYTES; ++d) {
-        const unsigned char* starts[2] = {page + size - BYTES - d, page + d};
-        for (const unsigned char* src : starts) {
-            unsigned pieces[BYTES / 2];
-            unsigned out[BYTES / 4];
-            load_pieces<BYTES>(src, pieces);
-            shift_pieces<BYTES>(src, pieces, out);
-            if (std::memcmp(out, src, BYTES) != 0) {
-                std::printf("BYTES %d offset %d: wrong bytes\\n", BYTES, d);
-                ++failures;
-            }
-        }
+        failures += compare<BYTES>(page + size - BYTES - d, BYTES, d, "before a faulting page");
+        failures += compare<BYTES>(page + d, BYTES, d, "after a faulting page");
+    }
+    // A row's last vector: its first `wanted` bytes kept, the rest zeros and, where they lie in a faulting page,
+    // not read (wanted 0: nothing read); and every misalignment of every length, inside the page.
+    for (int wanted = 0; wanted < BYTES; ++wanted) {
+        failures += compare<BYTES>(page + size - wanted, wanted, static_cast<int>((size - wanted) % BYTES),
+                                   "ending at a faulting page");
+        for (int d = 0; d < BYTES; ++d) failures += compare<BYTES>(page + 64 + d, wanted, d, "inside the page");
     }
     return failures;
 }
@@ -185,7 +201,8 @@ int main() {
 def test_realign_helpers_move_every_misaligned_vector_on_the_host(tmp_path):
     """load_pieces and shift_pieces as rendered, compiled for the host (no GPU needed): 4-, 8- and 16-byte vectors
     at every byte offset give their own bytes back, and never read a byte outside the aligned granules that hold
-    the vector (vectors against pages that fault)."""
+    the vector (vectors against pages that fault); so do a row's last vectors of every shorter length (the bytes
+    past it zeros, and not read where they fault)."""
     import shutil
     import subprocess
 

@@ -201,6 +201,36 @@ def test_16_bit_loads_are_issued_back_to_back(name, layout, vec, dtype):
     assert widest >= single, f"no block issues a step's {single} single loads before reading them"
 
 
+def _most_in_flight(block: list[str], width: str, registers: int) -> int:
+    """The most loads of `width` (`LDG.E.64`, ...) that a basic block has issued and not yet read at any point
+    (a load fills `registers` registers from its destination on; reading any of them waits for it)."""
+    pending: dict[int, range] = {}
+    most = 0
+    for at, line in enumerate(block):
+        for load in [load for load, regs in pending.items() if any(_reads(line, r) for r in regs)]:
+            del pending[load]
+        if width in line:
+            first = _destination(line)
+            pending[at] = range(first, first + registers)
+            most = max(most, len(pending))
+    return most
+
+
+@needs_sass
+@pytest.mark.parametrize("name,layout", [("skinny-t-4", "nt"), ("skinny-t-16", "nt"), ("skinny-t-1", "nt"),
+                                         ("skinny-n-4", "nn")])
+def test_realigned_pieces_are_in_flight_together(name, layout):
+    # REALIGN's pieces shifted next to their loads made each thread wait for every vector in turn (H100,
+    # 2026-12-07: 2-4x slower than single elements; two pieces in flight). Shifted once the step's loads are
+    # issued, a thread keeps at least a step's pieces of B (two a vector) in flight. (VEC 8: ptxas keeps
+    # fewer, 2-12; not asserted.)
+    config = SPACE.with_overrides(SPACE.named(name), {"VEC": 4, "REALIGN": True})
+    assert SPACE.is_feasible(config, Problem(PROFILES["h100"], "bfloat16", layout))
+    blocks = _sass_blocks(MATMUL.render(config, "bfloat16", layout))
+    most = max(_most_in_flight(block, "LDG.E.64", 2) for block in blocks)  # a piece: 4 elements, 8 bytes
+    assert most >= 2 * config["TN"], most
+
+
 # -- on a GPU ----------------------------------------------------------------------------------------------
 
 # Odd shapes (every load a single element's: no N or K a multiple of 4), then shapes whose rows allow vector loads
