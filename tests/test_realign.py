@@ -234,9 +234,9 @@ def _offset_view(x, xp, elements: int):
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("dtype", sorted(NAMES))
 def test_realign_matches_reference(dtype, layout):
-    """Rows of every length mod 8 (K and N odd, even, 2 and 4 mod 8), one-row and one-column problems,
-    operands starting 1 to 3 elements past their allocation's alignment, batches; each config twice (the K
-    splits' tickets), output poisoned, against the float64 product (int8: exact)."""
+    """Rows of every length mod 8 (K and N odd, even, 2, 4 and 7 mod 8; K 7: a row is one short vector), one-row
+    and one-column problems, operands starting 1 to 3 elements past their allocation's alignment, batches; each
+    config twice (the K splits' tickets), output poisoned, against the float64 product (int8: exact)."""
     import cupy
 
     from autotile.codegen.problem import ProblemKey
@@ -244,7 +244,7 @@ def test_realign_matches_reference(dtype, layout):
     from autotile.runtime.timing import relative_error
 
     shapes = [(67, 131, 257), (64, 130, 258), (33, 260, 1030), (1, 1001, 4097), (129, 3, 515), (16, 515, 2053),
-              (96, 96, 97), (5, 17, 33)]
+              (96, 96, 97), (5, 17, 33), (7, 45, 7), (9, 70, 1023), (20, 36, 12)]
     batches = [(3, 33, 66, 131), (2, 65, 127, 260)]
     rng = cupy.random.default_rng(3)
     failures = []
