@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from autotile.codegen.expr import EXPONENT_LIMIT, INT_LIMIT, SEQUENCE_LIMIT, Expr
+from autotile.codegen.expr import EXPONENT_LIMIT, INT_LIMIT, SEQUENCE_LIMIT, Expr, LimitError, first_failure
 from autotile.errors import SpaceDefinitionError
 
 # Texts that would hang or exhaust memory without the guards; each fails when it is parsed, since its
@@ -131,3 +131,20 @@ def test_specialized_expressions_keep_the_guards_their_bounds_cannot_spare():
     for a in (0, 1, 255, -256):
         for b in (3, 256):
             assert fast({"a": a, "b": b}) == Expr(fast.text)({"a": a, "b": b}) == a * b % 7 + a**2
+
+
+def test_first_failure_binds_the_derived_values_in_order_and_names_the_first_broken_constraint():
+    """The enumeration's one code object per step (`first_failure`): each derived value bound into the scope, in
+    order (a later one reads an earlier one), then the index of the first constraint that fails, or -1; the
+    guards of the expressions stay in it."""
+    derived = [("double", Expr("a * 2")), ("quad", Expr("double * 2"))]
+    constraints = [Expr("quad > 4"), Expr("a != 3"), Expr("b ** a < 100")]
+    code, names = first_failure(derived, constraints, "x.yaml: step 0")
+    for a, b, expected in ((1, 2, 0), (3, 2, 1), (4, 4, 2), (2, 2, -1)):
+        scope = {"a": a, "b": b}
+        assert eval(code, names, scope) == expected, (a, b)
+        assert scope["double"] == 2 * a and scope["quad"] == 4 * a
+    with pytest.raises(LimitError):
+        eval(code, names, {"a": 40, "b": 10**6})  # b ** a: the guard of `**`
+    code, names = first_failure([], [], "x.yaml: step 1")
+    assert eval(code, names, {}) == -1

@@ -849,6 +849,10 @@ def test_an_expression_that_fails_on_the_space_values_is_a_definition_error():
                                "ZeroDivisionError: integer division or modulo by zero")
     with pytest.raises(SpaceDefinitionError, match="tiny.yaml: derived per_a: .* with A=1: ZeroDivisionError"):
         space.violations(space.config({"smem": "none", "A": 1, "B": 1}), problem())
+    with pytest.raises(SpaceDefinitionError) as info:  # the samplers' check (`feasibility`)
+        space.is_feasible(space.config({"smem": "none", "A": 1, "B": 1}), problem())
+    assert str(info.value) == ("tiny.yaml: derived per_a: '64 // (A - 1)' fails with A=1: "
+                               "ZeroDivisionError: integer division or modulo by zero")
     data["derived"]["per_a"] = "64 // A"
     space = Space(data, "tiny.yaml")
     with pytest.raises(SpaceDefinitionError) as info:
@@ -857,6 +861,8 @@ def test_an_expression_that_fails_on_the_space_values_is_a_definition_error():
                                "TypeError: '>' not supported between instances of 'str' and 'int'")
     with pytest.raises(SpaceDefinitionError, match="'B > 0' fails with B='x': TypeError"):
         space.check(space.config({"smem": "none", "A": 1, "B": "x"}), problem())
+    with pytest.raises(SpaceDefinitionError, match="constraint positive: 'B > 0' fails with B='x': TypeError"):
+        space.is_feasible(space.config({"smem": "none", "A": 1, "B": "x"}), problem())
 
 
 def test_a_space_narrowed_away_from_an_inactive_value_keeps_the_parameter_active(matmul):

@@ -18,6 +18,7 @@ one expression hands to the next (`Space` checks each derived quantity with `che
 from __future__ import annotations
 
 import ast
+import copy
 import math
 from types import CodeType
 from typing import Any, Callable, Mapping
@@ -315,7 +316,7 @@ class _Guard(ast.NodeTransformer):
 class Expr:
     """One checked expression: its text, the names it reads, and a compiled evaluator."""
 
-    __slots__ = ("text", "names", "where", "_code")
+    __slots__ = ("text", "names", "where", "_code", "_body")
 
     def __init__(self, text: str, where: str = "expression"):
         self.text = str(text).strip()
@@ -363,6 +364,7 @@ class Expr:
             guarded = ast.fix_missing_locations(_Guard(measure).visit(tree))
         except LimitError as exc:
             raise SpaceDefinitionError(f"{self.where}: {self.text!r}: {exc}") from None
+        self._body = guarded.body  # the checked, guarded tree, for `first_failure`
         return compile(guarded, f"<{self.where}>", "eval")
 
     def bound(self, names: Mapping[str, Bound | None]) -> Bound | None:
@@ -403,3 +405,23 @@ class Expr:
 
     def __repr__(self) -> str:
         return f"Expr({self.text!r})"
+
+
+def first_failure(derived: list[tuple[str, Expr]], constraints: list[Expr], where: str
+                  ) -> tuple[CodeType, dict[str, Any]]:
+    """One code object for a step of the enumeration: it binds each derived quantity in order, into the scope
+    it is evaluated in, then evaluates the constraints in order, and its value is the index of the first that
+    fails, or -1. Returned with its globals, as `Expr.compiled` returns an expression's: `eval(code, globals,
+    scope)`. One evaluation where each expression took its own: the walk of the H100's bfloat16 matmul space
+    made 13.8 million calls of `eval` over 1.5 million steps, and took 1.6x the time. Built from the
+    expressions' checked, guarded trees only."""
+    outcome: ast.expr = ast.Constant(-1)
+    for index in reversed(range(len(constraints))):
+        test = copy.deepcopy(constraints[index]._body)
+        outcome = ast.IfExp(test=test, body=outcome, orelse=ast.Constant(index))
+    steps: list[ast.expr] = [ast.NamedExpr(target=ast.Name(name, ast.Store()), value=copy.deepcopy(expr._body))
+                             for name, expr in derived]
+    if steps:
+        outcome = ast.Subscript(value=ast.Tuple([*steps, outcome], ast.Load()), slice=ast.Constant(-1),
+                                ctx=ast.Load())
+    return compile(ast.fix_missing_locations(ast.Expression(outcome)), f"<{where}>", "eval"), _GLOBALS

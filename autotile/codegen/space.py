@@ -16,12 +16,13 @@ import math
 import random
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
+from types import CodeType
 from typing import Any
 
 from autotile import safe_files
 from autotile.codegen import resources
 from autotile.codegen.dtypes import DTYPE_SIZES
-from autotile.codegen.expr import FUNCTIONS, Bound, Expr, LimitError, check_size, value_bound
+from autotile.codegen.expr import FUNCTIONS, Bound, Expr, LimitError, check_size, first_failure, value_bound
 from autotile.codegen.limits import DEFAULT_OFFLINE_PROFILE, PROFILES, DeviceLimits
 from autotile.codegen.problem import LAYOUT_ALIASES, LAYOUTS
 from autotile.errors import InfeasibleConfigError, InvalidValueError, SpaceDefinitionError, UnknownNameError
@@ -366,6 +367,7 @@ class Space:
         self._plan = self._make_plan(bounds)
         self._guarded_plan: list[tuple[list[tuple[str, Expr]], list[Constraint]]] | None = None
         self._counts: dict[Problem, SpaceCount] = {}  # `count`'s answers: a walk of the space each (seconds)
+        self._steps_of: dict[int, list[tuple[list[tuple[str, Expr]], CodeType, dict[str, Any], list[str]]]] = {}
 
     def _param(self, name: str, spec: Any, where: str) -> Param:
         """One parameter from its entry in 'params': a list of choices, or a mapping with 'choices'."""
@@ -583,17 +585,21 @@ class Space:
         base.update(problem.names())
         if not _within(base, _CONTEXT_BOUNDS):  # outside the bounds the plan's shortcuts assume: in full
             return lambda config: not self.violations(Config(dict(config)), problem)
-        steps = list(zip(self.params, self._plan, strict=True))
+        steps = list(zip(self.params, self._steps(self._plan), strict=True))
 
         def check(config: Mapping[str, Any]) -> bool:
             scope = dict(base)
-            for param, (derived, constraints) in steps:
-                scope[param] = config[param]
-                for name, expr in derived:
-                    scope[name] = self._eval(expr, scope, name)
-                for c in constraints:
-                    if not self._holds(c, scope):
+            try:
+                for param, (eager, code, code_globals, _) in steps:
+                    scope[param] = config[param]
+                    for name, expr in eager:
+                        scope[name] = self._eval(expr, scope, name)
+                    if eval(code, code_globals, scope) >= 0:
                         return False
+            except SpaceDefinitionError:
+                raise
+            except (*_EVAL_ERRORS, LimitError) as exc:
+                raise self._diagnose_walk(self._plan, scope, exc) from None
             return True
 
         return check
@@ -664,6 +670,23 @@ class Space:
             plan[level_of(c.expr.names)][1].append(fast)
         return plan
 
+    def _steps(self, plan: list[tuple[list[tuple[str, Expr]], list[Constraint]]]
+               ) -> list[tuple[list[tuple[str, Expr]], CodeType, dict[str, Any], list[str]]]:
+        """Each level of `plan` as the walk evaluates it: the derived quantities it evaluates one by one, the code
+        (and its globals) of the rest and of the constraints (`first_failure`), and the constraints' names. A
+        level with a derived quantity that may be text evaluates all its derived ones one by one, through
+        `_eval`, which checks their size. A failure is named afterwards by `_diagnose_walk`."""
+        found = self._steps_of.get(id(plan))
+        if found is None:
+            found = []
+            for level, (derived, constraints) in enumerate(plan):
+                eager = derived if any(name in self._unsized for name, _ in derived) else []
+                code, names = first_failure([] if eager else derived, [c.expr for c in constraints],
+                                            f"{self._source}: the walk's step {level}")
+                found.append((eager, code, names, [c.name for c in constraints]))
+            self._steps_of[id(plan)] = found  # (a plan lives as long as its space: its id stays its own)
+        return found
+
     def _walk(self, problem: Problem, on_feasible: Callable[[dict[str, Any]], None] | None) -> SpaceCount:
         """Visit the product of choices depth-first, pruning a subtree at its first broken constraint."""
         params = list(self.params.values())
@@ -679,32 +702,25 @@ class Space:
                 self._guarded_plan = self._make_plan(None)
             plan = self._guarded_plan
         last = len(params) - 1
-        # Each level's expressions as code to evaluate directly (the calls of `Expr.eval_in` and `_eval` around
-        # each evaluation took 16% of `count` on the H100's float32 matmul space): a failure is named
-        # afterwards by `_diagnose_walk`, and the derived quantities that may be text are still checked for
-        # size through `_eval`.
-        levels = [([(name, *expr.compiled(), name in self._unsized, expr) for name, expr in derived],
-                   [(c.name, *c.expr.compiled()) for c in constraints]) for derived, constraints in plan]
+        levels = self._steps(plan)
 
         def visit(i: int) -> None:
             nonlocal count
             param = params[i]
-            derived, constraints = levels[i]
+            eager, code, code_globals, constraint_names = levels[i]
             for value in param.choices:
                 scope[param.name] = value
-                for name, code, names, sized, expr in derived:
-                    scope[name] = self._eval(expr, scope, name) if sized else eval(code, names, scope)
-                for name, code, names in constraints:
-                    if not eval(code, names, scope):
-                        excluded[name] += below[i]
-                        break
+                for name, expr in eager:
+                    scope[name] = self._eval(expr, scope, name)
+                failed = eval(code, code_globals, scope)
+                if failed >= 0:
+                    excluded[constraint_names[failed]] += below[i]
+                elif i < last:
+                    visit(i + 1)
                 else:
-                    if i < last:
-                        visit(i + 1)
-                    else:
-                        count += 1
-                        if on_feasible is not None:
-                            on_feasible(scope)
+                    count += 1
+                    if on_feasible is not None:
+                        on_feasible(scope)
 
         try:
             visit(0)
