@@ -17,7 +17,7 @@ import random
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from types import CodeType
-from typing import Any
+from typing import Any, NamedTuple
 
 from autotile import safe_files
 from autotile.codegen import resources
@@ -234,6 +234,21 @@ def _expr(text: Any, where: str, key: str) -> Expr:
     return Expr(text, f"{where}: {key}")
 
 
+class _Step(NamedTuple):
+    """One level of the enumeration as the walk evaluates it (`Space._steps`): binding one parameter."""
+
+    eager: list[tuple[str, Expr]]  # derived quantities evaluated one by one (through `_eval`: size checked)
+    code: CodeType  # the rest of the level's derived quantities and its constraints (`first_failure`)
+    code_globals: dict[str, Any]
+    constraint_names: list[str]  # by the index `code` evaluates to
+    subtree_key: tuple[str, ...] | None  # the names bound before this level that it and the levels below read
+
+
+# A subtree's counts are memoized by the values of its `subtree_key` where that holds at most this many names (the
+# last levels of a space, whose parameters few others read); a longer key is rarely seen twice.
+_SUBTREE_KEY_NAMES = 10
+
+
 class Space:
     """One kernel's search space, as declared by its YAML file plus the device-limit model."""
 
@@ -367,7 +382,7 @@ class Space:
         self._plan = self._make_plan(bounds)
         self._guarded_plan: list[tuple[list[tuple[str, Expr]], list[Constraint]]] | None = None
         self._counts: dict[Problem, SpaceCount] = {}  # `count`'s answers: a walk of the space each (seconds)
-        self._steps_of: dict[int, list[tuple[list[tuple[str, Expr]], CodeType, dict[str, Any], list[str]]]] = {}
+        self._steps_of: dict[int, list[_Step]] = {}  # `_steps`, by plan
 
     def _param(self, name: str, spec: Any, where: str) -> Param:
         """One parameter from its entry in 'params': a list of choices, or a mapping with 'choices'."""
@@ -590,11 +605,11 @@ class Space:
         def check(config: Mapping[str, Any]) -> bool:
             scope = dict(base)
             try:
-                for param, (eager, code, code_globals, _) in steps:
+                for param, step in steps:
                     scope[param] = config[param]
-                    for name, expr in eager:
+                    for name, expr in step.eager:
                         scope[name] = self._eval(expr, scope, name)
-                    if eval(code, code_globals, scope) >= 0:
+                    if eval(step.code, step.code_globals, scope) >= 0:
                         return False
             except SpaceDefinitionError:
                 raise
@@ -670,25 +685,33 @@ class Space:
             plan[level_of(c.expr.names)][1].append(fast)
         return plan
 
-    def _steps(self, plan: list[tuple[list[tuple[str, Expr]], list[Constraint]]]
-               ) -> list[tuple[list[tuple[str, Expr]], CodeType, dict[str, Any], list[str]]]:
-        """Each level of `plan` as the walk evaluates it: the derived quantities it evaluates one by one, the code
-        (and its globals) of the rest and of the constraints (`first_failure`), and the constraints' names. A
-        level with a derived quantity that may be text evaluates all its derived ones one by one, through
-        `_eval`, which checks their size. A failure is named afterwards by `_diagnose_walk`."""
+    def _steps(self, plan: list[tuple[list[tuple[str, Expr]], list[Constraint]]]) -> list[_Step]:
+        """Each level of `plan` as the walk evaluates it (`_Step`). A level with a derived quantity that may be
+        text evaluates all its derived ones one by one, through `_eval`, which checks their size. A failure is
+        named afterwards by `_diagnose_walk`."""
         found = self._steps_of.get(id(plan))
-        if found is None:
-            found = []
-            for level, (derived, constraints) in enumerate(plan):
-                eager = derived if any(name in self._unsized for name, _ in derived) else []
-                code, names = first_failure([] if eager else derived, [c.expr for c in constraints],
-                                            f"{self._source}: the walk's step {level}")
-                found.append((eager, code, names, [c.name for c in constraints]))
-            self._steps_of[id(plan)] = found  # (a plan lives as long as its space: its id stays its own)
+        if found is not None:
+            return found
+        params = list(self.params)
+        bound = [{params[level]} | {name for name, _ in derived} for level, (derived, _) in enumerate(plan)]
+        read = [set().union(*(expr.names for _, expr in derived), *(c.expr.names for c in constraints))
+                for derived, constraints in plan]
+        found = []
+        for level, (derived, constraints) in enumerate(plan):
+            eager = derived if any(name in self._unsized for name, _ in derived) else []
+            code, code_globals = first_failure([] if eager else derived, [c.expr for c in constraints],
+                                               f"{self._source}: the walk's step {level}")
+            key = set().union(*bound[:level]) & set().union(*read[level:])
+            found.append(_Step(eager, code, code_globals, [c.name for c in constraints],
+                               tuple(sorted(key)) if len(key) <= _SUBTREE_KEY_NAMES else None))
+        self._steps_of[id(plan)] = found  # (a plan lives as long as its space: its id stays its own)
         return found
 
     def _walk(self, problem: Problem, on_feasible: Callable[[dict[str, Any]], None] | None) -> SpaceCount:
-        """Visit the product of choices depth-first, pruning a subtree at its first broken constraint."""
+        """Visit the product of choices depth-first, pruning a subtree at its first broken constraint; with
+        `on_feasible`, call it on each feasible point's scope, in order. Without, only count: a subtree whose
+        levels read few names bound above it is counted once per distinct value of those names (`_Step`'s
+        `subtree_key`; the matmul space on a P100 in under half the time)."""
         params = list(self.params.values())
         total = math.prod(len(p.choices) for p in params)
         below = [math.prod(len(p.choices) for p in params[i + 1:]) for i in range(len(params))]
@@ -702,19 +725,18 @@ class Space:
                 self._guarded_plan = self._make_plan(None)
             plan = self._guarded_plan
         last = len(params) - 1
-        levels = self._steps(plan)
+        steps = self._steps(plan)
 
         def visit(i: int) -> None:
             nonlocal count
-            param = params[i]
-            eager, code, code_globals, constraint_names = levels[i]
+            param, step = params[i], steps[i]
             for value in param.choices:
                 scope[param.name] = value
-                for name, expr in eager:
+                for name, expr in step.eager:
                     scope[name] = self._eval(expr, scope, name)
-                failed = eval(code, code_globals, scope)
+                failed = eval(step.code, step.code_globals, scope)
                 if failed >= 0:
-                    excluded[constraint_names[failed]] += below[i]
+                    excluded[step.constraint_names[failed]] += below[i]
                 elif i < last:
                     visit(i + 1)
                 else:
@@ -722,8 +744,45 @@ class Space:
                     if on_feasible is not None:
                         on_feasible(scope)
 
+        # Counting only: a subtree's counts (its feasible points, and what each constraint excluded there) are
+        # kept by the values of its key, and a repeat of those values reads them.
+        known: list[dict[tuple[Any, ...], tuple[int, dict[str, int]]]] = [{} for _ in params]
+
+        def tally(i: int) -> tuple[int, dict[str, int]]:
+            """The feasible points below level i, and the points each constraint excluded there."""
+            param, step = params[i], steps[i]
+            key: tuple[Any, ...] = ()
+            if step.subtree_key is not None:
+                key = tuple([scope[name] for name in step.subtree_key])
+                found = known[i].get(key)
+                if found is not None:
+                    return found
+            feasible, broken = 0, dict[str, int]()
+            for value in param.choices:
+                scope[param.name] = value
+                for name, expr in step.eager:
+                    scope[name] = self._eval(expr, scope, name)
+                failed = eval(step.code, step.code_globals, scope)
+                if failed >= 0:
+                    name = step.constraint_names[failed]
+                    broken[name] = broken.get(name, 0) + below[i]
+                elif i < last:
+                    deeper, deeper_broken = tally(i + 1)
+                    feasible += deeper
+                    for name, n in deeper_broken.items():
+                        broken[name] = broken.get(name, 0) + n
+                else:
+                    feasible += 1
+            if step.subtree_key is not None:
+                known[i][key] = (feasible, broken)
+            return feasible, broken
+
         try:
-            visit(0)
+            if on_feasible is None:
+                count, broken = tally(0)
+                excluded.update(broken)
+            else:
+                visit(0)
         except SpaceDefinitionError:
             raise
         except (*_EVAL_ERRORS, LimitError) as exc:
