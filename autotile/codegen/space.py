@@ -749,7 +749,8 @@ class Space:
         known: list[dict[tuple[Any, ...], tuple[int, dict[str, int]]]] = [{} for _ in params]
 
         def tally(i: int) -> tuple[int, dict[str, int]]:
-            """The feasible points below level i, and the points each constraint excluded there."""
+            """The feasible points below level i, and the points each constraint excluded there. (Its loop is
+            visit's, written out again: a generator or call shared by the two cost the count 15-70%.)"""
             param, step = params[i], steps[i]
             key: tuple[Any, ...] = ()
             if step.subtree_key is not None:
