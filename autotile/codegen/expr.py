@@ -390,12 +390,6 @@ class Expr:
         scope.update(values)
         return self.eval_in(scope)
 
-    def compiled(self) -> tuple[CodeType, dict[str, Any]]:
-        """The code and globals `eval_in` evaluates, for a caller that evaluates millions of times and turns
-        a failure into its own error (the enumeration): `eval(code, globals, scope)`; a guard's limit then
-        raises `LimitError` unnamed."""
-        return self._code, _GLOBALS
-
     def eval_in(self, scope: dict[str, Any]) -> Any:
         """The value in a scope that already holds `FUNCTIONS` (the fast path of enumeration)."""
         try:
@@ -411,10 +405,10 @@ def first_failure(derived: list[tuple[str, Expr]], constraints: list[Expr], wher
                   ) -> tuple[CodeType, dict[str, Any]]:
     """One code object for a step of the enumeration: it binds each derived quantity in order, into the scope
     it is evaluated in, then evaluates the constraints in order, and its value is the index of the first that
-    fails, or -1. Returned with its globals, as `Expr.compiled` returns an expression's: `eval(code, globals,
-    scope)`. One evaluation where each expression took its own: the walk of the H100's bfloat16 matmul space
-    made 13.8 million calls of `eval` over 1.5 million steps, and took 1.6x the time. Built from the
-    expressions' checked, guarded trees only."""
+    fails, or -1. Returned with the globals it runs with: `eval(code, globals, scope)` (a guard's limit then
+    raises `LimitError` unnamed, for the caller to name). One evaluation where each expression took its own:
+    the walk of the H100's bfloat16 matmul space made 13.8 million calls of `eval` over 1.5 million steps, and
+    took 1.6x the time. Built from the expressions' checked, guarded trees only."""
     outcome: ast.expr = ast.Constant(-1)
     for index in reversed(range(len(constraints))):
         test = copy.deepcopy(constraints[index]._body)
