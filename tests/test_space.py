@@ -796,6 +796,8 @@ MALFORMED = {
                                                                  "'name' and 'expr', not a mapping"),
     "constraint without expr": (_edit(constraints=[{"name": "big"}]), "constraint 1 of 'constraints' has no 'expr' "
                                                                       "(keys: name)"),
+    "constraint without expr, a key of two lines": (_edit(constraints=[{"na\nme": "big"}]),
+                                                    "has no 'expr' (keys: 'na\\nme')"),
     "constraint a text": (_edit(constraints=[{"expr": "A > 0"}, "A > 1"]),
                           "constraint 2 of 'constraints' is the text 'A > 1', not a mapping with 'name' and 'expr'"),
     "constraint expr a boolean": (_edit(constraints=[{"name": "on", "expr": True}]),

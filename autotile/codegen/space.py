@@ -305,8 +305,12 @@ class Space:
                                        f"not {_kind(raw_constraints)}")
         for number, item in enumerate(raw_constraints, 1):
             if not isinstance(item, Mapping) or "expr" not in item:
-                got = f"has no 'expr' (keys: {', '.join(map(str, item))})" if isinstance(item, Mapping) else (
-                    f"is {_kind(item)}, not a mapping with 'name' and 'expr'")
+                if isinstance(item, Mapping):
+                    # a key with a line break or a control character is shown as its repr: the error stays one line
+                    keys = ", ".join(str(k) if str(k).isprintable() else repr(k) for k in item)
+                    got = f"has no 'expr' (keys: {keys})"
+                else:
+                    got = f"is {_kind(item)}, not a mapping with 'name' and 'expr'"
                 raise SpaceDefinitionError(f"{where}: constraint {number} of 'constraints' {got}")
             name = str(item.get("name", item["expr"]))
             expr = _expr(item["expr"], where, f"constraint {name}")
