@@ -181,15 +181,19 @@ def test_where_cublas_won_the_framework_is_asked_for_its_own_call():
             asked.append((kernel, dtype, dims))
             return ("native first", run)
 
+        def native_op(self, kernel, dtype, dims):  # what the compiled lookup is told torch's call is
+            return ("mm", "tf32")
+
     fallback = lambda a, b, out, stream: ("ours", a, b, out, stream)  # noqa: E731
     direct = calls._Prepared(runner=None, selection=None, direct=object())  # type: ignore[arg-type]
     call = calls._Call(direct, (3, 4), 48, "float32", 0, ())
-    assert calls._native_first(Native(), call, "matmul", (2, 2), fallback) == ("native first", fallback)
+    assert calls._native_first(Native(), call, "matmul", (2, 2), fallback) == (("native first", fallback),
+                                                                              ("mm", "tf32"))
     assert asked == [("matmul", "float32", (2, 2))]  # the user's call: kernel and dimensions
     generated = calls._Call(calls._Prepared(runner=None, selection=None), (3, 4), 48, "float32", 0, ())  # type: ignore[arg-type]
-    assert calls._native_first(Native(), generated, "matmul", (2, 2), fallback) is fallback  # not cuBLAS: ours
+    assert calls._native_first(Native(), generated, "matmul", (2, 2), fallback) == (fallback, None)  # not cuBLAS
     assert asked == [("matmul", "float32", (2, 2))]
-    assert calls._native_first(Framework(), call, "matvec", (2, 1), fallback) is fallback  # no native call
+    assert calls._native_first(Framework(), call, "matvec", (2, 1), fallback) == (fallback, None)  # no native call
 
 
 def _fake_torch(switches: dict[str, bool], made: list) -> types.SimpleNamespace:
@@ -228,3 +232,7 @@ def test_torch_runs_its_own_call_unless_a_stream_is_named_or_a_switch_changes_th
         assert run("A", "B", None, None) == ("ours", None)
     assert len(made) == 2
     assert framework.native_first(kernel, "int8", dims, ours) is ours  # torch._int_mm is another kernel
+    # what the compiled lookup is told: the same op, guarded by the same switch
+    guard = {"tf32": "tf32", "fp16": "fp16_accumulation", None: None}[switch]
+    assert framework.native_op(kernel, dtype, dims) == (op, guard)
+    assert framework.native_op(kernel, "int8", dims) is None

@@ -10,8 +10,10 @@ from __future__ import annotations
 import sys
 from typing import Any
 
+from autotile.dispatch.precision import get_float32_matmul_precision
 from autotile.errors import ArgumentError
 from autotile.library.calls import matmul_no_autograd, matvec_no_autograd, repeated_call, scaled_matmul
+from autotile.runtime import torch_lookup
 
 
 def matmul(A: Any, B: Any, out: Any = None, precision: str | None = None, stream: Any = None) -> Any:
@@ -26,6 +28,11 @@ def matmul(A: Any, B: Any, out: Any = None, precision: str | None = None, stream
     process-wide setting; float64 is IEEE under every setting. `stream`: a torch or CuPy stream, or a
     pointer; None is the inputs' framework's current stream. Tensors that need a gradient go through the
     differentiable operator (`autotile.torch`)."""
+    compiled = torch_lookup.extension  # torch tensors' repeated calls, looked up in C++ (None: not built)
+    if compiled is not None:
+        c = compiled.call(0, A, B, out, get_float32_matmul_precision() if precision is None else precision, stream)
+        if c is not None:
+            return c
     known = repeated_call(A, B, out, precision)  # a repeated call: no tensor needs a gradient, all checked
     if known is not None:
         return known(A, B, out, stream)
@@ -45,6 +52,11 @@ def matvec(A: Any, x: Any, out: Any = None, precision: str | None = None, stream
 
     `precision` is checked as `matmul`'s is, and changes nothing: every matvec kernel is IEEE."""
     # matmul's steps, written out again rather than shared: the per-call path takes no extra call
+    compiled = torch_lookup.extension
+    if compiled is not None:
+        y = compiled.call(1, A, x, out, get_float32_matmul_precision() if precision is None else precision, stream)
+        if y is not None:
+            return y
     known = repeated_call(A, x, out, precision, "matvec")
     if known is not None:
         return known(A, x, out, stream)

@@ -47,6 +47,7 @@ from autotile.dispatch import precision as precision_mod
 from autotile.errors import ArgumentError, DeviceUnavailableError
 from autotile.library import padding
 from autotile.library.plan import matrix_order, plan_matmul
+from autotile.runtime import torch_lookup
 from autotile.runtime.cublas import CublasCall
 from autotile.runtime.impl import CublasRunner, Runner
 from autotile.runtime.operands import (
@@ -304,13 +305,28 @@ def _repeat(framework: Framework, call: _Call) -> Repeat:
     return lambda a, b, out, stream: slow(framework, (a, b), out, stream)
 
 
-def _native_first(framework: Framework, call: _Call, kernel: str, dims: tuple[int, int], run: Repeat) -> Repeat:
+def _native_first(framework: Framework, call: _Call, kernel: str, dims: tuple[int, int],
+                  run: Repeat) -> tuple[Repeat, tuple[str, str | None] | None]:
     """`run`, preceded where cuBLAS won by the framework's own call of the same product
     (`Framework.native_first`: torch.mm and friends, cuBLAS enqueued from C++ at less host cost than
-    autotile's own call), which computes what `run` would. `kernel` and `dims` are the user's call's
+    autotile's own call), which computes what `run` would; and that operator with its guarding switch
+    (`Framework.native_op`), or None where `run` runs alone. `kernel` and `dims` are the user's call's
     ("matmul" or "matvec", its operands' dimensions): a one-row matmul that runs as a matvec (`as_matvec`)
     is still the user's matmul to torch."""
-    return framework.native_first(kernel, call.dtype, dims, run) if call.prepared.direct is not None else run
+    if call.prepared.direct is None:
+        return run, None
+    first = framework.native_first(kernel, call.dtype, dims, run)
+    return first, (framework.native_op(kernel, call.dtype, dims) if first is not run else None)
+
+
+def _memoize(framework: Framework, signature: tuple[Any, ...], run: Repeat,
+             native: tuple[str, str | None] | None = None) -> None:
+    """Keep `run` as the repeated call of `signature`; torch's signatures also go to the compiled lookup
+    (`autotile.runtime.torch_lookup`), which `api.matmul` and `api.matvec` ask first."""
+    with _lock:
+        _calls[signature] = run
+    if framework.name == "torch":
+        torch_lookup.register(signature, run, native, precision_mod.SETTINGS)
 
 
 def _repeat_padded(framework: Framework, run: Callable[[int, int, int, int], None], out_shape: tuple[int, ...],
@@ -422,8 +438,7 @@ def matmul_no_autograd(A: Any, B: Any, out: Any = None, precision: str | None = 
         _launch_on(a.device, prepared, framework, inputs, c.obj, call.out_nbytes, out_dtype, stream_ptr)
         if memoize and not prepared.provisional:
             run = _swapped(_repeat(framework, call)) if swapped else _repeat(framework, call)
-            with _lock:
-                _calls[signature] = _native_first(framework, call, "matmul", (len(a.shape), len(b.shape)), run)
+            _memoize(framework, signature, *_native_first(framework, call, "matmul", (len(a.shape), len(b.shape)), run))
         return c.obj
     padded = padded_plan(plan.kernel, dtype, plan.layout, plan.shape, setting, a.device, stream_ptr)
     if padded is not None:
@@ -432,8 +447,7 @@ def matmul_no_autograd(A: Any, B: Any, out: Any = None, precision: str | None = 
                                      framework.allocate)
             run(a.ptr, b.ptr, c.ptr, stream_ptr)
         if memoize and not padded.provisional:
-            with _lock:
-                _calls[signature] = _repeat_padded(framework, run, plan.out_shape, out_dtype, a.device)
+            _memoize(framework, signature, _repeat_padded(framework, run, plan.out_shape, out_dtype, a.device))
         return c.obj
     with _device_of(a.device):
         prepared = _prepare(plan.kernel, dtype, plan.layout, plan.shape, setting, a.device, stream_ptr)
@@ -442,9 +456,8 @@ def matmul_no_autograd(A: Any, B: Any, out: Any = None, precision: str | None = 
                plan.batch_strides)
     # only signatures of the framework's own arrays that needed no copy (others convert every call)
     if memoize and not prepared.provisional:
-        run = _native_first(framework, call, "matmul", (len(a.shape), len(b.shape)), _repeat(framework, call))
-        with _lock:
-            _calls[signature] = run
+        _memoize(framework, signature,
+                 *_native_first(framework, call, "matmul", (len(a.shape), len(b.shape)), _repeat(framework, call)))
     return c.obj
 
 
@@ -638,9 +651,8 @@ def matvec_no_autograd(A: Any, x: Any, out: Any = None, precision: str | None = 
     memoize = not copied and signature[1] is not None and (out is None or signature[2] is not None)
     if memoize and not prepared.provisional:
         call = _Call(prepared, (M,), _nbytes(y), dtype, a.device, ())
-        run = _native_first(framework, call, "matvec", (2, 1), _repeat(framework, call))
-        with _lock:  # only signatures of the framework's own arrays that needed no copy
-            _calls[signature] = run
+        # only signatures of the framework's own arrays that needed no copy
+        _memoize(framework, signature, *_native_first(framework, call, "matvec", (2, 1), _repeat(framework, call)))
     return y.obj
 
 
@@ -803,6 +815,7 @@ def forget() -> None:
         _padded_plans.clear()
         _matvec_plans.clear()
         _calls.clear()
+        torch_lookup.clear()
         _scaled_calls.clear()
         _residue_runners.clear()
         _batched_products.clear()

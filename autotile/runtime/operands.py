@@ -102,6 +102,11 @@ class Framework:
         """`pointer` as the cheapest function the framework has (one call per array and call)."""
         return self.pointer
 
+    def native_op(self, kernel: str, dtype: str, dims: tuple[int, int]) -> tuple[str, str | None] | None:
+        """The framework's own operator for a product autotile runs on cuBLAS, and the switch guarding its
+        arithmetic (`TorchFramework.native_op`); None where it has none."""
+        return None
+
     def native_first(self, kernel: str, dtype: str, dims: tuple[int, int], run: Repeat) -> Repeat:
         """The repeated call `run` of a product that autotile runs on cuBLAS (`kernel` "matmul" or "matvec",
         operands of `dims` dimensions), preceded by the framework's own call of it where that calls the
@@ -263,7 +268,10 @@ class TorchFramework(Framework):
     def pointer(self, x: Any) -> int:
         return int(x.data_ptr())
 
-    def native_first(self, kernel: str, dtype: str, dims: tuple[int, int], run: Repeat) -> Repeat:
+    def native_op(self, kernel: str, dtype: str, dims: tuple[int, int]) -> tuple[str, str | None] | None:
+        """torch's operator for a product autotile runs on cuBLAS ("mm", "bmm", "mv" or "matmul") and the switch
+        of torch's that, when on, makes it compute something else ("tf32", "fp16_accumulation" or None), or None
+        where autotile's own cuBLAS call must run (int8)."""
         # torch.mm/bmm/mv/matmul enqueue cuBLAS from C++: measured on an H100 host (2026-11-28), less host time per call
         # than autotile's own cuBLAS call with its Python around it (the allocation, the pointers, the handle's stream;
         # `autotile.runtime.cublas`) on 16 of 20 cases, by up to 10 us. A switch of torch's that would change the
@@ -273,22 +281,27 @@ class TorchFramework(Framework):
         # allow at most what autotile's own handle allows (cuBLAS's default math mode): with them on (torch's default)
         # the call is the same, with them off it only forbids more. int8 is left to autotile's call: torch._int_mm runs
         # cuBLASLt, whose kernels differ (faster on some shapes, slower on others).
+        guard = {"float64": None, "bfloat16": None, "float32": "tf32", "float16": "fp16_accumulation"}
+        if dtype not in guard:
+            return None
+        if kernel == "matvec":
+            return "mv", guard[dtype]
+        if kernel == "matmul":
+            return {(2, 2): "mm", (3, 3): "bmm"}.get(dims, "matmul"), guard[dtype]
+        return None
+
+    def native_first(self, kernel: str, dtype: str, dims: tuple[int, int], run: Repeat) -> Repeat:
+        native = self.native_op(kernel, dtype, dims)
+        if native is None:
+            return run
         torch = self.torch
         never: Callable[[], bool] = lambda: False  # noqa: E731
-        if dtype in ("float64", "bfloat16"):
-            changes_arithmetic = never
-        elif dtype == "float32" and callable(getattr(torch._C, "_get_cublas_allow_tf32", None)):
-            changes_arithmetic = torch._C._get_cublas_allow_tf32
-        elif dtype == "float16":
-            changes_arithmetic = getattr(torch._C, "_get_cublas_allow_fp16_accumulation", never)
-        else:
+        switches = {None: never, "tf32": getattr(torch._C, "_get_cublas_allow_tf32", None),
+                    "fp16_accumulation": getattr(torch._C, "_get_cublas_allow_fp16_accumulation", never)}
+        changes_arithmetic = switches[native[1]]
+        if changes_arithmetic is None:  # a torch without the TF32 read: autotile's own call
             return run
-        if kernel == "matvec":
-            op = torch.mv
-        elif kernel == "matmul":
-            op = {(2, 2): torch.mm, (3, 3): torch.bmm}.get(dims, torch.matmul)
-        else:
-            return run
+        op = getattr(torch, native[0])
 
         def run_native(a: Any, b: Any, out: Any, stream: Any) -> Any:
             if stream is None:

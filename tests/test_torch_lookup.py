@@ -1,0 +1,311 @@
+"""The compiled lookup of repeated torch calls (`autotile.runtime.torch_lookup`): its Python side without a
+GPU (the build's command and failures, entries kept until the extension loads, then replayed; the switch
+that turns it off), and on a GPU the extension itself: every repeated call it serves computes what the
+Python path computes (generated kernels and cuBLAS picks, matvec, batches, `x @ W.T`, `out=`, against a
+float64 reference, outputs poisoned), and it hands back to Python whatever it must not decide (autograd, a
+named stream, TF32 or fp16 accumulation switched on, a torch function mode, a subclass, a bad precision)."""
+
+from __future__ import annotations
+
+import sys
+import threading
+import types
+from pathlib import Path
+
+import pytest
+
+from autotile.runtime import torch_lookup
+
+
+@pytest.fixture
+def fresh_lookup(monkeypatch):
+    """A process whose compiled lookup has not started, and is left so after the test."""
+    torch_lookup._reset_for_tests()
+    monkeypatch.setenv(torch_lookup.ENV_VAR, "on")
+    yield torch_lookup
+    torch_lookup._reset_for_tests()
+
+
+SIGNATURE = ("matmul", ((3, 4), (4, 1), "dtype", 0, (4, 5), (5, 1), "dtype", 0, False), None, "high")
+
+
+class _FakeExtension:
+    def __init__(self):
+        self.entries, self.inits, self.cleared = [], [], 0
+
+    def init(self, types_, settings):
+        self.inits.append((types_, settings))
+
+    def register(self, *args):
+        self.entries.append(args)
+        return True
+
+    def clear(self):
+        self.cleared += 1
+
+
+def _fake_torch() -> types.ModuleType:
+    torch = types.ModuleType("torch")
+    torch.Tensor = type("Tensor", (), {})  # type: ignore[attr-defined]
+    torch.nn = types.SimpleNamespace(Parameter=type("Parameter", (), {}))  # type: ignore[attr-defined]
+    torch.__version__ = "2.11.0+cu130"  # type: ignore[attr-defined]
+    return torch
+
+
+def test_entries_wait_for_the_extension_then_go_in_with_their_codes(fresh_lookup, monkeypatch):
+    ext = _FakeExtension()
+    release = threading.Event()
+
+    def slow_build(torch):
+        release.wait(10)
+        return Path("built.so")
+
+    monkeypatch.setitem(sys.modules, "torch", _fake_torch())
+    monkeypatch.setattr(torch_lookup, "build", slow_build)
+    monkeypatch.setattr(torch_lookup, "_load", lambda path: ext)
+    run, other = (lambda a, b, out, stream: "ours"), (lambda a, b, out, stream: "other")
+    torch_lookup.register(SIGNATURE, run, ("mm", "tf32"), ("highest", "high", "medium", "emulated"))
+    assert torch_lookup.status() == ("building", "") and torch_lookup.extension is None
+    second = ("matvec", SIGNATURE[1], ((3,), (1,), "dtype", 0), "highest")
+    torch_lookup.register(second, other, None, ("highest", "high", "medium", "emulated"))
+    release.set()
+    assert torch_lookup.wait(10)
+    assert torch_lookup.status() == ("ready", "") and torch_lookup.extension is ext
+    assert ext.inits[0][1] == ("highest", "high", "medium", "emulated")
+    # kernel, pair, out's signature, setting, the call, torch's op and its guard as torch_lookup.cpp's codes
+    assert ext.entries == [(0, SIGNATURE[1], None, "high", run, 1, 1),
+                           (1, SIGNATURE[1], second[2], "highest", other, 0, 0)]
+    third = ("matmul", SIGNATURE[1], None, "medium")
+    torch_lookup.register(third, run, ("bmm", "fp16_accumulation"), ())  # loaded: straight in
+    assert ext.entries[-1] == (0, SIGNATURE[1], None, "medium", run, 2, 2)
+    torch_lookup.clear()
+    assert ext.cleared == 1
+
+
+def test_a_failed_build_leaves_the_python_path_and_says_why_in_one_line(fresh_lookup, monkeypatch):
+    monkeypatch.setitem(sys.modules, "torch", _fake_torch())
+
+    def failing(torch):
+        raise RuntimeError("the C++ compiler failed (1): x.cpp:1: error: no\nsecond line")
+
+    monkeypatch.setattr(torch_lookup, "build", failing)
+    torch_lookup.register(SIGNATURE, lambda *a: None, None, ("high",))
+    assert not torch_lookup.wait(10)
+    state, why = torch_lookup.status()
+    assert state == "failed" and why.startswith("RuntimeError: the C++ compiler failed") and "\n" not in why
+    torch_lookup.register(SIGNATURE, lambda *a: None, None, ("high",))  # tried once per process
+    assert torch_lookup.status()[0] == "failed" and torch_lookup.extension is None
+
+
+def test_off_in_the_environment_builds_nothing(fresh_lookup, monkeypatch):
+    monkeypatch.setenv(torch_lookup.ENV_VAR, "off")
+    monkeypatch.setattr(torch_lookup, "build", lambda torch: pytest.fail("built while off"))
+    torch_lookup.register(SIGNATURE, lambda *a: None, None, ("high",))
+    assert torch_lookup.status() == ("off", "") and not torch_lookup.wait(0.1)
+    assert torch_lookup._pending == {}
+
+
+def test_the_build_command_and_its_failures(tmp_path, monkeypatch):
+    torch = _fake_torch()
+    torch.__file__ = str(tmp_path / "torch" / "__init__.py")  # type: ignore[attr-defined]
+    torch._C = types.SimpleNamespace(_GLIBCXX_USE_CXX11_ABI=False)  # type: ignore[attr-defined]
+    assert torch_lookup._torch_version(torch) == 211 and torch_lookup.standards(torch) == ("c++17", "c++20")
+    torch.__version__ = "2.14.1"  # type: ignore[attr-defined]
+    assert torch_lookup.standards(torch) == ("c++20", "c++17")
+    command = torch_lookup.build_command(torch, Path("x.cpp"), Path("x.so"), "c++20")
+    assert "-std=c++20" in command and "-D_GLIBCXX_USE_CXX11_ABI=0" in command
+    assert "-DAUTOTILE_TORCH_VERSION=214" in command and f"-I{tmp_path / 'torch' / 'include'}" in command
+    # a torch without headers: the compiler's error, in one line, and no file left behind
+    monkeypatch.setenv("AUTOTILE_COMPILE_CACHE_DIR", str(tmp_path / "cache"))
+    import sysconfig
+
+    if not (Path(sysconfig.get_paths()["include"]) / "Python.h").is_file():
+        with pytest.raises(RuntimeError, match="no Python headers"):
+            torch_lookup.build(torch)
+        return
+    with pytest.raises(RuntimeError, match=r"the C\+\+ compiler failed") as failed:
+        torch_lookup.build(torch)
+    assert "\n" not in str(failed.value) and "error" in str(failed.value)
+    assert list((tmp_path / "cache" / torch_lookup.HOST_DIR).iterdir()) == []
+
+
+# ---- on a GPU: the extension itself ----------------------------------------------------------------------
+
+@pytest.fixture
+def compiled(fresh_lookup):
+    """torch, with the library's memoized calls forgotten before and after (the compiled table with them)."""
+    torch = pytest.importorskip("torch")
+    from autotile.library import calls
+
+    calls.forget()
+    yield torch
+    calls.forget()
+
+
+def _served(kernel, A, B, out=None, precision="high"):
+    """What the compiled table returns for this call (None: it hands the call to Python)."""
+    assert torch_lookup.wait(300), torch_lookup.status()
+    return torch_lookup.extension.call(torch_lookup.KERNELS[kernel], A, B, out, precision, None)
+
+
+def _error(got, ref) -> float:
+    return float((got.double() - ref).norm() / ref.norm())
+
+
+TOLERANCE = {"float32": 1e-5, "float64": 1e-12, "bfloat16": 1e-2, "float16": 2e-3}
+
+
+def _cases(torch, dtype):
+    """(name, kernel, A, B, out shape): shapes no tile divides, every operand layout the library reads in place."""
+    g = torch.Generator(device="cuda").manual_seed(11)
+
+    def r(*shape):
+        return (torch.rand(*shape, device="cuda", generator=g) - 0.5).to(getattr(torch, dtype))
+
+    return [("mm nn", "matmul", r(67, 131), r(131, 45), (67, 45)),
+            ("x @ W.T", "matmul", r(37, 259), r(83, 259).T, (37, 83)),
+            ("tn", "matmul", r(131, 67).T, r(131, 45), (67, 45)),
+            ("bmm", "matmul", r(3, 29, 97), r(3, 97, 43), (3, 29, 43)),
+            ("broadcast", "matmul", r(2, 3, 29, 97), r(97, 43), (2, 3, 29, 43)),
+            ("one row", "matmul", r(1, 301), r(301, 77), (1, 77)),
+            ("matvec row", "matvec", r(131, 257), r(257), (131,)),
+            ("matvec col", "matvec", r(257, 131).T, r(257), (131,))]
+
+
+def _call(autotile, kernel, A, B, out=None, **kwargs):
+    return (autotile.matmul if kernel == "matmul" else autotile.matvec)(A, B, out=out, **kwargs)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float32", "float64", "bfloat16", "float16"])
+@pytest.mark.parametrize("cublas", [False, True], ids=["selected", "cublas"])
+def test_every_repeated_call_it_serves_matches_the_reference(compiled, monkeypatch, dtype, cublas):
+    torch = compiled
+    import autotile
+
+    if cublas:
+        _select_cublas(monkeypatch)
+    for name, kernel, A, B, shape in _cases(torch, dtype):
+        ref = (A.double() @ B.double())
+        for with_out in (False, True):
+            for _ in range(2):  # the first call prepares and registers; then the table serves it
+                out = torch.full(shape, float("nan"), device="cuda", dtype=A.dtype) if with_out else None
+                got = _call(autotile, kernel, A, B, out)
+            served = _served(kernel, A, B, torch.full_like(got, float("nan")) if with_out else None)
+            assert served is not None, (name, with_out)
+            for result in (got, served):
+                assert result.shape == shape and result.dtype == A.dtype
+                assert _error(result, ref) < TOLERANCE[dtype], (name, dtype, with_out)
+            got = _call(autotile, kernel, A, B, out)  # now through the table
+            if with_out:
+                assert got is out
+            assert _error(got, ref) < TOLERANCE[dtype], (name, dtype, with_out)
+
+
+def _select_cublas(monkeypatch):
+    from autotile.dispatch import select as select_mod
+
+    monkeypatch.setattr(select_mod, "select", lambda key, device, cache=None, precision=None: select_mod.Selection(
+        None, "exact", None, None, "cublas", precision=precision))
+
+
+def _spied(monkeypatch, torch):
+    """Lists that record each call of autotile's own cuBLAS routine and of torch's mm from Python."""
+    from autotile.runtime import cublas as cublas_mod
+
+    ours: list = []
+    original = cublas_mod.CublasCall.__call__
+    monkeypatch.setattr(cublas_mod.CublasCall, "__call__",
+                        lambda self, *args, **kwargs: ours.append(self) or original(self, *args, **kwargs))
+    natives: list = []
+    mm = torch.mm
+    monkeypatch.setattr(torch, "mm", lambda *args, **kwargs: natives.append("mm") or mm(*args, **kwargs))
+    return ours, natives
+
+
+@pytest.mark.gpu
+def test_cublas_picks_run_torchs_operator_from_the_table_and_hand_back_what_it_must_not_decide(compiled,
+                                                                                              monkeypatch):
+    torch = compiled
+    import autotile
+    from autotile.errors import AutotileError
+
+    _select_cublas(monkeypatch)
+    ours, natives = _spied(monkeypatch, torch)
+    g = torch.Generator(device="cuda").manual_seed(3)
+    a = torch.rand(131, 1031, device="cuda", generator=g) + 0.5  # near 1 over a long K: TF32 would show
+    b = torch.rand(1031, 67, device="cuda", generator=g) + 0.5
+    ref = a.double() @ b.double()
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        autotile.matmul(a, b)
+        assert _served("matmul", a, b) is not None
+
+        def repeated(*args, **kwargs):
+            ours.clear()
+            natives.clear()
+            return autotile.matmul(*args, **kwargs)
+
+        got = repeated(a, b)  # torch's operator through ATen: neither Python call is made
+        assert (natives, len(ours)) == ([], 0) and _error(got, ref) < 1e-6
+        torch.backends.cuda.matmul.allow_tf32 = True  # torch's GEMM would round to TF32: autotile's own, IEEE
+        got = repeated(a, b)
+        assert (natives, len(ours)) == ([], 1) and _error(got, ref) < 1e-6
+        torch.backends.cuda.matmul.allow_tf32 = False
+        got = repeated(a, b, stream=torch.cuda.Stream())  # a named stream: the Python path's call
+        torch.cuda.synchronize()
+        assert (natives, len(ours)) == ([], 1) and _error(got, ref) < 1e-6
+
+        class Watching(torch.overrides.TorchFunctionMode):
+            def __torch_function__(self, func, types, args=(), kwargs=None):
+                return func(*args, **(kwargs or {}))
+
+        with Watching():  # a torch function mode sees torch's call made from Python
+            got = repeated(a, b)
+        assert (natives, len(ours)) == (["mm"], 0) and _error(got, ref) < 1e-6
+        a_grad = a.clone().requires_grad_(True)
+        assert _served("matmul", a_grad, b) is None  # autograd must see it
+        assert repeated(a_grad, b).grad_fn is not None
+        with torch.no_grad():
+            assert _served("matmul", a_grad, b) is not None
+
+        class Sub(torch.Tensor):
+            pass
+
+        assert _served("matmul", a.as_subclass(Sub), b) is None
+        assert _served("matmul", a, b, precision="bogus") is None
+        with pytest.raises(AutotileError, match="bogus"):
+            autotile.matmul(a, b, precision="bogus")
+        assert _served("matmul", a, b, precision="highest") is None  # another setting: another signature
+        from autotile.library import calls
+
+        calls.forget()
+        assert torch_lookup.extension.size() == 0 and _served("matmul", a, b) is None
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+
+
+@pytest.mark.gpu
+def test_float16_with_fp16_accumulation_on_goes_back_to_autotiles_call(compiled, monkeypatch):
+    torch = compiled
+    import autotile
+
+    if not hasattr(torch.backends.cuda.matmul, "allow_fp16_accumulation"):
+        pytest.skip("this torch has no fp16 accumulation switch (torch 2.7+)")
+    _select_cublas(monkeypatch)
+    ours, natives = _spied(monkeypatch, torch)
+    a = torch.rand(40, 264, device="cuda", dtype=torch.float16)
+    w = torch.rand(72, 264, device="cuda", dtype=torch.float16)
+    before = torch.backends.cuda.matmul.allow_fp16_accumulation
+    try:
+        for on in (False, True):
+            torch.backends.cuda.matmul.allow_fp16_accumulation = on
+            autotile.matmul(a, w.T)
+            assert _served("matmul", a, w.T) is not None
+            ours.clear()
+            natives.clear()
+            autotile.matmul(a, w.T)
+            assert (natives, len(ours)) == ([], 1 if on else 0)
+    finally:
+        torch.backends.cuda.matmul.allow_fp16_accumulation = before
