@@ -309,3 +309,28 @@ def test_float16_with_fp16_accumulation_on_goes_back_to_autotiles_call(compiled,
             assert (natives, len(ours)) == ([], 1 if on else 0)
     finally:
         torch.backends.cuda.matmul.allow_fp16_accumulation = before
+
+
+@pytest.mark.gpu
+def test_the_torch_operators_eager_calls_take_the_table_too(compiled, monkeypatch):
+    torch = compiled
+    import autotile.torch  # noqa: F401  (registers torch.ops.autotile)
+
+    _select_cublas(monkeypatch)
+    ours, natives = _spied(monkeypatch, torch)
+    g = torch.Generator(device="cuda").manual_seed(7)
+    a = torch.rand(67, 131, device="cuda", generator=g) - 0.5
+    b = torch.rand(131, 45, device="cuda", generator=g) - 0.5
+    x = torch.rand(131, device="cuda", generator=g) - 0.5
+    for _ in range(2):
+        torch.ops.autotile.matmul(a, b)
+        torch.ops.autotile.matvec(a, x)
+    assert _served("matmul", a, b) is not None and _served("matvec", a, x) is not None
+    ours.clear()
+    natives.clear()
+    got, y = torch.ops.autotile.matmul(a, b), torch.ops.autotile.matvec(a, x)
+    assert (natives, len(ours)) == ([], 0)  # served by the table: torch's operators through ATen
+    assert _error(got, a.double() @ b.double()) < 1e-6 and _error(y, a.double() @ x.double()) < 1e-6
+    a_grad = a.clone().requires_grad_(True)  # autograd's: the operator's backward runs
+    torch.ops.autotile.matmul(a_grad, b).sum().backward()
+    assert _error(a_grad.grad, torch.ones(67, 45, device="cuda").double() @ b.double().T) < 1e-6

@@ -22,8 +22,10 @@ from typing import Callable, Optional
 
 import torch
 
+from autotile.dispatch.precision import get_float32_matmul_precision
 from autotile.errors import ArgumentError
 from autotile.library import calls
+from autotile.runtime import torch_lookup
 
 
 def _batch_shape(a: torch.Tensor, b: torch.Tensor) -> tuple:
@@ -42,7 +44,12 @@ _library.define("matvec(Tensor A, Tensor x, str? precision=None) -> Tensor")
 
 def _matmul_kernel(A: torch.Tensor, B: torch.Tensor, precision: Optional[str] = None) -> torch.Tensor:
     # Registered for every backend (CompositeExplicitAutograd): a CPU tensor gets autotile's typed error.
-    # A repeated call takes the library's per-call path, as `autotile.matmul` does.
+    # A repeated call takes the library's per-call path, as `autotile.matmul` does: the compiled lookup first.
+    compiled = torch_lookup.extension
+    if compiled is not None:
+        C = compiled.call(0, A, B, None, get_float32_matmul_precision() if precision is None else precision, None)
+        if C is not None:
+            return C
     known = calls.repeated_call(A, B, None, precision)
     if known is not None:
         return known(A, B, None, None)
@@ -132,6 +139,11 @@ def _autograd_kernel(function: type[torch.autograd.Function], kernel: Callable[.
 
 
 def _matvec_kernel(A: torch.Tensor, x: torch.Tensor, precision: Optional[str] = None) -> torch.Tensor:
+    compiled = torch_lookup.extension  # the compiled lookup first, as `autotile.matvec` does
+    if compiled is not None:
+        y = compiled.call(1, A, x, None, get_float32_matmul_precision() if precision is None else precision, None)
+        if y is not None:
+            return y
     return calls.matvec_no_autograd(A, x, precision=precision)  # which takes the per-call path first
 
 
