@@ -129,6 +129,32 @@ def test_the_build_command_and_its_failures(tmp_path, monkeypatch):
     assert list((tmp_path / "cache" / torch_lookup.HOST_DIR).iterdir()) == []
 
 
+def test_building_ahead_says_what_it_did_in_one_line(fresh_lookup, monkeypatch, tmp_path):
+    import importlib.util
+
+    real_find_spec = importlib.util.find_spec
+
+    def torch_found(found):
+        return lambda name, *args: (object() if found else None) if name == "torch" else real_find_spec(name, *args)
+
+    monkeypatch.setattr(importlib.util, "find_spec", torch_found(False))
+    assert torch_lookup.build_ahead() == "the compiled lookup of torch calls: not built (torch is not installed)"
+    monkeypatch.setitem(sys.modules, "torch", _fake_torch())
+    monkeypatch.setattr(importlib.util, "find_spec", torch_found(True))
+    monkeypatch.setattr(torch_lookup, "build", lambda torch: tmp_path / "torch_lookup-x.so")
+    built = torch_lookup.build_ahead()
+    assert built.startswith(f"the compiled lookup of torch calls: {tmp_path / 'torch_lookup-x.so'} (")
+
+    def failing(torch):
+        raise RuntimeError("the C++ compiler failed (1): error: x")
+
+    monkeypatch.setattr(torch_lookup, "build", failing)
+    assert torch_lookup.build_ahead() == ("the compiled lookup of torch calls could not be built: RuntimeError: "
+                                          "the C++ compiler failed (1): error: x")
+    monkeypatch.setenv(torch_lookup.ENV_VAR, "off")
+    assert torch_lookup.build_ahead() == "the compiled lookup of torch calls is off ($AUTOTILE_COMPILED_LOOKUP)"
+
+
 # ---- on a GPU: the extension itself ----------------------------------------------------------------------
 
 @pytest.fixture

@@ -31,6 +31,7 @@ import sys
 import sysconfig
 import tempfile
 import threading
+import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -119,6 +120,23 @@ def _insert(ext: Any, signature: tuple[Any, ...], call: Callable[..., Any],
     kernel, pair, out_signature, setting = signature
     op, guard = native if native is not None else (None, None)
     ext.register(KERNELS[kernel], pair, out_signature, setting, call, OPS.get(op or "", 0), GUARDS[guard])
+
+
+def build_ahead() -> str:
+    """Build the extension now for the installed torch (`autotile cache compile`), so that no process builds it
+    at its first repeated call: one line saying what was done, or why not."""
+    if not enabled():
+        return f"the compiled lookup of torch calls is off (${ENV_VAR})"
+    if importlib.util.find_spec("torch") is None:
+        return "the compiled lookup of torch calls: not built (torch is not installed)"
+    import torch
+
+    start = time.perf_counter()
+    try:
+        path = build(torch)
+    except Exception as exc:  # the library still serves every call, through the Python lookup
+        return f"the compiled lookup of torch calls could not be built: {_one_line(exc)}"
+    return f"the compiled lookup of torch calls: {path} ({time.perf_counter() - start:.1f} s)"
 
 
 def _build_and_load() -> None:
@@ -234,5 +252,5 @@ def _reset_for_tests() -> None:
         _built.clear()
 
 
-__all__ = ["ENV_VAR", "GUARDS", "KERNELS", "OPS", "build", "build_command", "clear", "enabled", "extension",
-           "register", "status", "wait"]
+__all__ = ["ENV_VAR", "GUARDS", "KERNELS", "OPS", "build", "build_ahead", "build_command", "clear", "enabled",
+           "extension", "register", "status", "wait"]
