@@ -14,6 +14,7 @@ from autotile.dispatch.precision import get_float32_matmul_precision
 from autotile.errors import ArgumentError
 from autotile.library.calls import matmul_no_autograd, matvec_no_autograd, repeated_call, scaled_matmul
 from autotile.runtime import torch_lookup
+from autotile.runtime.torch_lookup import MATMUL, MATVEC
 
 
 def matmul(A: Any, B: Any, out: Any = None, precision: str | None = None, stream: Any = None) -> Any:
@@ -30,7 +31,8 @@ def matmul(A: Any, B: Any, out: Any = None, precision: str | None = None, stream
     differentiable operator (`autotile.torch`)."""
     compiled = torch_lookup.extension  # torch tensors' repeated calls, looked up in C++ (None: not built)
     if compiled is not None:
-        c = compiled.call(0, A, B, out, get_float32_matmul_precision() if precision is None else precision, stream)
+        setting = get_float32_matmul_precision() if precision is None else precision
+        c = compiled.call(MATMUL, A, B, out, setting, stream)
         if c is not None:
             return c
     known = repeated_call(A, B, out, precision)  # a repeated call: no tensor needs a gradient, all checked
@@ -54,7 +56,8 @@ def matvec(A: Any, x: Any, out: Any = None, precision: str | None = None, stream
     # matmul's steps, written out again rather than shared: the per-call path takes no extra call
     compiled = torch_lookup.extension
     if compiled is not None:
-        y = compiled.call(1, A, x, out, get_float32_matmul_precision() if precision is None else precision, stream)
+        setting = get_float32_matmul_precision() if precision is None else precision
+        y = compiled.call(MATVEC, A, x, out, setting, stream)
         if y is not None:
             return y
     known = repeated_call(A, x, out, precision, "matvec")

@@ -26,6 +26,7 @@ from autotile.dispatch.precision import get_float32_matmul_precision
 from autotile.errors import ArgumentError
 from autotile.library import calls
 from autotile.runtime import torch_lookup
+from autotile.runtime.torch_lookup import MATMUL, MATVEC
 
 
 def _batch_shape(a: torch.Tensor, b: torch.Tensor) -> tuple:
@@ -47,7 +48,8 @@ def _matmul_kernel(A: torch.Tensor, B: torch.Tensor, precision: Optional[str] = 
     # A repeated call takes the library's per-call path, as `autotile.matmul` does: the compiled lookup first.
     compiled = torch_lookup.extension
     if compiled is not None:
-        C = compiled.call(0, A, B, None, get_float32_matmul_precision() if precision is None else precision, None)
+        setting = get_float32_matmul_precision() if precision is None else precision
+        C = compiled.call(MATMUL, A, B, None, setting, None)
         if C is not None:
             return C
     known = calls.repeated_call(A, B, None, precision)
@@ -141,7 +143,8 @@ def _autograd_kernel(function: type[torch.autograd.Function], kernel: Callable[.
 def _matvec_kernel(A: torch.Tensor, x: torch.Tensor, precision: Optional[str] = None) -> torch.Tensor:
     compiled = torch_lookup.extension  # the compiled lookup first, as `autotile.matvec` does
     if compiled is not None:
-        y = compiled.call(1, A, x, None, get_float32_matmul_precision() if precision is None else precision, None)
+        setting = get_float32_matmul_precision() if precision is None else precision
+        y = compiled.call(MATVEC, A, x, None, setting, None)
         if y is not None:
             return y
     return calls.matvec_no_autograd(A, x, precision=precision)  # which takes the per-call path first

@@ -45,7 +45,8 @@ HOST_DIR = "host"  # under the compile cache's root: what the host's compiler bu
 BUILD_TIMEOUT_S = 300.0
 
 # The codes `torch_lookup.cpp` reads (its Op and Guard enums, and a call's kernel).
-KERNELS = {"matmul": 0, "matvec": 1}
+MATMUL, MATVEC = 0, 1
+KERNELS = {"matmul": MATMUL, "matvec": MATVEC}
 OPS = {"mm": 1, "bmm": 2, "mv": 3, "matmul": 4}  # 0: only the Python path's repeated call
 GUARDS = {None: 0, "tf32": 1, "fp16_accumulation": 2}
 
@@ -252,5 +253,5 @@ def _reset_for_tests() -> None:
         _built.clear()
 
 
-__all__ = ["ENV_VAR", "GUARDS", "KERNELS", "OPS", "build", "build_ahead", "build_command", "clear", "enabled",
-           "extension", "register", "status", "wait"]
+__all__ = ["ENV_VAR", "GUARDS", "KERNELS", "MATMUL", "MATVEC", "OPS", "build", "build_ahead", "build_command",
+           "clear", "enabled", "extension", "register", "status", "wait"]
