@@ -40,16 +40,18 @@ def gpu_skip_reason() -> str | None:
 
 
 # The files that take most of the suite's time, with their seconds in a run of the whole suite on two cores
-# (2026-11-27, no GPU). pytest-xdist's `--dist loadfile` hands whole files to its workers in the order they
+# (2026-12-07, no GPU). pytest-xdist's `--dist loadfile` hands whole files to its workers in the order they
 # are queued, by default the files with the most tests first: test_distributed.py (12 tests, over a minute
 # of worker processes) then came last and ran alone while the other core idled. Queued longest first, the
 # two workers finish together. The table only orders the queue (a file missing from it runs after these, in
 # collection order); it selects and skips nothing.
 SECONDS_ON_TWO_CORES = {
-    "test_compile.py": 132, "test_distributed.py": 100, "test_dmma.py": 60, "test_space.py": 44,
-    "test_search_bench.py": 43, "test_split_reduce.py": 37, "test_wgmma.py": 25, "test_render.py": 16,
-    "test_emulation.py": 14, "test_cli.py": 14, "test_wgmma_direct.py": 12, "test_tuner.py": 11,
-    "test_int8.py": 9, "test_study_report.py": 7, "test_dispatch.py": 5, "test_tune_api.py": 4,
+    "test_compile.py": 230, "test_distributed.py": 150, "test_search_bench.py": 94, "test_dmma.py": 82,
+    "test_space.py": 74, "test_wgmma.py": 66, "test_render.py": 57, "test_split_reduce.py": 47,
+    "test_tuner.py": 37, "test_emulation.py": 35, "test_skinny.py": 30, "test_narrow_copies.py": 27,
+    "test_realign.py": 22, "test_wgmma_direct.py": 19, "test_dispatch.py": 17, "test_int8.py": 17,
+    "test_tune_api.py": 16, "test_mma.py": 15, "test_study_report.py": 13, "test_cli.py": 12,
+    "test_matvec_half.py": 10,
 }
 
 

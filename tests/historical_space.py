@@ -11,6 +11,7 @@ at their defaults).
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -76,7 +77,13 @@ def draw(kernel: str, space: Space, problem: Problem, n: int, seed: int) -> list
     return [today.config(dict(c)) for c in space.sample(problem, n, seed=seed, max_draws=1_000_000)]
 
 
+@functools.lru_cache(maxsize=1)
+def _before_skinny() -> Space:
+    """The matmul space before MATH=skinny, built once (half a second: its YAML is parsed again): a space does
+    not change once built, and the draws only read it."""
+    return space_as_it_was("matmul", constants=SKINNY_CONSTANTS, added_choices=SKINNY_CHOICES)
+
+
 def sample_before_skinny(restrict: dict, problem: Problem, n: int, seed: int) -> list[Config]:
     """`n` matmul configs drawn as the space before MATH=skinny drew them, restricted by `restrict`."""
-    space = space_as_it_was("matmul", constants=SKINNY_CONSTANTS, added_choices=SKINNY_CHOICES)
-    return draw("matmul", space.restricted(restrict), problem, n, seed)
+    return draw("matmul", _before_skinny().restricted(restrict), problem, n, seed)

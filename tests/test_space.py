@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from autotile.codegen import resources
-from autotile.codegen.expr import Expr
+from autotile.codegen.expr import FUNCTIONS, Expr
 from autotile.codegen.limits import PROFILES
 from autotile.codegen.space import DEVICE_CONSTRAINTS, Config, Problem, Space, load_space
 from autotile.errors import InfeasibleConfigError, InvalidValueError, SpaceDefinitionError, UnknownNameError
@@ -56,7 +56,7 @@ def raw(kernel: str) -> dict:
 @functools.lru_cache(maxsize=None)
 def _prefixes(space: Space) -> dict[str, str]:
     """How `violations()` starts the line of each constraint, by its name (made once per space: the
-    brute-force tests below ask of some 37 thousand points)."""
+    brute-force tests below ask of thousands of points)."""
     prefixes = {c.name: f"breaks '{c.name}' ({c.expr.text}) with " for c in space.constraints}
     assert len(prefixes) == len(space.constraints)  # names are distinct: a line names one constraint
     return prefixes
@@ -265,8 +265,8 @@ def _reduced(kernel: str, keep: dict[str, list]) -> Space:
 REDUCED = {
     # Both choices of the wgmma knobs and of STORE kept, the warp tile cut to one shape, the stages to
     # a cp.async depth and a TMA-only one, the mma depth, VEC and the knobs that only K splits or a launch
-    # order (fixed here) make feasible to one: the brute force checks every point twice (about 37 thousand
-    # here, a few seconds). PAD is cut to one value to pay for NARROW_COPIES's two (with VEC 1, its constraint
+    # order (fixed here) make feasible to one: the brute force checks every point twice (some 190 thousand
+    # here, ten seconds a case). PAD is cut to one value to pay for NARROW_COPIES's two (with VEC 1, its constraint
     # prunes it wherever it is active); REALIGN to false (with VEC 1 its constraint prunes it too).
     "matmul": {"BM": [16, 256], "BN": [16, 128], "TM": [1, 8], "TN": [1, 4], "BK": [8, 64], "VEC": [1],
                "PAD": [0], "SPLIT_K": [1], "SWIZZLE": [1], "UNROLL": ["full"], "WM": [32], "WN": [32],
@@ -277,6 +277,26 @@ REDUCED = {
 }
 
 
+def _breaks(space: Space, prob: Problem):
+    """`config -> the names of the constraints it breaks`, as `failed` reads them from `violations()`, made once
+    for many configs: the same evaluation (every derived quantity in order, then every constraint, in the
+    scope of the functions, the problem and the config) without the lines `violations()` writes for each
+    broken constraint and `failed` parses again, which took half the time of the brute force below."""
+    base = dict(FUNCTIONS)
+    base.update(prob.names())
+    derived = list(space.derived.items())
+    constraints = [(c.name, c.expr) for c in space.constraints]
+
+    def breaks(config) -> list[str]:
+        scope = dict(base)
+        scope.update(config)
+        for name, expr in derived:
+            scope[name] = expr.eval_in(scope)
+        return [name for name, expr in constraints if not expr.eval_in(scope)]
+
+    return breaks
+
+
 @pytest.mark.parametrize("kernel,layout,dtype,profile", [
     ("matmul", "row", "float32", "p100"), ("matmul", "row", "float64", "h100"),
     ("matvec", "row", "float32", "l4"), ("matvec", "col", "float64", "p100"), ("matvec", "col", "float32", "h100")])
@@ -284,23 +304,33 @@ def test_pruned_enumeration_equals_brute_force(kernel, layout, dtype, profile):
     """The depth-first walk prunes whole subtrees; it must find exactly the points that pass every check."""
     space = _reduced(kernel, REDUCED[kernel])
     prob = problem(profile, dtype, layout)
-    params = list(space.params.values())
-    brute = [Config(dict(zip(space.params, values, strict=True)))
-             for values in itertools.product(*(p.choices for p in params))]
-    good = [c for c in brute if space.is_feasible(c, prob)]
-    assert 0 < len(good) < len(brute)
-    assert space.feasible(prob) == good  # same set, same (declared) order
     c = space.count(prob)
-    assert (c.total, c.feasible) == (len(brute), len(good))
+    # Every point of the product, checked once each way and not kept (the matmul product has some 190
+    # thousand): `is_feasible`'s check (`feasibility`, made once rather than once a point) and the
+    # constraints it breaks (`_breaks`, which says what `failed` says: compared on every 50th point).
+    is_feasible, breaks = space.feasibility(prob), _breaks(space, prob)
+    names = list(space.params)
+    good = []
     # Each infeasible point is charged to one constraint it really breaks: no constraint is charged with
     # more points than break it.
     breaking = {name: 0 for name in c.excluded_by}
-    for cfg in brute:
-        for name in set(failed(space, cfg, prob)):
+    points = 0
+    for points, values in enumerate(itertools.product(*(p.choices for p in space.params.values())), 1):
+        cfg = dict(zip(names, values, strict=True))
+        broken, ok = breaks(cfg), is_feasible(cfg)
+        assert ok == (not broken), cfg  # the walk's compiled check against each expression evaluated alone
+        if ok:
+            good.append(Config(cfg))
+        if points % 50 == 1:
+            assert broken == failed(space, Config(cfg), prob), cfg
+        for name in set(broken):
             breaking[name] += 1
+    assert 0 < len(good) < points
+    assert space.feasible(prob) == good  # same set, same (declared) order
+    assert (c.total, c.feasible) == (points, len(good))
     for name, n in c.excluded_by.items():
         assert n <= breaking[name], name
-    assert sum(c.excluded_by.values()) == len(brute) - len(good)
+    assert sum(c.excluded_by.values()) == points - len(good)
 
 
 # -- device limits ---------------------------------------------------------------------------------
