@@ -262,6 +262,32 @@ def _reduced(kernel: str, keep: dict[str, list]) -> Space:
     return Space(data, f"reduced {kernel}")
 
 
+
+# The matmul space with its tile and warp shapes and stages free again: thousands of feasible points, and
+# levels both with and without counts memoized (`_Step.subtree_key`).
+MIDDLE_MATMUL = ("BM", "BN", "TM", "TN", "BK", "STAGES", "WM", "WN")
+
+
+@pytest.mark.parametrize("kernel,profile,dtype,layout,n,seed", [("matvec", "a100", "float64", "row", 37, 5),
+                                                                ("matmul", "h100", "float32", "nn", 23, 2),
+                                                                ("matmul", "p100", "float64", "nn", 400, 9),
+                                                                ("matmul", "a100", "bfloat16", "nt", 1000, 4)])
+def test_enumerated_draws_are_the_positions_of_the_walk(kernel, profile, dtype, layout, n, seed):
+    """The configs the enumeration supplies (`sample` with no rejection draws) are those at the positions its
+    seeded draw picks in the walk's order, reached through the subtrees' counts (passed over, or walked where
+    a level below has no counts to skip by): compared with the positions in the whole feasible list, before
+    and after the problem's count is kept."""
+    keep = {name: choices for name, choices in REDUCED[kernel].items() if name not in MIDDLE_MATMUL}
+    space = _reduced(kernel, keep)
+    prob = problem(profile, dtype, layout)
+    every = space.feasible(prob)
+    rng = random.Random(seed)
+    expected = [every[i] for i in sorted(rng.sample(range(len(every)), min(n, len(every))))]
+    rng.shuffle(expected)
+    assert len(every) > n and space.sample(prob, n, seed=seed, max_draws=0) == expected
+    assert space.count(prob).feasible == len(every)
+    assert space.sample(prob, n, seed=seed, max_draws=0) == expected
+
 REDUCED = {
     # Both choices of the wgmma knobs and of STORE kept, the warp tile cut to one shape, the stages to
     # a cp.async depth and a TMA-only one, the mma depth, VEC and the knobs that only K splits or a launch

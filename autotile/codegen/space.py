@@ -14,7 +14,7 @@ import dataclasses
 import keyword
 import math
 import random
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from types import CodeType
 from typing import Any, NamedTuple
@@ -711,11 +711,14 @@ class Space:
         self._steps_of[id(plan)] = found  # (a plan lives as long as its space: its id stays its own)
         return found
 
-    def _walk(self, problem: Problem, on_feasible: Callable[[dict[str, Any]], None] | None) -> SpaceCount:
+    def _walk(self, problem: Problem, on_feasible: Callable[[dict[str, Any]], None] | None,
+              choose: Callable[[int], Iterable[int]] | None = None) -> SpaceCount:
         """Visit the product of choices depth-first, pruning a subtree at its first broken constraint; with
         `on_feasible`, call it on each feasible point's scope, in order. Without, only count: a subtree whose
         levels read few names bound above it is counted once per distinct value of those names (`_Step`'s
-        `subtree_key`; the matmul space on a P100 in under half the time)."""
+        `subtree_key`; the matmul space on a P100 in under half the time). With `choose` too, count first,
+        then call `on_feasible` only on the points at the positions (in the walk's order) that
+        `choose(feasible count)` returns, skipping the subtrees that hold none by their counts."""
         params = list(self.params.values())
         total = math.prod(len(p.choices) for p in params)
         below = [math.prod(len(p.choices) for p in params[i + 1:]) for i in range(len(params))]
@@ -782,10 +785,71 @@ class Space:
                 known[i][key] = (feasible, broken)
             return feasible, broken
 
+        def bind(i: int, value: Any) -> bool:
+            """Level i's parameter set to `value` in the scope, its derived quantities evaluated: whether its
+            constraints hold."""
+            param, step = params[i], steps[i]
+            scope[param.name] = value
+            for name, expr in step.eager:
+                scope[name] = self._eval(expr, scope, name)
+            return bool(eval(step.code, step.code_globals, scope) < 0)
+
+        def gather(i: int, first: int, picks: list[int], at: int) -> int:
+            """`on_feasible` on the picked points below level i: `first` is the position of its first feasible
+            point, `picks[at:]` the positions still to reach (ascending). A subtree holding no pick is passed
+            over by its count where the next level's counts are memoized; where they are not, counting would
+            walk them, and the points are walked in order instead (`linear`). Returns the picks reached."""
+            assert on_feasible is not None
+            if i < last and steps[i + 1].subtree_key is None:
+                return linear(i, first, picks, at)
+            for value in params[i].choices:
+                if at == len(picks):
+                    break
+                if not bind(i, value):
+                    continue
+                if i == last:
+                    if picks[at] == first:
+                        on_feasible(scope)
+                        at += 1
+                    first += 1
+                    continue
+                size = tally(i + 1)[0]  # memoized: the count made it
+                if picks[at] < first + size:
+                    at = gather(i + 1, first, picks, at)
+                first += size
+            return at
+
+        def linear(i: int, first: int, picks: list[int], at: int) -> int:
+            """`gather` by walking every feasible point below level i in order, until the picks are reached."""
+            assert on_feasible is not None
+            position = first
+
+            def walk(j: int) -> None:
+                nonlocal position, at
+                for value in params[j].choices:
+                    if at == len(picks):
+                        return
+                    if not bind(j, value):
+                        continue
+                    if j < last:
+                        walk(j + 1)
+                        continue
+                    if position == picks[at]:
+                        on_feasible(scope)
+                        at += 1
+                    position += 1
+
+            walk(i)
+            return at
+
         try:
-            if on_feasible is None:
+            if on_feasible is None or choose is not None:
                 count, broken = tally(0)
                 excluded.update(broken)
+                if choose is not None:
+                    picks = sorted(set(choose(count)))
+                    if picks:
+                        gather(0, 0, picks, 0)
             else:
                 visit(0)
         except SpaceDefinitionError:
@@ -840,8 +904,8 @@ class Space:
         """Up to `n` distinct feasible configs drawn uniformly at random. Rejection sampling over the product
         of choices first (cheap where the feasible share is not tiny, and the draws every seeded sample was
         chosen by); where `max_draws` draws leave it short, the rest is drawn uniformly from the enumerated
-        feasible set (two walks of it: about a second per million points), so a sparse space still yields
-        `n` configs where it has them."""
+        feasible set (a count of it, then the drawn positions reached through the subtrees' counts), so a
+        sparse space still yields `n` configs where it has them."""
         rng = random.Random(seed)
         choice = rng.choice
         params = list(self.params.values())
@@ -864,24 +928,26 @@ class Space:
     def _complete_from_enumeration(self, problem: Problem, seen: dict[Config, None], n: int,
                                    rng: random.Random) -> None:
         """Adds to `seen` feasible configs it lacks, uniformly without replacement, until it holds `n` (or
-        every feasible config): counts the feasible set, picks positions in it, and walks it again to
-        collect them (experimental choices are refused by their constraint, as in the rejection draws)."""
-        feasible_count = self.count(problem).feasible
-        if len(seen) >= min(n, feasible_count):
+        every feasible config): counts the feasible set, picks positions in it, and goes to them, passing
+        over the subtrees that hold none by their counts (experimental choices are refused by their
+        constraint, as in the rejection draws). The positions, and so the configs, are the ones a second
+        walk of every feasible point collected."""
+        known = self._counts.get(problem)
+        if known is not None and len(seen) >= min(n, known.feasible):
             return
-        # As many positions as could be needed: some may land on configs the rejection draws already hold.
-        picks = set(rng.sample(range(feasible_count), min(feasible_count, n)))
         names = list(self.params)
         found: list[Config] = []
-        index = 0
+
+        def choose(feasible_count: int) -> list[int]:
+            if len(seen) >= min(n, feasible_count):
+                return []
+            # As many positions as could be needed: some may land on configs the rejection draws already hold.
+            return rng.sample(range(feasible_count), min(feasible_count, n))
 
         def collect(scope: dict[str, Any]) -> None:
-            nonlocal index
-            if index in picks:
-                found.append(Config({name: scope[name] for name in names}))
-            index += 1
+            found.append(Config({name: scope[name] for name in names}))
 
-        self._walk(problem, collect)
+        self._counts.setdefault(problem, self._walk(problem, collect, choose))
         rng.shuffle(found)
         for config in found:
             if len(seen) >= n:
