@@ -126,7 +126,37 @@ def test_the_build_command_and_its_failures(tmp_path, monkeypatch):
     with pytest.raises(RuntimeError, match=r"the C\+\+ compiler failed") as failed:
         torch_lookup.build(torch)
     assert "\n" not in str(failed.value) and "error" in str(failed.value)
-    assert list((tmp_path / "cache" / torch_lookup.HOST_DIR).iterdir()) == []
+    left = [p.name for p in (tmp_path / "cache" / torch_lookup.HOST_DIR).iterdir() if not p.name.endswith(".lock")]
+    assert left == []  # no extension, no temporary file (the builders' lock file stays)
+
+
+def test_processes_that_build_at_once_compile_once(tmp_path, monkeypatch):
+    import sysconfig
+    import time
+
+    headers = tmp_path / "include"
+    headers.mkdir()
+    (headers / "Python.h").write_text("")
+    monkeypatch.setattr(sysconfig, "get_paths", lambda *args, **kwargs: {"include": str(headers)})
+    monkeypatch.setenv("AUTOTILE_COMPILE_CACHE_DIR", str(tmp_path / "cache"))
+    torch = _fake_torch()
+    torch.__file__ = str(tmp_path / "torch" / "__init__.py")  # type: ignore[attr-defined]
+    torch._C = types.SimpleNamespace()  # type: ignore[attr-defined]
+    compiles = []
+
+    def slow_compile(torch_, folder, target):
+        compiles.append(target)
+        time.sleep(0.5)  # the others wait on the lock meanwhile
+        target.write_bytes(b"built")
+
+    monkeypatch.setattr(torch_lookup, "_compile", slow_compile)
+    built: list = []
+    builders = [threading.Thread(target=lambda: built.append(torch_lookup.build(torch))) for _ in range(3)]
+    for builder in builders:
+        builder.start()
+    for builder in builders:
+        builder.join(10)
+    assert len(compiles) == 1 and len(built) == 3 and len(set(built)) == 1 and built[0].read_bytes() == b"built"
 
 
 def test_building_ahead_says_what_it_did_in_one_line(fresh_lookup, monkeypatch, tmp_path):

@@ -196,7 +196,9 @@ def build_command(torch: Any, source: Path, target: Path, standard: str) -> list
 
 def build(torch: Any) -> Path:
     """The extension for `torch` and this Python: the one built before, or built now (atomically: a
-    temporary file renamed into place). Raises RuntimeError with the compiler's last lines."""
+    temporary file renamed into place), by one process at a time (a file lock: the ranks of a job started
+    together build it once, not once each, at about a gigabyte of the compiler's memory apiece). Raises
+    RuntimeError with the compiler's error lines."""
     python_headers = Path(sysconfig.get_paths()["include"]) / "Python.h"
     if not python_headers.is_file():
         raise RuntimeError(f"no Python headers ({python_headers} is missing: install python3-dev)")
@@ -214,6 +216,16 @@ def build(torch: Any) -> Path:
     if target.is_file():
         return target
     folder.mkdir(parents=True, exist_ok=True)
+    from filelock import FileLock
+
+    with FileLock(str(target) + ".lock", timeout=BUILD_TIMEOUT_S):
+        if not target.is_file():  # another process may have built it while this one waited
+            _compile(torch, folder, target)
+    return target
+
+
+def _compile(torch: Any, folder: Path, target: Path) -> None:
+    """The compiler's run into a temporary file of `folder`, renamed to `target` once whole."""
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=folder)
     os.close(fd)
     try:
@@ -230,7 +242,6 @@ def build(torch: Any) -> Path:
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
-    return target
 
 
 def _load(path: Path) -> Any:
