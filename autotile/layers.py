@@ -11,6 +11,8 @@ from __future__ import annotations
 LAYERS: tuple[tuple[str, ...], ...] = (
     # foundation: the exceptions, the version and this declaration
     ("autotile.errors", "autotile.version", "autotile.layers"),
+    # the environment's switches (one parser of boolean variables)
+    ("autotile.environment",),
     # reading users' files within limits (regular files, a size cap, bounded YAML and JSON)
     ("autotile.safe_files",),
     # spaces, expressions, device limits, problem keys, templates' rendering, compiling, kernel specs

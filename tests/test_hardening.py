@@ -266,6 +266,24 @@ def test_9_a_value_that_is_no_boolean_is_an_error(monkeypatch):
         first_call.enabled()
 
 
+def test_9_every_switch_of_the_environment_reads_the_same_words(monkeypatch):
+    from autotile.environment import env_flag
+    from autotile.runtime import torch_lookup
+
+    monkeypatch.delenv("AUTOTILE_SOME_SWITCH", raising=False)
+    assert env_flag("AUTOTILE_SOME_SWITCH") is False and env_flag("AUTOTILE_SOME_SWITCH", default=True) is True
+    monkeypatch.setenv("AUTOTILE_SOME_SWITCH", "  ")  # empty: the default
+    assert env_flag("AUTOTILE_SOME_SWITCH", default=True) is True
+    for value, expected in (("Off", False), ("0", False), ("on", True), ("YES", True)):
+        monkeypatch.setenv(torch_lookup.ENV_VAR, value)
+        assert torch_lookup.enabled() is expected, value
+    monkeypatch.delenv(torch_lookup.ENV_VAR)
+    assert torch_lookup.enabled()  # on unless turned off
+    monkeypatch.setenv(torch_lookup.ENV_VAR, "of")  # a typo never leaves it on silently
+    with pytest.raises(InvalidValueError, match="AUTOTILE_COMPILED_LOOKUP='of' is not a boolean"):
+        torch_lookup.enabled()
+
+
 def test_9_tune_refuses_a_fix_that_is_not_a_mapping():
     import autotile
 

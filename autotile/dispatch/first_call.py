@@ -11,10 +11,9 @@ On with ``AUTOTILE_TUNE_AT_FIRST_CALL=1`` in the environment, or `autotile.tune_
 
 from __future__ import annotations
 
-import os
 from typing import TYPE_CHECKING, Any, Protocol
 
-from autotile.errors import InvalidValueError, shown
+from autotile.environment import env_flag
 
 if TYPE_CHECKING:
     from autotile.codegen.limits import DeviceLimits
@@ -49,22 +48,6 @@ def enabled() -> bool:
     return env_flag(ENV_VAR)
 
 
-_TRUE, _FALSE = ("1", "true", "yes", "on"), ("", "0", "false", "no", "off")
-
-
-def env_flag(name: str) -> bool:
-    """A boolean environment variable: true/false, 1/0, yes/no, on/off (any case; unset or empty: false).
-    Anything else is an `InvalidValueError` naming the variable and the value: a typo never switches a
-    feature on or off silently."""
-    raw = os.environ.get(name, "")
-    value = raw.strip().lower()
-    if value in _TRUE:
-        return True
-    if value in _FALSE:
-        return False
-    raise InvalidValueError(f"{name}={shown(raw, 40)} is not a boolean; use 1/0, true/false, yes/no or on/off")
-
-
 def register_tuner(tuner: FirstCallTuner | None) -> None:
     """Plug in what runs when tuning at first call is on (None unplugs it)."""
     global _tuner
@@ -76,4 +59,4 @@ def tuner() -> FirstCallTuner | None:
     return _tuner
 
 
-__all__ = ["ENV_VAR", "FirstCallTuner", "enabled", "env_flag", "register_tuner", "tune_at_first_call", "tuner"]
+__all__ = ["ENV_VAR", "FirstCallTuner", "enabled", "register_tuner", "tune_at_first_call", "tuner"]
