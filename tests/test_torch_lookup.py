@@ -72,12 +72,13 @@ def test_entries_wait_for_the_extension_then_go_in_with_their_codes(fresh_lookup
     assert torch_lookup.wait(10)
     assert torch_lookup.status() == ("ready", "") and torch_lookup.extension is ext
     assert ext.inits[0][1] == ("highest", "high", "medium", "emulated")
-    # kernel, pair, out's signature, setting, the call, torch's op and its guard as torch_lookup.cpp's codes
-    assert ext.entries == [(0, SIGNATURE[1], None, "high", run, 1, 1),
-                           (1, SIGNATURE[1], second[2], "highest", other, 0, 0)]
+    # kernel, pair, out's signature, setting, the call, torch's op and its guard as torch_lookup.cpp's codes,
+    # and no packed launch
+    assert ext.entries == [(0, SIGNATURE[1], None, "high", run, 1, 1, None),
+                           (1, SIGNATURE[1], second[2], "highest", other, 0, 0, None)]
     third = ("matmul", SIGNATURE[1], None, "medium")
     torch_lookup.register(third, run, ("bmm", "fp16_accumulation"), ())  # loaded: straight in
-    assert ext.entries[-1] == (0, SIGNATURE[1], None, "medium", run, 2, 2)
+    assert ext.entries[-1] == (0, SIGNATURE[1], None, "medium", run, 2, 2, None)
     torch_lookup.clear()
     assert ext.cleared == 1
 
@@ -183,6 +184,44 @@ def test_building_ahead_says_what_it_did_in_one_line(fresh_lookup, monkeypatch, 
                                           "the C++ compiler failed (1): error: x")
     monkeypatch.setenv(torch_lookup.ENV_VAR, "off")
     assert torch_lookup.build_ahead() == "the compiled lookup of torch calls is off ($AUTOTILE_COMPILED_LOOKUP)"
+
+
+def test_a_generated_launch_is_packed_as_data_with_its_batch_strides_or_declined():
+    import struct
+
+    import numpy as np
+
+    from autotile.codegen.kernels import Launch
+    from autotile.codegen.tensor_map import TensorBox
+    from autotile.runtime.impl import KernelRunner
+
+    class StubKernel:  # what the runner touches of a compiled kernel
+        max_dynamic_shared_size_bytes = 1 << 20
+        function_pointer = 0xC0FFEE
+        name = "stub"
+
+        def sibling(self, name):  # LOADER=presplit's split kernels
+            return self
+
+    sizes = (np.int32(29), np.int32(43), np.int32(97))
+    launch = Launch((3, 2, 7), (128, 1, 1), 4096, zero_output=True)
+    runner = KernelRunner(StubKernel(), launch, sizes, batched=True)
+    packed = runner.packed_launch((2813, 0), out_nbytes=1000)
+    assert packed is not None
+    assert (packed.function, packed.grid, packed.block, packed.shared_bytes) == (0xC0FFEE, (3, 2, 7), (128, 1, 1), 4096)
+    assert packed.zero_bytes == 1000 and packed.offsets == (0, 8, 16, 24, 32, 40, 48, 56)
+    # the slots after the three addresses: M, N, K (int32: an 8-byte slot's low half), the batch strides
+    values = [struct.unpack_from("<q", packed.image, offset)[0] for offset in packed.offsets[3:]]
+    assert values == [29, 43, 97, 2813, 0] and len(packed.image) == 64
+    assert runner.packed_launch((0, 4171), 1000).image[48:64] == struct.pack("<qq", 0, 4171)  # per signature
+    plain = KernelRunner(StubKernel(), Launch((1, 1, 1), (32, 1, 1), 0, zero_output=False), sizes)
+    assert plain.packed_launch((), out_nbytes=1000).zero_bytes == 0
+    # launches that need more than three addresses per call: left to the Python call
+    box = TensorBox(operand=0, inner=64, outer=64, box_inner=32, box_outer=64)
+    for declined in (Launch((1, 1, 1), (32, 1, 1), 0, False, workspace_elems=64, tickets=4),
+                     Launch((1, 1, 1), (384, 1, 1), 0, False, tensor_maps=(box, box)),
+                     Launch((1, 1, 1), (384, 1, 1), 0, False, tensor_maps=(box, box), presplit_k=128)):
+        assert KernelRunner(StubKernel(), declined, sizes).packed_launch(()) is None
 
 
 # ---- on a GPU: the extension itself ----------------------------------------------------------------------
@@ -390,3 +429,65 @@ def test_the_torch_operators_eager_calls_take_the_table_too(compiled, monkeypatc
     a_grad = a.clone().requires_grad_(True)  # autograd's: the operator's backward runs
     torch.ops.autotile.matmul(a_grad, b).sum().backward()
     assert _error(a_grad.grad, torch.ones(67, 45, device="cuda").double() @ b.double().T) < 1e-6
+
+
+def _select_named(monkeypatch, matmul_name, matvec_name):
+    """Every problem runs the named generated configs (matvec: by A's storage, "row" or "col")."""
+    from autotile.codegen import kernels
+    from autotile.dispatch import select as select_mod
+
+    def named(key, device, cache=None, precision=None):
+        if key.kernel == "matvec":
+            name = matvec_name[0] if key.layout == "row" else matvec_name[1]
+        else:
+            name = matmul_name
+        config = kernels.get(key.kernel).space.named(name)
+        return select_mod.Selection(config, "exact", key.shape, precision=precision or "high")
+
+    monkeypatch.setattr(select_mod, "select", named)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("matmul_name, matvec_names", [
+    ("regtile-128x64", ("warp-per-row", "col-vec4")),
+    ("regtile-64-split8", ("warp-per-row-split8", "col-vec4-split8")),  # split-K atomics: the output zeroed first
+], ids=["one-pass", "split-k"])
+def test_generated_kernels_launch_from_the_table_with_no_python(compiled, monkeypatch, matmul_name, matvec_names):
+    torch = compiled
+    import autotile
+    from autotile.library import calls
+
+    _select_named(monkeypatch, matmul_name, matvec_names)
+    cases = _cases(torch, "float32")
+    _, kernel, A, B, _ = cases[0]
+    _call(autotile, kernel, A, B)  # the build starts; later entries go straight into the loaded table
+    assert torch_lookup.wait(300), torch_lookup.status()
+    calls.forget()
+    ext = torch_lookup.extension
+    python_calls: list = []
+
+    def profile(frame, event, arg):
+        if event == "call":
+            python_calls.append(frame.f_code.co_name)
+
+    for name, kernel, A, B, shape in cases:
+        ref = A.double() @ B.double()
+        for with_out in (False, True):
+            before = ext.launches()
+            first = torch.full(shape, float("nan"), device="cuda") if with_out else None
+            _call(autotile, kernel, A, B, first)  # prepares and registers, with the kernel's packed launch
+            assert ext.launches() == before + 1, (name, with_out)
+            out = torch.full(shape, float("nan"), device="cuda") if with_out else None
+            python_calls.clear()
+            sys.setprofile(profile)
+            got = ext.call(torch_lookup.KERNELS[kernel], A, B, out, "high", None)
+            sys.setprofile(None)
+            assert python_calls == [], (name, with_out, python_calls)  # allocated and launched from C++
+            assert got is not None and got.shape == shape and got.dtype == A.dtype
+            assert (got is out) if with_out else got.is_contiguous()
+            assert _error(got, ref) < 1e-5, (name, with_out)
+            with torch.cuda.stream(torch.cuda.Stream()):  # torch's current stream, whichever it is
+                side = torch.full(shape, float("nan"), device="cuda") if with_out else None
+                got = ext.call(torch_lookup.KERNELS[kernel], A, B, side, "high", None)
+            torch.cuda.synchronize()
+            assert _error(got, ref) < 1e-5, (name, with_out)

@@ -320,13 +320,27 @@ def _native_first(framework: Framework, call: _Call, kernel: str, dims: tuple[in
 
 
 def _memoize(framework: Framework, signature: tuple[Any, ...], run: Repeat,
-             native: tuple[str, str | None] | None = None) -> None:
+             native: tuple[str, str | None] | None = None, call: _Call | None = None, swapped: bool = False) -> None:
     """Keep `run` as the repeated call of `signature`; torch's signatures also go to the compiled lookup
-    (`autotile.runtime.torch_lookup`), which `api.matmul` and `api.matvec` ask first."""
+    (`autotile.runtime.torch_lookup`), which `api.matmul` and `api.matvec` ask first, with `call`'s generated
+    launch where it has one the table can run (`swapped`: the kernel takes the operands in the other order)."""
     with _lock:
         _calls[signature] = run
     if framework.name == "torch":
-        torch_lookup.register(signature, run, native, precision_mod.SETTINGS)
+        torch_lookup.register(signature, run, native, precision_mod.SETTINGS,
+                              None if call is None else _generated_launch(call, swapped))
+
+
+def _generated_launch(call: _Call, swapped: bool) -> torch_lookup.GeneratedLaunch | None:
+    """`call`'s generated kernel launch as data (`KernelRunner.packed_launch`), or None where cuBLAS won or the
+    launch needs Python (a workspace per stream, tensor maps, split kernels)."""
+    runner: Any = call.prepared.runner
+    if call.prepared.direct is not None or not hasattr(runner, "packed_launch"):  # cuBLAS, or a test's stand-in
+        return None
+    packed = runner.packed_launch(call.batch_strides, call.out_nbytes)
+    if packed is None:
+        return None
+    return torch_lookup.GeneratedLaunch(packed, swapped, call.out_shape, call.dtype, call.device)
 
 
 def _repeat_padded(framework: Framework, run: Callable[[int, int, int, int], None], out_shape: tuple[int, ...],
@@ -438,7 +452,8 @@ def matmul_no_autograd(A: Any, B: Any, out: Any = None, precision: str | None = 
         _launch_on(a.device, prepared, framework, inputs, c.obj, call.out_nbytes, out_dtype, stream_ptr)
         if memoize and not prepared.provisional:
             run = _swapped(_repeat(framework, call)) if swapped else _repeat(framework, call)
-            _memoize(framework, signature, *_native_first(framework, call, "matmul", (len(a.shape), len(b.shape)), run))
+            _memoize(framework, signature, *_native_first(framework, call, "matmul", (len(a.shape), len(b.shape)), run),
+                     call=call, swapped=swapped)
         return c.obj
     padded = padded_plan(plan.kernel, dtype, plan.layout, plan.shape, setting, a.device, stream_ptr)
     if padded is not None:
@@ -457,7 +472,8 @@ def matmul_no_autograd(A: Any, B: Any, out: Any = None, precision: str | None = 
     # only signatures of the framework's own arrays that needed no copy (others convert every call)
     if memoize and not prepared.provisional:
         _memoize(framework, signature,
-                 *_native_first(framework, call, "matmul", (len(a.shape), len(b.shape)), _repeat(framework, call)))
+                 *_native_first(framework, call, "matmul", (len(a.shape), len(b.shape)), _repeat(framework, call)),
+                 call=call)
     return c.obj
 
 
@@ -652,7 +668,8 @@ def matvec_no_autograd(A: Any, x: Any, out: Any = None, precision: str | None = 
     if memoize and not prepared.provisional:
         call = _Call(prepared, (M,), _nbytes(y), dtype, a.device, ())
         # only signatures of the framework's own arrays that needed no copy
-        _memoize(framework, signature, *_native_first(framework, call, "matvec", (2, 1), _repeat(framework, call)))
+        _memoize(framework, signature, *_native_first(framework, call, "matvec", (2, 1), _repeat(framework, call)),
+                 call=call)
     return y.obj
 
 

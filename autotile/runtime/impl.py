@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import struct
 import threading
 from typing import Any, Callable, Protocol
 
@@ -103,6 +104,7 @@ class ParameterBlock:
             else:
                 self.offsets.append(size)
                 size += 8
+        self.size = size  # bytes
         self._storage = (ctypes.c_uint8 * (size + 64))()
         self._base = (ctypes.addressof(self._storage) + 63) // 64 * 64
         self._pointers = (ctypes.c_void_p * len(types))(*(self._base + o for o in self.offsets))
@@ -121,6 +123,10 @@ class ParameterBlock:
             raise ValueError(f"parameter {index} is a {self.types[index]}, not {len(value)} bytes")
         ctypes.memmove(self._base + self.offsets[index], value, MAP_BYTES)
 
+    def image(self) -> bytes:
+        """The buffer's bytes (`size` of them) as they stand: each slot at its offset."""
+        return ctypes.string_at(self._base, self.size)
+
     def arguments(self) -> tuple[Any, ...]:
         """The slots as typed NumPy scalars, as `cupy.RawKernel` would take them, and tensor maps as bytes
         (for tests and messages)."""
@@ -133,6 +139,21 @@ class ParameterBlock:
                 word = ctypes.c_uint64.from_address(self._base + offset).value
                 values.append(np.uint64(word).astype(kinds[kind]))
         return tuple(values)
+
+
+@dataclasses.dataclass(frozen=True)
+class PackedLaunch:
+    """One kernel launch as data, for a caller that launches without Python (the compiled lookup of torch
+    calls, `autotile.runtime.torch_lookup`): cuLaunchKernel's arguments but the stream, and the parameters'
+    values, whose first three slots (the inputs' and the output's addresses) the caller writes per call."""
+
+    function: int  # CUfunction
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    shared_bytes: int  # dynamic shared memory
+    image: bytes  # the parameter buffer: 8-byte slots at `offsets`
+    offsets: tuple[int, ...]  # bytes from the image's start, one per kernel parameter
+    zero_bytes: int  # bytes of the output zeroed on the stream before the launch (split-K adding into it), or 0
 
 
 SPLIT_ROWS_PER_LAUNCH = 65535 * 32  # a LOADER=presplit split kernel's rows per launch: grid y's limit, 32 rows a block
@@ -335,6 +356,21 @@ class KernelRunner:
                 go(function, gx, gy, gz, bx, by, bz, smem, stream_ptr, address, 0)
 
         return run
+
+    def packed_launch(self, batch_strides: tuple[int, ...] = (), out_nbytes: int = 0) -> PackedLaunch | None:
+        """`bound_launch`'s launch as data (`PackedLaunch`: the batch strides written in, the output of
+        `out_nbytes` bytes zeroed first where the splits add into it), or None where a launch needs more than
+        three addresses written into fixed values: a workspace kept per stream (last_block), tensor maps
+        encoded for the operands' addresses, or LOADER=presplit's split kernels."""
+        launch, parameters = self.geometry, self.parameters
+        if launch.presplit_k or launch.tickets or launch.tensor_maps:
+            return None
+        with parameters.lock:  # the sizes are fixed; the address and stride slots are written below or per call
+            image = bytearray(parameters.image())
+        for slot, stride in enumerate(batch_strides, start=self._first_stride):
+            struct.pack_into("<q", image, parameters.offsets[slot], stride)
+        return PackedLaunch(self.kernel.function_pointer, launch.grid, launch.block, launch.dynamic_smem_bytes,
+                            bytes(image), tuple(parameters.offsets), out_nbytes if launch.zero_output else 0)
 
     def _write_maps(self, pointers: tuple[int, ...], batch_strides: tuple[int, ...] = ()) -> None:
         """The flag and the tensor maps for the inputs at `pointers` (batched: their batch strides, in

@@ -8,6 +8,13 @@
 // cuBLAS won and torch's own operator computes the same thing, that operator, called here through ATen
 // without a trip through Python. Anything this table does not know returns None: the Python path decides.
 //
+// Where a generated kernel won, an entry may also hold its launch, packed (`KernelRunner.packed_launch`):
+// the kernel's driver handle, grid, block, shared memory and parameter image, whose first three slots take
+// the operands' and the output's addresses per call. Such a call allocates its output through ATen (torch's
+// caching allocator, on the current stream), writes three addresses and calls cuLaunchKernel on torch's
+// current stream: no Python runs. Anything that launch cannot do (another current device, a failed launch)
+// goes to the entry's Python call.
+//
 // Only exact torch.Tensor and nn.Parameter objects on CUDA devices are read (a subclass may override
 // __torch_function__); a call that autograd must see, or made while a torch function mode is active, goes
 // back to Python; so does a stream named by the caller. All of it runs with the GIL held, but for the ATen
@@ -19,17 +26,23 @@
 #include <ATen/PythonTorchFunctionTLS.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/bmm.h>
+#include <ATen/ops/empty.h>
 #include <ATen/ops/matmul.h>
 #include <ATen/ops/mm.h>
 #include <ATen/ops/mv.h>
 #include <c10/core/GradMode.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/csrc/Dtype.h>
 #include <torch/csrc/autograd/python_variable.h>
+
+#include <dlfcn.h>
 
 #include <array>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <unordered_map>
+#include <vector>
 
 #ifndef AUTOTILE_TORCH_VERSION  // major * 100 + minor, defined by the build
 #define AUTOTILE_TORCH_VERSION 0
@@ -66,10 +79,49 @@ struct KeyHash {
   }
 };
 
+// The CUDA driver's entry points a packed launch calls, found in the process's libcuda (loaded by then:
+// the kernel was compiled and launched through it). Declared here, so the build needs no CUDA headers.
+using LaunchKernel = int (*)(void* function, unsigned grid_x, unsigned grid_y, unsigned grid_z, unsigned block_x,
+                             unsigned block_y, unsigned block_z, unsigned shared_bytes, void* stream, void** params,
+                             void** extra);
+using MemsetAsync = int (*)(uint64_t address, unsigned char value, size_t bytes, void* stream);
+LaunchKernel launch_kernel = nullptr;
+MemsetAsync memset_async = nullptr;
+
+bool driver_found() {
+  static bool tried = false;
+  if (!tried) {
+    tried = true;
+    if (void* cuda = dlopen("libcuda.so.1", RTLD_LAZY)) {
+      launch_kernel = reinterpret_cast<LaunchKernel>(dlsym(cuda, "cuLaunchKernel"));
+      memset_async = reinterpret_cast<MemsetAsync>(dlsym(cuda, "cuMemsetD8Async"));
+    }
+  }
+  return launch_kernel != nullptr && memset_async != nullptr;
+}
+
+// A generated kernel's launch for one signature: everything but three addresses and the stream, fixed.
+struct Launch {
+  void* function = nullptr;  // CUfunction, owned by the module the entry's Python call keeps alive
+  unsigned grid[3] = {1, 1, 1};
+  unsigned block[3] = {1, 1, 1};
+  unsigned shared_bytes = 0;
+  std::unique_ptr<uint64_t[]> image;  // the parameters' values, 8-byte aligned (slots of 8 bytes)
+  std::vector<void*> params;          // the driver's array of pointers into `image`, one per parameter
+  uint64_t* slot_a = nullptr;         // where the first operand's address goes (the second, when swapped)
+  uint64_t* slot_b = nullptr;
+  uint64_t* slot_out = nullptr;
+  size_t zero_bytes = 0;  // a split-K kernel that adds into its output: the bytes zeroed before it runs
+  std::vector<int64_t> out_sizes;
+  at::ScalarType out_dtype = at::ScalarType::Float;
+  int device = 0;
+};
+
 struct Entry {
   PyObject* call;  // the Python path's repeated call: (A, B, out, stream) -> result (a strong reference)
   int op;
   int guard;
+  std::shared_ptr<Launch> launch;  // a generated kernel's packed launch, or null
 };
 
 std::unordered_map<Key, Entry, KeyHash> table;
@@ -198,15 +250,109 @@ PyObject* init(PyObject*, PyObject* args) {
   Py_RETURN_NONE;
 }
 
-// register(kernel, pair, out_signature, setting, call, op, guard): `pair` is `TorchFramework.read_pair`'s
-// flat tuple (A's shape, strides, dtype, device, then B's, then whether autograd must see the call), as the
-// Python path keys the call; `out_signature` is out's (shape, strides, dtype, device), or None. Returns
-// whether the entry was taken (an operand of more than kMaxDims dimensions is not).
+// A packed launch from its Python description (`torch_lookup.py`'s `_launch_tuple`): (function, grid, block,
+// shared bytes, image, offsets, swapped, zero bytes, out's sizes, out's dtype, device). Null, with a Python
+// error set, where the description is malformed; null without one where the driver was not found.
+std::shared_ptr<Launch> packed_launch(PyObject* description) {
+  unsigned long long function;
+  unsigned gx, gy, gz, bx, by, bz, shared_bytes;
+  Py_buffer image;
+  PyObject *offsets, *out_sizes, *dtype;
+  int swapped, device;
+  unsigned long long zero_bytes;
+  if (!PyArg_ParseTuple(description, "K(III)(III)Iy*O!pKO!O!i", &function, &gx, &gy, &gz, &bx, &by, &bz,
+                        &shared_bytes, &image, &PyTuple_Type, &offsets, &swapped, &zero_bytes, &PyTuple_Type,
+                        &out_sizes, &THPDtypeType, &dtype, &device)) {
+    return nullptr;
+  }
+  auto launch = std::make_shared<Launch>();
+  const Py_ssize_t words = (image.len + 7) / 8;
+  const Py_ssize_t count = PyTuple_GET_SIZE(offsets);
+  bool ok = count >= 3 && image.len % 8 == 0;
+  if (ok) {
+    launch->image.reset(new uint64_t[words]());
+    std::memcpy(launch->image.get(), image.buf, image.len);
+  }
+  PyBuffer_Release(&image);
+  for (Py_ssize_t i = 0; ok && i < count; ++i) {
+    const long long offset = PyLong_AsLongLong(PyTuple_GET_ITEM(offsets, i));
+    ok = offset >= 0 && offset % 8 == 0 && offset / 8 < words;  // 8-byte slots inside the image
+    if (ok) launch->params.push_back(launch->image.get() + offset / 8);
+  }
+  for (Py_ssize_t i = 0; ok && i < PyTuple_GET_SIZE(out_sizes); ++i) {
+    const long long size = PyLong_AsLongLong(PyTuple_GET_ITEM(out_sizes, i));
+    ok = size >= 0;
+    launch->out_sizes.push_back(size);
+  }
+  if (!ok) {
+    if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "a packed launch's image or offsets are malformed");
+    return nullptr;
+  }
+  if (!driver_found()) return nullptr;
+  launch->function = reinterpret_cast<void*>(static_cast<uintptr_t>(function));
+  launch->grid[0] = gx, launch->grid[1] = gy, launch->grid[2] = gz;
+  launch->block[0] = bx, launch->block[1] = by, launch->block[2] = bz;
+  launch->shared_bytes = shared_bytes;
+  auto slot = [&launch](int i) { return static_cast<uint64_t*>(launch->params[i]); };
+  launch->slot_a = slot(swapped ? 1 : 0);
+  launch->slot_b = slot(swapped ? 0 : 1);
+  launch->slot_out = slot(2);
+  launch->zero_bytes = static_cast<size_t>(zero_bytes);
+  launch->out_dtype = reinterpret_cast<THPDtype*>(dtype)->scalar_type;
+  launch->device = device;
+  return launch;
+}
+
+// The entry's packed launch on (a, b, out): the output (`out`, or a new tensor), or nullptr where it could
+// not launch (the caller then runs the entry's Python call, which launches or raises as the Python path does).
+PyObject* run_launch(Launch& launch, PyObject* a_obj, PyObject* b_obj, PyObject* out_obj) {
+  try {
+    const c10::impl::DeviceGuardImplInterface* cuda = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA);
+    const c10::Device device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(launch.device));
+    if (cuda->getDevice() != device) return nullptr;  // the kernel belongs to its device's context
+    const at::Tensor& a = THPVariable_Unpack(a_obj);
+    const at::Tensor& b = THPVariable_Unpack(b_obj);
+    at::Tensor result;
+    if (out_obj == Py_None) {
+      result = at::empty(launch.out_sizes, at::TensorOptions().dtype(launch.out_dtype).device(device));
+    }
+    const at::Tensor& out = out_obj == Py_None ? result : THPVariable_Unpack(out_obj);
+    void* stream = cuda->getStream(device).native_handle();
+    *launch.slot_a = reinterpret_cast<uintptr_t>(a.const_data_ptr());
+    *launch.slot_b = reinterpret_cast<uintptr_t>(b.const_data_ptr());
+    *launch.slot_out = reinterpret_cast<uintptr_t>(out.mutable_data_ptr());
+    if (launch.zero_bytes != 0 && memset_async(*launch.slot_out, 0, launch.zero_bytes, stream) != 0) return nullptr;
+    if (launch_kernel(launch.function, launch.grid[0], launch.grid[1], launch.grid[2], launch.block[0],
+                      launch.block[1], launch.block[2], launch.shared_bytes, stream, launch.params.data(),
+                      nullptr) != 0) {
+      return nullptr;
+    }
+    if (out_obj != Py_None) {
+      Py_INCREF(out_obj);
+      return out_obj;
+    }
+    return THPVariable_Wrap(std::move(result));
+  } catch (...) {
+    return nullptr;
+  }
+}
+
+// register(kernel, pair, out_signature, setting, call, op, guard, launch=None): `pair` is
+// `TorchFramework.read_pair`'s flat tuple (A's shape, strides, dtype, device, then B's, then whether autograd
+// must see the call), as the Python path keys the call; `out_signature` is out's (shape, strides, dtype,
+// device), or None; `launch` a generated kernel's packed launch (`packed_launch`), or None. Returns whether
+// the entry was taken (an operand of more than kMaxDims dimensions is not).
 PyObject* register_call(PyObject*, PyObject* args) {
   int kernel, op, guard;
-  PyObject *pair, *out, *setting, *call;
-  if (!PyArg_ParseTuple(args, "iO!OOOii", &kernel, &PyTuple_Type, &pair, &out, &setting, &call, &op, &guard)) {
+  PyObject *pair, *out, *setting, *call, *description = Py_None;
+  if (!PyArg_ParseTuple(args, "iO!OOOii|O", &kernel, &PyTuple_Type, &pair, &out, &setting, &call, &op, &guard,
+                        &description)) {
     return nullptr;
+  }
+  std::shared_ptr<Launch> launch;
+  if (description != Py_None) {
+    launch = packed_launch(description);
+    if (launch == nullptr && PyErr_Occurred()) return nullptr;
   }
   if (!PyCallable_Check(call) || PyTuple_GET_SIZE(pair) != 9 || op < kCallOnly || op > kMatmul || guard < kNoGuard ||
       guard > kFp16Accumulation) {
@@ -236,10 +382,10 @@ PyObject* register_call(PyObject*, PyObject* args) {
   auto found = table.find(key);
   if (found != table.end()) {
     PyObject* old = found->second.call;
-    found->second = Entry{call, op, guard};
+    found->second = Entry{call, op, guard, std::move(launch)};
     Py_DECREF(old);
   } else {
-    table.emplace(key, Entry{call, op, guard});
+    table.emplace(key, Entry{call, op, guard, std::move(launch)});
   }
   Py_RETURN_TRUE;
 }
@@ -270,7 +416,11 @@ PyObject* call(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   if (needs_grad && c10::GradMode::is_enabled()) Py_RETURN_NONE;  // the differentiable operator's call
   auto found = table.find(key);
   if (found == table.end()) Py_RETURN_NONE;
-  const Entry entry = found->second;
+  const Entry entry = found->second;  // the launch's shared_ptr keeps it alive if the entry is replaced
+  if (entry.launch != nullptr && args[5] == Py_None) {
+    PyObject* result = run_launch(*entry.launch, args[1], args[2], out);
+    if (result != nullptr) return result;
+  }
   Py_INCREF(entry.call);  // the entry may be replaced or dropped while the operator runs without the GIL
   if (entry.op != kCallOnly && args[5] == Py_None && !at::impl::torch_function_mode_enabled() &&
       !arithmetic_changed(entry.guard)) {
@@ -302,13 +452,21 @@ PyObject* clear(PyObject*, PyObject*) {
 
 PyObject* size(PyObject*, PyObject*) { return PyLong_FromSize_t(table.size()); }
 
+PyObject* launches(PyObject*, PyObject*) {
+  size_t count = 0;
+  for (const auto& item : table) count += item.second.launch != nullptr;
+  return PyLong_FromSize_t(count);
+}
+
 PyMethodDef methods[] = {
     {"init", init, METH_VARARGS, "init((Tensor, Parameter), settings): the types and settings the keys read"},
-    {"register", register_call, METH_VARARGS, "register(kernel, pair, out_signature, setting, call, op, guard)"},
+    {"register", register_call, METH_VARARGS,
+     "register(kernel, pair, out_signature, setting, call, op, guard, launch=None)"},
     {"call", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(call)), METH_FASTCALL,
      "call(kernel, A, B, out, setting, stream): the result, or None"},
     {"clear", clear, METH_NOARGS, "drop every entry"},
     {"size", size, METH_NOARGS, "the number of entries"},
+    {"launches", launches, METH_NOARGS, "the number of entries that launch a generated kernel without Python"},
     {nullptr, nullptr, 0, nullptr}};
 
 PyModuleDef module = {PyModuleDef_HEAD_INIT, "autotile_torch_lookup", "autotile's compiled lookup of repeated calls", -1,

@@ -6,9 +6,11 @@ attribute reads, 1.4-4.2 us a call on H100 hosts: where cuBLAS is the choice and
 call to torch's own operator, that is all autotile adds to torch's call. `torch_lookup.cpp` reads the same
 signature from the tensors in C++ (about 0.2 us) and holds, per signature, what the Python path memoized
 (`autotile.library.calls`): its repeated call, and where torch's operator computes the call (a cuBLAS pick,
-`TorchFramework.native_op`), that operator, called through ATen. The Python table stays the reference: every
-entry here mirrors one there, and a call this table does not know (a first call, a CuPy array, a tensor
-autograd must see, a torch function mode, a named stream) goes the Python way.
+`TorchFramework.native_op`), that operator, called through ATen; where a generated kernel won, its launch
+as data (`GeneratedLaunch`), which the table runs itself: the output allocated through ATen, three addresses
+written, cuLaunchKernel on torch's current stream. The Python table stays the reference: every entry here
+mirrors one there, and a call this table does not know (a first call, a CuPy array, a tensor autograd must
+see, a torch function mode, a named stream) goes the Python way.
 
 The extension is built once per machine and torch (by the C++ compiler, ``$CXX`` or ``c++``, against the
 installed torch's headers and Python's: about 7 s of one core) in a background thread, started by the
@@ -23,6 +25,7 @@ Importing this module imports nothing heavy; torch is imported by the build, whi
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import importlib.util
 import os
@@ -33,12 +36,15 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from autotile.codegen import compile_cache
+from autotile.environment import env_flag
+
+if TYPE_CHECKING:
+    from autotile.runtime.impl import PackedLaunch
 
 ENV_VAR = "AUTOTILE_COMPILED_LOOKUP"
-OFF_VALUES = ("off", "0", "false", "no")
 SOURCE = Path(__file__).with_name("torch_lookup.cpp")
 MODULE_NAME = "autotile_torch_lookup"  # the extension's PyInit_ name
 HOST_DIR = "host"  # under the compile cache's root: what the host's compiler built
@@ -50,20 +56,35 @@ KERNELS = {"matmul": MATMUL, "matvec": MATVEC}
 OPS = {"mm": 1, "bmm": 2, "mv": 3, "matmul": 4}  # 0: only the Python path's repeated call
 GUARDS = {None: 0, "tf32": 1, "fp16_accumulation": 2}
 
+
+
+@dataclasses.dataclass(frozen=True)
+class GeneratedLaunch:
+    """A generated kernel's launch for one signature, which the compiled table runs without Python."""
+
+    packed: PackedLaunch  # the kernel's launch (`KernelRunner.packed_launch`)
+    swapped: bool  # the kernel takes the operands in the other order (a one-row matmul run as a matvec)
+    out_shape: tuple[int, ...]  # the output allocated where the call gives no `out`
+    out_dtype: str
+    device: int
+
+
 # The loaded extension, once ready: `autotile.library.api` reads this per call (None: the Python path).
 extension: Any = None
 
 _lock = threading.Lock()
 _state = "idle"  # idle -> building -> ready | failed; "off" where the environment says so
 _reason = ""
-_pending: dict[tuple[Any, ...], tuple[Callable[..., Any], str | None, str | None]] = {}
+# signature -> (call, native, launch), as `register` takes them
+_pending: dict[tuple[Any, ...], tuple[Callable[..., Any], tuple[str, str | None] | None, GeneratedLaunch | None]] = {}
 _settings: tuple[str, ...] = ()
 _built = threading.Event()
 
 
 def enabled() -> bool:
-    """Whether ``$AUTOTILE_COMPILED_LOOKUP`` leaves the compiled lookup on (the default)."""
-    return os.environ.get(ENV_VAR, "").strip().lower() not in OFF_VALUES
+    """Whether ``$AUTOTILE_COMPILED_LOOKUP`` leaves the compiled lookup on (the default; a value that is not a
+    boolean raises `InvalidValueError`, as every switch of the package does)."""
+    return env_flag(ENV_VAR, default=True)
 
 
 def status() -> tuple[str, str]:
@@ -73,16 +94,17 @@ def status() -> tuple[str, str]:
 
 
 def register(signature: tuple[Any, ...], call: Callable[..., Any], native: tuple[str, str | None] | None,
-             settings: tuple[str, ...]) -> None:
+             settings: tuple[str, ...], launch: GeneratedLaunch | None = None) -> None:
     """Mirror one entry of the library's Python table: `signature` is its key (kernel, the operands'
     `TorchFramework.read_pair`, out's signature or None, the setting), `call` its repeated call, `native`
-    torch's operator and the switch that guards it (`TorchFramework.native_op`) where that computes the call.
-    `settings`: every setting's name (a key holds the setting's index). The first registration starts the
-    build; until the extension is loaded, entries wait here."""
+    torch's operator and the switch that guards it (`TorchFramework.native_op`) where that computes the call,
+    `launch` the generated kernel's launch where the table can run it. `settings`: every setting's name (a key
+    holds the setting's index). The first registration starts the build; until the extension is loaded,
+    entries wait here."""
     global _state, _settings
     with _lock:
         if extension is not None:
-            _insert(extension, signature, call, native)
+            _insert(extension, signature, call, native, launch)
             return
         if _state == "idle":
             if not enabled():
@@ -94,7 +116,7 @@ def register(signature: tuple[Any, ...], call: Callable[..., Any], native: tuple
             start = False
         else:  # off, or failed: the Python path serves every call
             return
-        _pending[signature] = (call, *(native or (None, None)))
+        _pending[signature] = (call, native, launch)
     if not start:
         return
     threading.Thread(target=_build_and_load, name="autotile-torch-lookup", daemon=True).start()
@@ -116,11 +138,21 @@ def wait(timeout: float | None = None) -> bool:
     return extension is not None
 
 
-def _insert(ext: Any, signature: tuple[Any, ...], call: Callable[..., Any],
-            native: tuple[str | None, str | None] | None) -> None:
+def _insert(ext: Any, signature: tuple[Any, ...], call: Callable[..., Any], native: tuple[str, str | None] | None,
+            launch: GeneratedLaunch | None) -> None:
     kernel, pair, out_signature, setting = signature
     op, guard = native if native is not None else (None, None)
-    ext.register(KERNELS[kernel], pair, out_signature, setting, call, OPS.get(op or "", 0), GUARDS[guard])
+    ext.register(KERNELS[kernel], pair, out_signature, setting, call, OPS.get(op or "", 0), GUARDS[guard],
+                 None if launch is None else _launch_tuple(launch))
+
+
+def _launch_tuple(launch: GeneratedLaunch) -> tuple[Any, ...]:
+    """`launch` as `torch_lookup.cpp`'s `packed_launch` reads it."""
+    import torch
+
+    p = launch.packed
+    return (p.function, p.grid, p.block, p.shared_bytes, p.image, p.offsets, launch.swapped, p.zero_bytes,
+            launch.out_shape, getattr(torch, launch.out_dtype), launch.device)
 
 
 def build_ahead() -> str:
@@ -155,8 +187,8 @@ def _build_and_load() -> None:
         _built.set()
         return
     with _lock:
-        for signature, (call, op, guard) in _pending.items():
-            _insert(ext, signature, call, (op, guard))
+        for signature, (call, native, launch) in _pending.items():
+            _insert(ext, signature, call, native, launch)
         _pending.clear()
         extension, _state = ext, "ready"
     _built.set()
@@ -264,5 +296,5 @@ def _reset_for_tests() -> None:
         _built.clear()
 
 
-__all__ = ["ENV_VAR", "GUARDS", "KERNELS", "MATMUL", "MATVEC", "OPS", "build", "build_ahead", "build_command",
-           "clear", "enabled", "extension", "register", "status", "wait"]
+__all__ = ["ENV_VAR", "GUARDS", "KERNELS", "GeneratedLaunch", "MATMUL", "MATVEC", "OPS", "build", "build_ahead",
+           "build_command", "clear", "enabled", "extension", "register", "status", "wait"]
