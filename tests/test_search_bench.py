@@ -137,8 +137,25 @@ def test_no_seeds_runs_the_sampler_from_the_first_trial():
     assert len(replayed.curve) == 10 and not replayed.named_first and replayed.warm_starts == 0
 
 
-def test_cli_takes_no_seeds_and_warm_starts(capsys):
-    argv = ["search-bench", "--samplers", "random", "--seeds", "1", "--budgets", "3", "--jobs", "1"]
+def _one_sweep_of_each_kind(folder) -> str:
+    """A folder holding a copy of the first recorded sweep of each kind (kernel, dtype, layout and the family
+    its name gives: dmma, simt, tf32x3, wgmma nn and nt, matvec row and col), for the command-line tests of
+    options that every replay takes alike: the replays of every sweep are the pin's, above. Seven of the
+    twenty: the command over all of them took these two tests 16 seconds in one process (2026-12-07), 8 now."""
+    import shutil
+
+    kinds = {}
+    for s in sweeps():
+        kinds.setdefault((s.key.kernel, s.key.dtype, s.key.layout, s.name.split("-")[1]), s)
+    assert len(kinds) >= 7, sorted(kinds)
+    for s in kinds.values():
+        shutil.copy(s.path, folder / s.path.name)
+    return str(folder)
+
+
+def test_cli_takes_no_seeds_and_warm_starts(capsys, tmp_path):
+    argv = ["search-bench", "--sweeps", _one_sweep_of_each_kind(tmp_path), "--samplers", "random", "--seeds", "1",
+            "--budgets", "3", "--jobs", "1"]
     assert cli.main([*argv, "--no-seeds", "--warm-starts", "0"]) == 0
     out = capsys.readouterr().out
     assert "no named configs, 0 warm starts" in out
@@ -146,12 +163,13 @@ def test_cli_takes_no_seeds_and_warm_starts(capsys):
     assert "--warm-starts" in capsys.readouterr().err
 
 
-def test_a_compile_bound_replay_asks_ahead_as_a_tune_from_a_cold_compile_cache(capsys):
+def test_a_compile_bound_replay_asks_ahead_as_a_tune_from_a_cold_compile_cache(capsys, tmp_path):
     s = next(s for s in sweeps() if s.space().named_configs)
     replayed = search_bench.replay(s, "tpe", seed=0, trials=16, compile_bound=True, ahead=2)
     assert len(replayed.curve) == 16 and replayed.compile_bound and replayed.ahead == 2
     assert not search_bench.replay(s, "tpe", seed=0, trials=4).compile_bound
-    argv = ["search-bench", "--samplers", "random", "--seeds", "1", "--budgets", "3", "--jobs", "1"]
+    argv = ["search-bench", "--sweeps", _one_sweep_of_each_kind(tmp_path), "--samplers", "random", "--seeds", "1",
+            "--budgets", "3", "--jobs", "1"]
     assert cli.main([*argv, "--compile-bound", "--ahead", "2"]) == 0
     assert "compile-bound, 2 batches asked ahead" in capsys.readouterr().out
     assert cli.main([*argv, "--ahead", "2"]) == 2  # asking ahead is what a compile-bound replay does
