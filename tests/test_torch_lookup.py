@@ -431,33 +431,39 @@ def test_the_torch_operators_eager_calls_take_the_table_too(compiled, monkeypatc
     assert _error(a_grad.grad, torch.ones(67, 45, device="cuda").double() @ b.double().T) < 1e-6
 
 
-def _select_named(monkeypatch, matmul_name, matvec_name):
-    """Every problem runs the named generated configs (matvec: by A's storage, "row" or "col")."""
+def _select_named(monkeypatch, matmul_name, matvec_names, overrides):
+    """Every problem runs the named generated configs (matvec: by A's storage, "row" or "col"), with
+    `overrides` of their parameters."""
     from autotile.codegen import kernels
     from autotile.dispatch import select as select_mod
 
     def named(key, device, cache=None, precision=None):
         if key.kernel == "matvec":
-            name = matvec_name[0] if key.layout == "row" else matvec_name[1]
+            name = matvec_names[0] if key.layout == "row" else matvec_names[1]
         else:
             name = matmul_name
-        config = kernels.get(key.kernel).space.named(name)
+        space = kernels.get(key.kernel).space
+        config = space.with_overrides(space.named(name), overrides)
         return select_mod.Selection(config, "exact", key.shape, precision=precision or "high")
 
     monkeypatch.setattr(select_mod, "select", named)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("matmul_name, matvec_names", [
-    ("regtile-128x64", ("warp-per-row", "col-vec4")),
-    ("regtile-64-split8", ("warp-per-row-split8", "col-vec4-split8")),  # split-K atomics: the output zeroed first
-], ids=["one-pass", "split-k"])
-def test_generated_kernels_launch_from_the_table_with_no_python(compiled, monkeypatch, matmul_name, matvec_names):
+@pytest.mark.parametrize("matmul_name, matvec_names, overrides, packed", [
+    ("regtile-128x64", ("warp-per-row", "col-vec4"), {}, True),
+    # split-K atomics: the output zeroed on the stream first
+    ("regtile-64x128-splitk", ("warp-per-row-split8", "col-vec4-split8"), {"SPLIT_REDUCE": "atomic"}, True),
+    # split-K summed by the last block: a workspace kept per stream, which the Python call makes
+    ("regtile-64-split8", ("warp-per-row-split8", "col-vec4-split8"), {"SPLIT_REDUCE": "last_block"}, False),
+], ids=["one-pass", "split-k-atomic", "split-k-last-block"])
+def test_generated_kernels_launch_from_the_table_with_no_python(compiled, monkeypatch, matmul_name, matvec_names,
+                                                                 overrides, packed):
     torch = compiled
     import autotile
     from autotile.library import calls
 
-    _select_named(monkeypatch, matmul_name, matvec_names)
+    _select_named(monkeypatch, matmul_name, matvec_names, overrides)
     cases = _cases(torch, "float32")
     _, kernel, A, B, _ = cases[0]
     _call(autotile, kernel, A, B)  # the build starts; later entries go straight into the loaded table
@@ -476,13 +482,14 @@ def test_generated_kernels_launch_from_the_table_with_no_python(compiled, monkey
             before = ext.launches()
             first = torch.full(shape, float("nan"), device="cuda") if with_out else None
             _call(autotile, kernel, A, B, first)  # prepares and registers, with the kernel's packed launch
-            assert ext.launches() == before + 1, (name, with_out)
+            assert ext.launches() == before + packed, (name, with_out)
             out = torch.full(shape, float("nan"), device="cuda") if with_out else None
             python_calls.clear()
             sys.setprofile(profile)
             got = ext.call(torch_lookup.KERNELS[kernel], A, B, out, "high", None)
             sys.setprofile(None)
-            assert python_calls == [], (name, with_out, python_calls)  # allocated and launched from C++
+            # allocated and launched from C++; else the Python call runs
+            assert (python_calls == []) == packed, (name, with_out, python_calls)
             assert got is not None and got.shape == shape and got.dtype == A.dtype
             assert (got is out) if with_out else got.is_contiguous()
             assert _error(got, ref) < 1e-5, (name, with_out)
