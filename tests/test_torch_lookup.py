@@ -33,8 +33,8 @@ class _FakeExtension:
     def __init__(self):
         self.entries, self.inits, self.cleared = [], [], 0
 
-    def init(self, types_, settings):
-        self.inits.append((types_, settings))
+    def init(self, types_, settings, workspace):
+        self.inits.append((types_, settings, workspace))
 
     def register(self, *args):
         self.entries.append(args)
@@ -72,6 +72,9 @@ def test_entries_wait_for_the_extension_then_go_in_with_their_codes(fresh_lookup
     assert torch_lookup.wait(10)
     assert torch_lookup.status() == ("ready", "") and torch_lookup.extension is ext
     assert ext.inits[0][1] == ("highest", "high", "medium", "emulated")
+    from autotile.runtime import cublas
+
+    assert ext.inits[0][2] is cublas.table_workspace  # what gives the table's cuBLAS handle a stream's workspace
     # kernel, pair, out's signature, setting, the call, torch's op and its guard as torch_lookup.cpp's codes,
     # and no packed launch
     assert ext.entries == [(0, SIGNATURE[1], None, "high", run, 1, 1, None),
@@ -224,6 +227,15 @@ def test_a_generated_launch_is_packed_as_data_with_its_batch_strides_or_declined
         assert KernelRunner(StubKernel(), declined, sizes).packed_launch(()) is None
 
 
+def test_every_cublas_routine_the_library_calls_has_its_signature_in_the_compiled_table():
+    from autotile.runtime import cublas
+
+    source = torch_lookup.SOURCE.read_text()
+    for name in cublas._PER_CALL:
+        kinds = "P" + "".join(cublas._KIND_LETTERS[t] for t in cublas._SIGNATURES[name])
+        assert f'{{"{kinds}", invoke<{", ".join(kinds)}>}}' in source, name  # the letters, then the same types
+
+
 # ---- on a GPU: the extension itself ----------------------------------------------------------------------
 
 @pytest.fixture
@@ -295,6 +307,37 @@ def test_every_repeated_call_it_serves_matches_the_reference(compiled, monkeypat
             if with_out:
                 assert got is out
             assert _error(got, ref) < TOLERANCE[dtype], (name, dtype, with_out)
+    if cublas:  # every cuBLAS pick is called from C++, on the table's own handle
+        ext = torch_lookup.extension
+        assert ext.launches() == (0, ext.size())
+
+
+@pytest.mark.gpu
+def test_a_cublas_pick_captured_in_a_cuda_graph_replays_right(compiled, monkeypatch):
+    torch = compiled
+    import autotile
+
+    _select_cublas(monkeypatch)
+    g = torch.Generator(device="cuda").manual_seed(5)
+    a = torch.rand(67, 131, device="cuda", generator=g) - 0.5
+    b = torch.rand(131, 45, device="cuda", generator=g) - 0.5
+    for _ in range(2):  # prepared and registered on the default stream
+        autotile.matmul(a, b)
+    assert torch_lookup.wait(300) and _served("matmul", a, b) is not None
+    out = torch.full((67, 45), float("nan"), device="cuda")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up on the capture's kind of stream, as torch's graphs want
+        autotile.matmul(a, b, out=out)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):  # a stream the table's handle meets first during the capture
+        autotile.matmul(a, b, out=out)
+    out.fill_(float("nan"))
+    a.mul_(2.0)  # the replay reads the inputs' memory as it is then
+    graph.replay()
+    torch.cuda.synchronize()
+    assert _error(out, a.double() @ b.double()) < 1e-6
 
 
 def _select_cublas(monkeypatch):
@@ -342,11 +385,12 @@ def test_cublas_picks_run_torchs_operator_from_the_table_and_hand_back_what_it_m
             natives.clear()
             return autotile.matmul(*args, **kwargs)
 
-        got = repeated(a, b)  # torch's operator through ATen: neither Python call is made
+        got = repeated(a, b)  # cuBLAS called from C++: neither Python call is made
         assert (natives, len(ours)) == ([], 0) and _error(got, ref) < 1e-6
-        torch.backends.cuda.matmul.allow_tf32 = True  # torch's GEMM would round to TF32: autotile's own, IEEE
+        assert torch_lookup.extension.launches()[1] == torch_lookup.extension.size()  # every entry a cuBLAS call
+        torch.backends.cuda.matmul.allow_tf32 = True  # torch's GEMM would round to TF32: the table's handle, IEEE
         got = repeated(a, b)
-        assert (natives, len(ours)) == ([], 1) and _error(got, ref) < 1e-6
+        assert (natives, len(ours)) == ([], 0) and _error(got, ref) < 1e-6
         torch.backends.cuda.matmul.allow_tf32 = False
         got = repeated(a, b, stream=torch.cuda.Stream())  # a named stream: the Python path's call
         torch.cuda.synchronize()
@@ -356,9 +400,9 @@ def test_cublas_picks_run_torchs_operator_from_the_table_and_hand_back_what_it_m
             def __torch_function__(self, func, types, args=(), kwargs=None):
                 return func(*args, **(kwargs or {}))
 
-        with Watching():  # a torch function mode sees torch's call made from Python
+        with Watching():  # cuBLAS called from C++ is no torch operator: nothing for a mode to see
             got = repeated(a, b)
-        assert (natives, len(ours)) == (["mm"], 0) and _error(got, ref) < 1e-6
+        assert (natives, len(ours)) == ([], 0) and _error(got, ref) < 1e-6
         a_grad = a.clone().requires_grad_(True)
         assert _served("matmul", a_grad, b) is None  # autograd must see it
         assert repeated(a_grad, b).grad_fn is not None
@@ -382,7 +426,7 @@ def test_cublas_picks_run_torchs_operator_from_the_table_and_hand_back_what_it_m
 
 
 @pytest.mark.gpu
-def test_float16_with_fp16_accumulation_on_goes_back_to_autotiles_call(compiled, monkeypatch):
+def test_float16_with_fp16_accumulation_on_still_sums_in_float32(compiled, monkeypatch):
     torch = compiled
     import autotile
 
@@ -400,8 +444,9 @@ def test_float16_with_fp16_accumulation_on_goes_back_to_autotiles_call(compiled,
             assert _served("matmul", a, w.T) is not None
             ours.clear()
             natives.clear()
-            autotile.matmul(a, w.T)
-            assert (natives, len(ours)) == ([], 1 if on else 0)
+            got = autotile.matmul(a, w.T)  # the table's cuBLAS handle sums in float32 whatever torch's switch
+            assert (natives, len(ours)) == ([], 0)
+            assert _error(got, a.double() @ w.double().T) < 1e-3
     finally:
         torch.backends.cuda.matmul.allow_fp16_accumulation = before
 
@@ -479,10 +524,10 @@ def test_generated_kernels_launch_from_the_table_with_no_python(compiled, monkey
     for name, kernel, A, B, shape in cases:
         ref = A.double() @ B.double()
         for with_out in (False, True):
-            before = ext.launches()
+            before = ext.launches()[0]
             first = torch.full(shape, float("nan"), device="cuda") if with_out else None
             _call(autotile, kernel, A, B, first)  # prepares and registers, with the kernel's packed launch
-            assert ext.launches() == before + packed, (name, with_out)
+            assert ext.launches()[0] == before + packed, (name, with_out)
             out = torch.full(shape, float("nan"), device="cuda") if with_out else None
             python_calls.clear()
             sys.setprofile(profile)

@@ -322,20 +322,26 @@ def _native_first(framework: Framework, call: _Call, kernel: str, dims: tuple[in
 def _memoize(framework: Framework, signature: tuple[Any, ...], run: Repeat,
              native: tuple[str, str | None] | None = None, call: _Call | None = None, swapped: bool = False) -> None:
     """Keep `run` as the repeated call of `signature`; torch's signatures also go to the compiled lookup
-    (`autotile.runtime.torch_lookup`), which `api.matmul` and `api.matvec` ask first, with `call`'s generated
-    launch where it has one the table can run (`swapped`: the kernel takes the operands in the other order)."""
+    (`autotile.runtime.torch_lookup`), which `api.matmul` and `api.matvec` ask first, with `call`'s launch
+    where the table can make it (`_compiled_launch`; `swapped`: the operands come in the other order)."""
     with _lock:
         _calls[signature] = run
     if framework.name == "torch":
         torch_lookup.register(signature, run, native, precision_mod.SETTINGS,
-                              None if call is None else _generated_launch(call, swapped))
+                              None if call is None else _compiled_launch(call, swapped))
 
 
-def _generated_launch(call: _Call, swapped: bool) -> torch_lookup.GeneratedLaunch | None:
-    """`call`'s generated kernel launch as data (`KernelRunner.packed_launch`), or None where cuBLAS won or the
-    launch needs Python (a workspace per stream, tensor maps, split kernels)."""
+def _compiled_launch(call: _Call, swapped: bool) -> torch_lookup.Launch | None:
+    """What the compiled lookup makes of `call` without Python: its generated kernel's launch as data
+    (`KernelRunner.packed_launch`), or its cuBLAS call as data (`CublasCall.packed`); None where the launch needs
+    Python (a workspace per stream, tensor maps, split kernels) or the runner is a test's stand-in."""
     runner: Any = call.prepared.runner
-    if call.prepared.direct is not None or not hasattr(runner, "packed_launch"):  # cuBLAS, or a test's stand-in
+    direct = call.prepared.direct
+    if direct is not None:
+        with _device_of(call.device):  # the compiled lookup's cuBLAS handle is made on the call's device
+            blas = direct.packed(call.batch_strides)
+        return torch_lookup.CublasLaunch(blas, swapped, call.out_shape, call.dtype, call.device)
+    if not hasattr(runner, "packed_launch"):
         return None
     packed = runner.packed_launch(call.batch_strides, call.out_nbytes)
     if packed is None:

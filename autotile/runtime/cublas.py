@@ -35,6 +35,7 @@ its stream changes: a lock is held from setting the stream to the end of the cal
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import os
 import threading
 from typing import Any
@@ -152,19 +153,24 @@ class _Handle:
         self.stream: int | None = None
         self.workspaces: dict[int, tuple[int, int]] = {}  # stream -> (pointer, bytes); kept for the process
 
-    def use_stream(self, stream_ptr: int) -> None:
-        """Point the handle at `stream_ptr` and at that stream's workspace (made on first use: current
-        device must be this handle's)."""
-        library = _library()
+    def workspace(self, stream_ptr: int) -> tuple[int, int]:
+        """The workspace of `stream_ptr` (pointer, bytes), made on first use (current device must be this
+        handle's); (0, 0) while the stream captures a CUDA graph (nothing may be allocated then)."""
         workspace = self.workspaces.get(stream_ptr)
         if workspace is None:
             import cupy
 
             if stream_is_capturing(stream_ptr):
-                workspace = (0, 0)  # no allocation may happen inside a capture
-            else:
-                workspace = (cupy.cuda.runtime.malloc(self.workspace_bytes), self.workspace_bytes)
-                self.workspaces[stream_ptr] = workspace
+                return (0, 0)
+            workspace = (cupy.cuda.runtime.malloc(self.workspace_bytes), self.workspace_bytes)
+            self.workspaces[stream_ptr] = workspace
+        return workspace
+
+    def use_stream(self, stream_ptr: int) -> None:
+        """Point the handle at `stream_ptr` and at that stream's workspace (made on first use: current
+        device must be this handle's)."""
+        library = _library()
+        workspace = self.workspace(stream_ptr)
         library.check("cublasSetStream_v2", self.handle, stream_ptr)
         library.check("cublasSetWorkspace_v2", self.handle, workspace[0], workspace[1])
         # Without a workspace (set during a capture) the stream is not recorded as set: its next call comes
@@ -209,6 +215,50 @@ def handle(device: int) -> _Handle:
         with _lock:
             entry = _handles.get(device) or _handles.setdefault(device, _Handle(device))
     return entry
+
+
+# The compiled lookup's handles (`autotile.runtime.torch_lookup`): one per device, apart from the Python calls'
+# handle, since the compiled table sets its stream while holding the GIL and the Python calls set theirs through
+# ctypes, which releases it (two threads could otherwise interleave a stream change and a call).
+_table_handles: dict[int, _Handle] = {}
+
+
+def table_handle(device: int) -> _Handle:
+    """The compiled lookup's cuBLAS handle on `device` (current), made on first use."""
+    entry = _table_handles.get(device)
+    if entry is None:
+        with _lock:
+            entry = _table_handles.get(device) or _table_handles.setdefault(device, _Handle(device))
+    return entry
+
+
+def table_workspace(device: int, stream_ptr: int) -> tuple[int, int]:
+    """The workspace (pointer, bytes) of the compiled lookup's handle on `device` for `stream_ptr`: made on
+    first use, (0, 0) during a CUDA-graph capture (the compiled table then leaves the call to Python)."""
+    return table_handle(device).workspace(stream_ptr)
+
+
+# Each routine's argument kinds, handle first ("P" a pointer, "I" a 32-bit int, "L" a 64-bit int): what the
+# compiled lookup reads to call it (`torch_lookup.cpp`'s `kBlasSignatures`)
+_KIND_LETTERS = {_P: "P", _I: "I", _LL: "L"}
+
+
+@dataclasses.dataclass(frozen=True)
+class PackedCublasCall:
+    """A `CublasCall` as data, for a caller that calls cuBLAS without Python (the compiled lookup of torch
+    calls): the routine's address and argument kinds, every argument as a 64-bit word (the handle the compiled
+    lookup's own, the operands' and the output's pointers 0: written per call), and where those go."""
+
+    routine: int  # the routine's address in the loaded libcublas
+    kinds: str  # one letter per argument, handle first (`_KIND_LETTERS`)
+    words: tuple[int, ...]  # the arguments, two's complement in 64 bits
+    first: int  # the argument index of the first operand's pointer (cuBLAS's left factor)
+    second: int
+    out: int
+    first_operand: int  # which of the call's operands (0: A, 1: B) cuBLAS takes first
+    set_stream: int  # cublasSetStream_v2's and cublasSetWorkspace_v2's addresses
+    set_workspace: int
+    device: int
 
 
 class CublasCall:
@@ -297,6 +347,30 @@ class CublasCall:
         argtypes = (_P, *_SIGNATURES[self._name])
         assert len(arguments) == len(argtypes), self._name
         self._arguments = tuple(map(_passed, arguments, argtypes))
+
+    def packed(self, batch_strides: tuple[int, ...] = ()) -> PackedCublasCall:
+        """This call as data (`PackedCublasCall`) for the operands' batch strides `batch_strides` (elements),
+        on the compiled lookup's handle (`table_handle`; made here: `device` must be current)."""
+        library = _library()
+        address = ctypes.cast
+        words: list[int] = []
+        slots = {id(self._first_ptr): "first", id(self._second_ptr): "second", id(self._out_ptr): "out"}
+        at: dict[str, int] = {}
+        for i, value in enumerate(self._arguments):
+            if id(value) in slots:
+                at[slots[id(value)]] = i
+                words.append(0)
+            elif value is self._first_stride or value is self._second_stride:  # B's, then A's
+                words.append(batch_strides[1] if value is self._first_stride else batch_strides[0])
+            else:
+                words.append((value.value or 0) if isinstance(value, ctypes._SimpleCData) else value)
+        words[0] = table_handle(self.device).handle or 0
+        kinds = "P" + "".join(_KIND_LETTERS[t] for t in _SIGNATURES[self._name])
+        return PackedCublasCall(
+            address(self._routine, _P).value or 0, kinds, tuple(w & 0xFFFFFFFFFFFFFFFF for w in words),
+            at["first"], at["second"], at["out"], self._first,
+            address(library.routines["cublasSetStream_v2"], _P).value or 0,
+            address(library.routines["cublasSetWorkspace_v2"], _P).value or 0, self.device)
 
     def __call__(self, pointers: tuple[int, ...], out_ptr: int, stream_ptr: int,
                  batch_strides: tuple[int, ...] = ()) -> None:

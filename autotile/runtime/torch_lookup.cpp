@@ -8,6 +8,9 @@
 // cuBLAS won and torch's own operator computes the same thing, that operator, called here through ATen
 // without a trip through Python. Anything this table does not know returns None: the Python path decides.
 //
+// Where cuBLAS won, an entry may hold autotile's own cuBLAS call, packed (`CublasCall.packed`): the routine's
+// address and arguments, called here on the compiled lookup's cuBLAS handle (its stream and that stream's
+// workspace set here, with the GIL held), on torch's current stream; torch's operator is then not needed.
 // Where a generated kernel won, an entry may also hold its launch, packed (`KernelRunner.packed_launch`):
 // the kernel's driver handle, grid, block, shared memory and parameter image, whose first three slots take
 // the operands' and the output's addresses per call. Such a call allocates its output through ATen (torch's
@@ -39,6 +42,9 @@
 
 #include <array>
 #include <cstdint>
+#include <string>
+#include <type_traits>
+#include <utility>
 #include <cstring>
 #include <memory>
 #include <unordered_map>
@@ -117,11 +123,75 @@ struct Launch {
   int device = 0;
 };
 
+// ---- cuBLAS called on the compiled lookup's own handle ----
+
+// A routine called with its arguments held as 64-bit words, each converted to the routine's declared type.
+template <typename T>
+T as_argument(uint64_t word) {
+  if constexpr (std::is_pointer_v<T>) {
+    return reinterpret_cast<T>(static_cast<uintptr_t>(word));
+  } else {
+    return static_cast<T>(static_cast<int64_t>(word));  // two's complement: -1 (CUBLAS_GEMM_DEFAULT) stays -1
+  }
+}
+
+template <typename... Args, size_t... I>
+int invoke_words(void* routine, const uint64_t* words, std::index_sequence<I...>) {
+  return reinterpret_cast<int (*)(Args...)>(routine)(as_argument<Args>(words[I])...);
+}
+
+template <typename... Args>
+int invoke(void* routine, const uint64_t* words) {
+  return invoke_words<Args...>(routine, words, std::index_sequence_for<Args...>{});
+}
+
+using P = void*;
+using I = int;
+using L = long long;
+using Invoker = int (*)(void*, const uint64_t*);
+
+// The signatures autotile/runtime/cublas.py calls (its _SIGNATURES, handle first), by their kinds' letters.
+const std::pair<const char*, Invoker> kBlasSignatures[] = {
+    {"PIIIIIPPIPIPPI", invoke<P, I, I, I, I, I, P, P, I, P, I, P, P, I>},                      // S/Dgemm
+    {"PIIIIIPPILPILPPILI", invoke<P, I, I, I, I, I, P, P, I, L, P, I, L, P, P, I, L, I>},  // S/DgemmStridedBatched
+    {"PIIIPPIPIPPI", invoke<P, I, I, I, P, P, I, P, I, P, P, I>},                            // S/Dgemv
+    {"PIIIIIPPIIPIIPPIIII", invoke<P, I, I, I, I, I, P, P, I, I, P, I, I, P, P, I, I, I, I>},  // GemmEx
+    // GemmStridedBatchedEx
+    {"PIIIIIPPIILPIILPPIILIII", invoke<P, I, I, I, I, I, P, P, I, I, L, P, I, I, L, P, P, I, I, L, I, I, I>},
+};
+
+using SetStream = int (*)(void* handle, void* stream);
+using SetWorkspace = int (*)(void* handle, void* workspace, size_t bytes);
+
+// One handle's state: the stream it was last set to (its workspace with it), the workspace of each stream.
+struct HandleState {
+  void* stream = nullptr;
+  bool set = false;
+  std::unordered_map<void*, std::pair<uint64_t, uint64_t>> workspaces;  // stream -> (pointer, bytes)
+};
+std::unordered_map<uint64_t, HandleState> handles;  // by the handle's value
+PyObject* workspace_of = nullptr;  // cublas.table_workspace(device, stream) -> (pointer, bytes)
+
+// A cuBLAS pick's call for one signature: everything but three addresses and the stream, fixed.
+struct BlasCall {
+  void* routine = nullptr;
+  Invoker invoker = nullptr;
+  std::vector<uint64_t> words;  // the routine's arguments, handle first
+  int first = 0, second = 0, out = 0;  // the argument indices of cuBLAS's two operands and the output
+  bool a_first = true;  // the call's A is cuBLAS's first operand (else its B)
+  SetStream set_stream = nullptr;
+  SetWorkspace set_workspace = nullptr;
+  std::vector<int64_t> out_sizes;
+  at::ScalarType out_dtype = at::ScalarType::Float;
+  int device = 0;
+};
+
 struct Entry {
   PyObject* call;  // the Python path's repeated call: (A, B, out, stream) -> result (a strong reference)
   int op;
   int guard;
   std::shared_ptr<Launch> launch;  // a generated kernel's packed launch, or null
+  std::shared_ptr<BlasCall> blas;  // a cuBLAS pick's packed call, or null
 };
 
 std::unordered_map<Key, Entry, KeyHash> table;
@@ -230,8 +300,12 @@ bool run_operator(int op, const at::Tensor& a, const at::Tensor& b, const at::Te
 }
 
 PyObject* init(PyObject*, PyObject* args) {
-  PyObject *types, *names;
-  if (!PyArg_ParseTuple(args, "O!O!", &PyTuple_Type, &types, &PyTuple_Type, &names)) return nullptr;
+  PyObject *types, *names, *workspace = Py_None;
+  if (!PyArg_ParseTuple(args, "O!O!|O", &PyTuple_Type, &types, &PyTuple_Type, &names, &workspace)) return nullptr;
+  if (workspace != Py_None) {
+    Py_INCREF(workspace);
+    Py_XSETREF(workspace_of, workspace);
+  }
   if (PyTuple_GET_SIZE(types) != 2 || PyTuple_GET_SIZE(names) > 8) {
     PyErr_SetString(PyExc_ValueError, "init takes (Tensor, Parameter) and at most 8 settings");
     return nullptr;
@@ -337,6 +411,116 @@ PyObject* run_launch(Launch& launch, PyObject* a_obj, PyObject* b_obj, PyObject*
   }
 }
 
+// A packed cuBLAS call from its Python description (`torch_lookup.py`'s `_blas_tuple`): (routine, kinds,
+// words, first, second, out, a_first, set_stream, set_workspace, out's sizes, out's dtype, device). Null, with
+// a Python error set, where it is malformed or of a signature not known here.
+std::shared_ptr<BlasCall> packed_blas(PyObject* description) {
+  unsigned long long routine, set_stream, set_workspace;
+  const char* kinds;
+  PyObject *words, *out_sizes, *dtype;
+  int first, second, out, a_first, device;
+  if (!PyArg_ParseTuple(description, "KsO!iiipKKO!O!i", &routine, &kinds, &PyTuple_Type, &words, &first, &second,
+                        &out, &a_first, &set_stream, &set_workspace, &PyTuple_Type, &out_sizes, &THPDtypeType, &dtype,
+                        &device)) {
+    return nullptr;
+  }
+  auto blas = std::make_shared<BlasCall>();
+  for (const auto& known : kBlasSignatures) {
+    if (std::strcmp(known.first, kinds) == 0) blas->invoker = known.second;
+  }
+  const Py_ssize_t count = PyTuple_GET_SIZE(words);
+  if (blas->invoker == nullptr || count != static_cast<Py_ssize_t>(std::strlen(kinds)) || first <= 0 ||
+      second <= 0 || out <= 0 || first >= count || second >= count || out >= count) {
+    PyErr_Format(PyExc_ValueError, "a packed cuBLAS call of kinds %s and %zd words is not one this table calls",
+                 kinds, count);
+    return nullptr;
+  }
+  for (Py_ssize_t i = 0; i < count; ++i) {
+    const unsigned long long word = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(words, i));
+    if (PyErr_Occurred()) return nullptr;
+    blas->words.push_back(word);
+  }
+  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(out_sizes); ++i) {
+    const long long size = PyLong_AsLongLong(PyTuple_GET_ITEM(out_sizes, i));
+    if (size < 0) {
+      if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "a negative output size");
+      return nullptr;
+    }
+    blas->out_sizes.push_back(size);
+  }
+  blas->routine = reinterpret_cast<void*>(static_cast<uintptr_t>(routine));
+  blas->first = first, blas->second = second, blas->out = out, blas->a_first = a_first;
+  blas->set_stream = reinterpret_cast<SetStream>(static_cast<uintptr_t>(set_stream));
+  blas->set_workspace = reinterpret_cast<SetWorkspace>(static_cast<uintptr_t>(set_workspace));
+  blas->out_dtype = reinterpret_cast<THPDtype*>(dtype)->scalar_type;
+  blas->device = device;
+  return blas;
+}
+
+// The handle `blas` calls on, pointed at `stream` and that stream's workspace; false where the workspace cannot
+// be had (a stream first met during a CUDA-graph capture: the Python call then runs, as it does there).
+bool use_stream(BlasCall& blas, void* stream) {
+  HandleState& state = handles[blas.words[0]];
+  if (state.set && state.stream == stream) return true;
+  auto found = state.workspaces.find(stream);
+  if (found == state.workspaces.end()) {
+    if (workspace_of == nullptr) return false;
+    PyObject* got = PyObject_CallFunction(workspace_of, "iK", blas.device,
+                                          static_cast<unsigned long long>(reinterpret_cast<uintptr_t>(stream)));
+    unsigned long long pointer = 0, bytes = 0;
+    const bool ok = got != nullptr && PyArg_ParseTuple(got, "KK", &pointer, &bytes);
+    Py_XDECREF(got);
+    if (!ok) {
+      PyErr_Clear();
+      return false;
+    }
+    if (bytes == 0) return false;  // capturing: nothing may be allocated
+    found = state.workspaces.emplace(stream, std::make_pair(pointer, bytes)).first;
+  }
+  void* handle = reinterpret_cast<void*>(static_cast<uintptr_t>(blas.words[0]));
+  state.set = false;
+  if (blas.set_stream(handle, stream) != 0 ||
+      blas.set_workspace(handle, reinterpret_cast<void*>(static_cast<uintptr_t>(found->second.first)),
+                         static_cast<size_t>(found->second.second)) != 0) {
+    return false;
+  }
+  state.stream = stream;
+  state.set = true;
+  return true;
+}
+
+// The entry's cuBLAS call on (a, b, out): the output, or nullptr where it could not call (the entry's Python
+// call then runs, which calls or raises as the Python path does).
+PyObject* run_blas(BlasCall& blas, PyObject* a_obj, PyObject* b_obj, PyObject* out_obj) {
+  try {
+    const c10::impl::DeviceGuardImplInterface* cuda = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA);
+    const c10::Device device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(blas.device));
+    if (cuda->getDevice() != device) return nullptr;  // the handle belongs to its device
+    void* stream = cuda->getStream(device).native_handle();
+    if (!use_stream(blas, stream)) return nullptr;
+    const at::Tensor& a = THPVariable_Unpack(a_obj);
+    const at::Tensor& b = THPVariable_Unpack(b_obj);
+    at::Tensor result;
+    if (out_obj == Py_None) {
+      result = at::empty(blas.out_sizes, at::TensorOptions().dtype(blas.out_dtype).device(device));
+    }
+    const at::Tensor& out = out_obj == Py_None ? result : THPVariable_Unpack(out_obj);
+    const uint64_t a_ptr = reinterpret_cast<uintptr_t>(a.const_data_ptr());
+    const uint64_t b_ptr = reinterpret_cast<uintptr_t>(b.const_data_ptr());
+    blas.words[blas.first] = blas.a_first ? a_ptr : b_ptr;
+    blas.words[blas.second] = blas.a_first ? b_ptr : a_ptr;
+    blas.words[blas.out] = reinterpret_cast<uintptr_t>(out.mutable_data_ptr());
+    if (blas.invoker(blas.routine, blas.words.data()) != 0) return nullptr;
+    if (out_obj != Py_None) {
+      Py_INCREF(out_obj);
+      return out_obj;
+    }
+    return THPVariable_Wrap(std::move(result));
+  } catch (...) {
+    return nullptr;
+  }
+}
+
 // register(kernel, pair, out_signature, setting, call, op, guard, launch=None): `pair` is
 // `TorchFramework.read_pair`'s flat tuple (A's shape, strides, dtype, device, then B's, then whether autograd
 // must see the call), as the Python path keys the call; `out_signature` is out's (shape, strides, dtype,
@@ -350,9 +534,18 @@ PyObject* register_call(PyObject*, PyObject* args) {
     return nullptr;
   }
   std::shared_ptr<Launch> launch;
-  if (description != Py_None) {
-    launch = packed_launch(description);
-    if (launch == nullptr && PyErr_Occurred()) return nullptr;
+  std::shared_ptr<BlasCall> blas;
+  if (description != Py_None) {  // ("kernel", launch) or ("cublas", call)
+    const char* what;
+    PyObject* packed;
+    if (!PyArg_ParseTuple(description, "sO!", &what, &PyTuple_Type, &packed)) return nullptr;
+    if (std::strcmp(what, "cublas") == 0) {
+      blas = packed_blas(packed);
+      if (blas == nullptr) return nullptr;
+    } else {
+      launch = packed_launch(packed);
+      if (launch == nullptr && PyErr_Occurred()) return nullptr;
+    }
   }
   if (!PyCallable_Check(call) || PyTuple_GET_SIZE(pair) != 9 || op < kCallOnly || op > kMatmul || guard < kNoGuard ||
       guard > kFp16Accumulation) {
@@ -382,10 +575,10 @@ PyObject* register_call(PyObject*, PyObject* args) {
   auto found = table.find(key);
   if (found != table.end()) {
     PyObject* old = found->second.call;
-    found->second = Entry{call, op, guard, std::move(launch)};
+    found->second = Entry{call, op, guard, std::move(launch), std::move(blas)};
     Py_DECREF(old);
   } else {
-    table.emplace(key, Entry{call, op, guard, std::move(launch)});
+    table.emplace(key, Entry{call, op, guard, std::move(launch), std::move(blas)});
   }
   Py_RETURN_TRUE;
 }
@@ -421,6 +614,10 @@ PyObject* call(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     PyObject* result = run_launch(*entry.launch, args[1], args[2], out);
     if (result != nullptr) return result;
   }
+  if (entry.blas != nullptr && args[5] == Py_None) {
+    PyObject* result = run_blas(*entry.blas, args[1], args[2], out);
+    if (result != nullptr) return result;
+  }
   Py_INCREF(entry.call);  // the entry may be replaced or dropped while the operator runs without the GIL
   if (entry.op != kCallOnly && args[5] == Py_None && !at::impl::torch_function_mode_enabled() &&
       !arithmetic_changed(entry.guard)) {
@@ -453,20 +650,26 @@ PyObject* clear(PyObject*, PyObject*) {
 PyObject* size(PyObject*, PyObject*) { return PyLong_FromSize_t(table.size()); }
 
 PyObject* launches(PyObject*, PyObject*) {
-  size_t count = 0;
-  for (const auto& item : table) count += item.second.launch != nullptr;
-  return PyLong_FromSize_t(count);
+  size_t kernels = 0, cublas = 0;
+  for (const auto& item : table) {
+    kernels += item.second.launch != nullptr;
+    cublas += item.second.blas != nullptr;
+  }
+  return Py_BuildValue("nn", static_cast<Py_ssize_t>(kernels), static_cast<Py_ssize_t>(cublas));
 }
 
 PyMethodDef methods[] = {
-    {"init", init, METH_VARARGS, "init((Tensor, Parameter), settings): the types and settings the keys read"},
+    {"init", init, METH_VARARGS,
+     "init((Tensor, Parameter), settings, workspace=None): the types and settings the keys read, and what gives "
+     "the cuBLAS handle a stream's workspace"},
     {"register", register_call, METH_VARARGS,
      "register(kernel, pair, out_signature, setting, call, op, guard, launch=None)"},
     {"call", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(call)), METH_FASTCALL,
      "call(kernel, A, B, out, setting, stream): the result, or None"},
     {"clear", clear, METH_NOARGS, "drop every entry"},
     {"size", size, METH_NOARGS, "the number of entries"},
-    {"launches", launches, METH_NOARGS, "the number of entries that launch a generated kernel without Python"},
+    {"launches", launches, METH_NOARGS,
+     "(entries that launch a generated kernel, entries that call cuBLAS), without Python"},
     {nullptr, nullptr, 0, nullptr}};
 
 PyModuleDef module = {PyModuleDef_HEAD_INIT, "autotile_torch_lookup", "autotile's compiled lookup of repeated calls", -1,

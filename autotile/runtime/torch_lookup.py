@@ -42,6 +42,7 @@ from autotile.codegen import compile_cache
 from autotile.environment import env_flag
 
 if TYPE_CHECKING:
+    from autotile.runtime.cublas import PackedCublasCall
     from autotile.runtime.impl import PackedLaunch
 
 ENV_VAR = "AUTOTILE_COMPILED_LOOKUP"
@@ -69,14 +70,27 @@ class GeneratedLaunch:
     device: int
 
 
+@dataclasses.dataclass(frozen=True)
+class CublasLaunch:
+    """A cuBLAS pick's call for one signature, which the compiled table makes without Python, on a cuBLAS handle
+    of its own (`autotile.runtime.cublas.table_handle`)."""
+
+    packed: PackedCublasCall  # the routine and its arguments (`CublasCall.packed`)
+    swapped: bool  # the call's operands come in the other order (a one-row matmul run as a matvec)
+    out_shape: tuple[int, ...]
+    out_dtype: str
+    device: int
+
+
 # The loaded extension, once ready: `autotile.library.api` reads this per call (None: the Python path).
 extension: Any = None
 
 _lock = threading.Lock()
 _state = "idle"  # idle -> building -> ready | failed; "off" where the environment says so
 _reason = ""
+Launch = GeneratedLaunch | CublasLaunch  # what an entry makes without Python
 # signature -> (call, native, launch), as `register` takes them
-_pending: dict[tuple[Any, ...], tuple[Callable[..., Any], tuple[str, str | None] | None, GeneratedLaunch | None]] = {}
+_pending: dict[tuple[Any, ...], tuple[Callable[..., Any], tuple[str, str | None] | None, Launch | None]] = {}
 _settings: tuple[str, ...] = ()
 _built = threading.Event()
 
@@ -94,13 +108,13 @@ def status() -> tuple[str, str]:
 
 
 def register(signature: tuple[Any, ...], call: Callable[..., Any], native: tuple[str, str | None] | None,
-             settings: tuple[str, ...], launch: GeneratedLaunch | None = None) -> None:
+             settings: tuple[str, ...], launch: Launch | None = None) -> None:
     """Mirror one entry of the library's Python table: `signature` is its key (kernel, the operands'
     `TorchFramework.read_pair`, out's signature or None, the setting), `call` its repeated call, `native`
     torch's operator and the switch that guards it (`TorchFramework.native_op`) where that computes the call,
-    `launch` the generated kernel's launch where the table can run it. `settings`: every setting's name (a key
-    holds the setting's index). The first registration starts the build; until the extension is loaded,
-    entries wait here."""
+    `launch` the generated kernel's launch or cuBLAS call where the table can make it. `settings`: every
+    setting's name (a key holds the setting's index). The first registration starts the build; until the
+    extension is loaded, entries wait here."""
     global _state, _settings
     with _lock:
         if extension is not None:
@@ -139,20 +153,27 @@ def wait(timeout: float | None = None) -> bool:
 
 
 def _insert(ext: Any, signature: tuple[Any, ...], call: Callable[..., Any], native: tuple[str, str | None] | None,
-            launch: GeneratedLaunch | None) -> None:
+            launch: Launch | None) -> None:
     kernel, pair, out_signature, setting = signature
     op, guard = native if native is not None else (None, None)
     ext.register(KERNELS[kernel], pair, out_signature, setting, call, OPS.get(op or "", 0), GUARDS[guard],
                  None if launch is None else _launch_tuple(launch))
 
 
-def _launch_tuple(launch: GeneratedLaunch) -> tuple[Any, ...]:
-    """`launch` as `torch_lookup.cpp`'s `packed_launch` reads it."""
+def _launch_tuple(launch: Launch) -> tuple[str, tuple[Any, ...]]:
+    """`launch` as `torch_lookup.cpp`'s `register` reads it: ("kernel", what `packed_launch` reads) or
+    ("cublas", what `packed_blas` reads)."""
     import torch
 
+    dtype = getattr(torch, launch.out_dtype)
+    if isinstance(launch, CublasLaunch):
+        c = launch.packed
+        a_first = (c.first_operand == 0) != launch.swapped  # the call's A is the pointers' first unless swapped
+        return ("cublas", (c.routine, c.kinds, c.words, c.first, c.second, c.out, a_first, c.set_stream,
+                           c.set_workspace, launch.out_shape, dtype, launch.device))
     p = launch.packed
-    return (p.function, p.grid, p.block, p.shared_bytes, p.image, p.offsets, launch.swapped, p.zero_bytes,
-            launch.out_shape, getattr(torch, launch.out_dtype), launch.device)
+    return ("kernel", (p.function, p.grid, p.block, p.shared_bytes, p.image, p.offsets, launch.swapped, p.zero_bytes,
+                       launch.out_shape, dtype, launch.device))
 
 
 def build_ahead() -> str:
@@ -177,9 +198,11 @@ def _build_and_load() -> None:
     try:
         import torch
 
+        from autotile.runtime import cublas
+
         path = build(torch)
         ext = _load(path)
-        ext.init((torch.Tensor, torch.nn.Parameter), _settings)
+        ext.init((torch.Tensor, torch.nn.Parameter), _settings, cublas.table_workspace)
     except Exception as exc:  # any failure leaves the Python path serving every call
         with _lock:
             _state, _reason = "failed", _one_line(exc)
@@ -296,5 +319,5 @@ def _reset_for_tests() -> None:
         _built.clear()
 
 
-__all__ = ["ENV_VAR", "GUARDS", "KERNELS", "GeneratedLaunch", "MATMUL", "MATVEC", "OPS", "build", "build_ahead",
-           "build_command", "clear", "enabled", "extension", "register", "status", "wait"]
+__all__ = ["ENV_VAR", "GUARDS", "KERNELS", "CublasLaunch", "GeneratedLaunch", "Launch", "MATMUL", "MATVEC", "OPS",
+           "build", "build_ahead", "build_command", "clear", "enabled", "extension", "register", "status", "wait"]
