@@ -208,13 +208,18 @@ def _passed(value: Any, argtype: Any) -> Any:
     return argtype(value)
 
 
-def handle(device: int) -> _Handle:
-    """autotile's cuBLAS handle on `device`, made on first use."""
-    entry = _handles.get(device)
+def _made(handles: dict[int, _Handle], device: int) -> _Handle:
+    """`handles`' handle on `device`, made on first use (with `device` current)."""
+    entry = handles.get(device)
     if entry is None:
         with _lock:
-            entry = _handles.get(device) or _handles.setdefault(device, _Handle(device))
+            entry = handles.get(device) or handles.setdefault(device, _Handle(device))
     return entry
+
+
+def handle(device: int) -> _Handle:
+    """autotile's cuBLAS handle on `device`, made on first use."""
+    return _made(_handles, device)
 
 
 # The compiled lookup's handles (`autotile.runtime.torch_lookup`): one per device, apart from the Python calls'
@@ -225,11 +230,7 @@ _table_handles: dict[int, _Handle] = {}
 
 def table_handle(device: int) -> _Handle:
     """The compiled lookup's cuBLAS handle on `device` (current), made on first use."""
-    entry = _table_handles.get(device)
-    if entry is None:
-        with _lock:
-            entry = _table_handles.get(device) or _table_handles.setdefault(device, _Handle(device))
-    return entry
+    return _made(_table_handles, device)
 
 
 def table_workspace(device: int, stream_ptr: int) -> tuple[int, int]:

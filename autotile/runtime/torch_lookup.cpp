@@ -106,6 +106,13 @@ bool driver_found() {
   return launch_kernel != nullptr && memset_async != nullptr;
 }
 
+// What a packed launch or cuBLAS call writes: the output it allocates where the call gives none, on its device.
+struct Output {
+  std::vector<int64_t> sizes;
+  at::ScalarType dtype = at::ScalarType::Float;
+  int device = 0;
+};
+
 // A generated kernel's launch for one signature: everything but three addresses and the stream, fixed.
 struct Launch {
   void* function = nullptr;  // CUfunction, owned by the module the entry's Python call keeps alive
@@ -118,9 +125,7 @@ struct Launch {
   uint64_t* slot_b = nullptr;
   uint64_t* slot_out = nullptr;
   size_t zero_bytes = 0;  // a split-K kernel that adds into its output: the bytes zeroed before it runs
-  std::vector<int64_t> out_sizes;
-  at::ScalarType out_dtype = at::ScalarType::Float;
-  int device = 0;
+  Output output;
 };
 
 // ---- cuBLAS called on the compiled lookup's own handle ----
@@ -181,9 +186,7 @@ struct BlasCall {
   bool a_first = true;  // the call's A is cuBLAS's first operand (else its B)
   SetStream set_stream = nullptr;
   SetWorkspace set_workspace = nullptr;
-  std::vector<int64_t> out_sizes;
-  at::ScalarType out_dtype = at::ScalarType::Float;
-  int device = 0;
+  Output output;
 };
 
 struct Entry {
@@ -324,6 +327,49 @@ PyObject* init(PyObject*, PyObject* args) {
   Py_RETURN_NONE;
 }
 
+// `sizes` (a tuple of ints), `dtype` (a torch.dtype) and `device` into `output`; false, with a Python error set,
+// where a size is not a non-negative int.
+bool read_output(PyObject* sizes, PyObject* dtype, int device, Output& output) {
+  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(sizes); ++i) {
+    const long long size = PyLong_AsLongLong(PyTuple_GET_ITEM(sizes, i));
+    if (size < 0) {
+      if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "a negative output size");
+      return false;
+    }
+    output.sizes.push_back(size);
+  }
+  output.dtype = reinterpret_cast<THPDtype*>(dtype)->scalar_type;
+  output.device = device;
+  return true;
+}
+
+// torch's current stream on `output`'s device (null: the legacy default stream), where that device is current
+// (a kernel and a cuBLAS handle belong to their device); false where it is not. May throw (torch without CUDA).
+bool current_stream(const Output& output, void*& stream) {
+  const c10::impl::DeviceGuardImplInterface* cuda = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA);
+  const c10::Device device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(output.device));
+  if (cuda->getDevice() != device) return false;
+  stream = cuda->getStream(device).native_handle();
+  return true;
+}
+
+// The call's output: `out_obj`'s tensor, or a new one (torch's caching allocator, current stream) in `result`.
+const at::Tensor& output_tensor(const Output& output, PyObject* out_obj, at::Tensor& result) {
+  if (out_obj != Py_None) return THPVariable_Unpack(out_obj);
+  const c10::Device device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(output.device));
+  result = at::empty(output.sizes, at::TensorOptions().dtype(output.dtype).device(device));
+  return result;
+}
+
+// What the call returns: `out_obj` where given, else the new tensor.
+PyObject* returned(PyObject* out_obj, at::Tensor&& result) {
+  if (out_obj != Py_None) {
+    Py_INCREF(out_obj);
+    return out_obj;
+  }
+  return THPVariable_Wrap(std::move(result));
+}
+
 // A packed launch from its Python description (`torch_lookup.py`'s `_launch_tuple`): (function, grid, block,
 // shared bytes, image, offsets, swapped, zero bytes, out's sizes, out's dtype, device). Null, with a Python
 // error set, where the description is malformed; null without one where the driver was not found.
@@ -353,11 +399,7 @@ std::shared_ptr<Launch> packed_launch(PyObject* description) {
     ok = offset >= 0 && offset % 8 == 0 && offset / 8 < words;  // 8-byte slots inside the image
     if (ok) launch->params.push_back(launch->image.get() + offset / 8);
   }
-  for (Py_ssize_t i = 0; ok && i < PyTuple_GET_SIZE(out_sizes); ++i) {
-    const long long size = PyLong_AsLongLong(PyTuple_GET_ITEM(out_sizes, i));
-    ok = size >= 0;
-    launch->out_sizes.push_back(size);
-  }
+  ok = ok && read_output(out_sizes, dtype, device, launch->output);
   if (!ok) {
     if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "a packed launch's image or offsets are malformed");
     return nullptr;
@@ -372,8 +414,6 @@ std::shared_ptr<Launch> packed_launch(PyObject* description) {
   launch->slot_b = slot(swapped ? 0 : 1);
   launch->slot_out = slot(2);
   launch->zero_bytes = static_cast<size_t>(zero_bytes);
-  launch->out_dtype = reinterpret_cast<THPDtype*>(dtype)->scalar_type;
-  launch->device = device;
   return launch;
 }
 
@@ -381,19 +421,12 @@ std::shared_ptr<Launch> packed_launch(PyObject* description) {
 // not launch (the caller then runs the entry's Python call, which launches or raises as the Python path does).
 PyObject* run_launch(Launch& launch, PyObject* a_obj, PyObject* b_obj, PyObject* out_obj) {
   try {
-    const c10::impl::DeviceGuardImplInterface* cuda = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA);
-    const c10::Device device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(launch.device));
-    if (cuda->getDevice() != device) return nullptr;  // the kernel belongs to its device's context
-    const at::Tensor& a = THPVariable_Unpack(a_obj);
-    const at::Tensor& b = THPVariable_Unpack(b_obj);
+    void* stream = nullptr;
+    if (!current_stream(launch.output, stream)) return nullptr;
     at::Tensor result;
-    if (out_obj == Py_None) {
-      result = at::empty(launch.out_sizes, at::TensorOptions().dtype(launch.out_dtype).device(device));
-    }
-    const at::Tensor& out = out_obj == Py_None ? result : THPVariable_Unpack(out_obj);
-    void* stream = cuda->getStream(device).native_handle();
-    *launch.slot_a = reinterpret_cast<uintptr_t>(a.const_data_ptr());
-    *launch.slot_b = reinterpret_cast<uintptr_t>(b.const_data_ptr());
+    const at::Tensor& out = output_tensor(launch.output, out_obj, result);
+    *launch.slot_a = reinterpret_cast<uintptr_t>(THPVariable_Unpack(a_obj).const_data_ptr());
+    *launch.slot_b = reinterpret_cast<uintptr_t>(THPVariable_Unpack(b_obj).const_data_ptr());
     *launch.slot_out = reinterpret_cast<uintptr_t>(out.mutable_data_ptr());
     if (launch.zero_bytes != 0 && memset_async(*launch.slot_out, 0, launch.zero_bytes, stream) != 0) return nullptr;
     if (launch_kernel(launch.function, launch.grid[0], launch.grid[1], launch.grid[2], launch.block[0],
@@ -401,11 +434,7 @@ PyObject* run_launch(Launch& launch, PyObject* a_obj, PyObject* b_obj, PyObject*
                       nullptr) != 0) {
       return nullptr;
     }
-    if (out_obj != Py_None) {
-      Py_INCREF(out_obj);
-      return out_obj;
-    }
-    return THPVariable_Wrap(std::move(result));
+    return returned(out_obj, std::move(result));
   } catch (...) {
     return nullptr;
   }
@@ -440,20 +469,11 @@ std::shared_ptr<BlasCall> packed_blas(PyObject* description) {
     if (PyErr_Occurred()) return nullptr;
     blas->words.push_back(word);
   }
-  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(out_sizes); ++i) {
-    const long long size = PyLong_AsLongLong(PyTuple_GET_ITEM(out_sizes, i));
-    if (size < 0) {
-      if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "a negative output size");
-      return nullptr;
-    }
-    blas->out_sizes.push_back(size);
-  }
+  if (!read_output(out_sizes, dtype, device, blas->output)) return nullptr;
   blas->routine = reinterpret_cast<void*>(static_cast<uintptr_t>(routine));
   blas->first = first, blas->second = second, blas->out = out, blas->a_first = a_first;
   blas->set_stream = reinterpret_cast<SetStream>(static_cast<uintptr_t>(set_stream));
   blas->set_workspace = reinterpret_cast<SetWorkspace>(static_cast<uintptr_t>(set_workspace));
-  blas->out_dtype = reinterpret_cast<THPDtype*>(dtype)->scalar_type;
-  blas->device = device;
   return blas;
 }
 
@@ -465,7 +485,7 @@ bool use_stream(BlasCall& blas, void* stream) {
   auto found = state.workspaces.find(stream);
   if (found == state.workspaces.end()) {
     if (workspace_of == nullptr) return false;
-    PyObject* got = PyObject_CallFunction(workspace_of, "iK", blas.device,
+    PyObject* got = PyObject_CallFunction(workspace_of, "iK", blas.output.device,
                                           static_cast<unsigned long long>(reinterpret_cast<uintptr_t>(stream)));
     unsigned long long pointer = 0, bytes = 0;
     const bool ok = got != nullptr && PyArg_ParseTuple(got, "KK", &pointer, &bytes);
@@ -493,29 +513,17 @@ bool use_stream(BlasCall& blas, void* stream) {
 // call then runs, which calls or raises as the Python path does).
 PyObject* run_blas(BlasCall& blas, PyObject* a_obj, PyObject* b_obj, PyObject* out_obj) {
   try {
-    const c10::impl::DeviceGuardImplInterface* cuda = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA);
-    const c10::Device device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(blas.device));
-    if (cuda->getDevice() != device) return nullptr;  // the handle belongs to its device
-    void* stream = cuda->getStream(device).native_handle();
-    if (!use_stream(blas, stream)) return nullptr;
-    const at::Tensor& a = THPVariable_Unpack(a_obj);
-    const at::Tensor& b = THPVariable_Unpack(b_obj);
+    void* stream = nullptr;
+    if (!current_stream(blas.output, stream) || !use_stream(blas, stream)) return nullptr;
     at::Tensor result;
-    if (out_obj == Py_None) {
-      result = at::empty(blas.out_sizes, at::TensorOptions().dtype(blas.out_dtype).device(device));
-    }
-    const at::Tensor& out = out_obj == Py_None ? result : THPVariable_Unpack(out_obj);
-    const uint64_t a_ptr = reinterpret_cast<uintptr_t>(a.const_data_ptr());
-    const uint64_t b_ptr = reinterpret_cast<uintptr_t>(b.const_data_ptr());
+    const at::Tensor& out = output_tensor(blas.output, out_obj, result);
+    const uint64_t a_ptr = reinterpret_cast<uintptr_t>(THPVariable_Unpack(a_obj).const_data_ptr());
+    const uint64_t b_ptr = reinterpret_cast<uintptr_t>(THPVariable_Unpack(b_obj).const_data_ptr());
     blas.words[blas.first] = blas.a_first ? a_ptr : b_ptr;
     blas.words[blas.second] = blas.a_first ? b_ptr : a_ptr;
     blas.words[blas.out] = reinterpret_cast<uintptr_t>(out.mutable_data_ptr());
     if (blas.invoker(blas.routine, blas.words.data()) != 0) return nullptr;
-    if (out_obj != Py_None) {
-      Py_INCREF(out_obj);
-      return out_obj;
-    }
-    return THPVariable_Wrap(std::move(result));
+    return returned(out_obj, std::move(result));
   } catch (...) {
     return nullptr;
   }
