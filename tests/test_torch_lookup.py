@@ -543,3 +543,12 @@ def test_generated_kernels_launch_from_the_table_with_no_python(compiled, monkey
                 got = ext.call(torch_lookup.KERNELS[kernel], A, B, side, "high", None)
             torch.cuda.synchronize()
             assert _error(got, ref) < 1e-5, (name, with_out)
+
+
+def test_an_entry_is_described_only_where_the_lookup_takes_it(fresh_lookup, monkeypatch):
+    monkeypatch.setattr(torch_lookup, "build", lambda torch: pytest.fail("built while off"))
+    monkeypatch.setenv(torch_lookup.ENV_VAR, "off")
+    assert not torch_lookup.accepts() and torch_lookup.status() == ("off", "")
+    torch_lookup._reset_for_tests()
+    monkeypatch.setenv(torch_lookup.ENV_VAR, "on")
+    assert torch_lookup.accepts() and torch_lookup.status() == ("idle", "")

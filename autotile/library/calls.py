@@ -326,7 +326,7 @@ def _memoize(framework: Framework, signature: tuple[Any, ...], run: Repeat,
     where the table can make it (`_compiled_launch`; `swapped`: the operands come in the other order)."""
     with _lock:
         _calls[signature] = run
-    if framework.name == "torch":
+    if framework.name == "torch" and torch_lookup.accepts():  # (off: no launch described for nothing)
         torch_lookup.register(signature, run, native, precision_mod.SETTINGS,
                               None if call is None else _compiled_launch(call, swapped))
 
@@ -336,8 +336,10 @@ def _compiled_launch(call: _Call, swapped: bool) -> torch_lookup.Launch | None:
     (`KernelRunner.packed_launch`), or its cuBLAS call as data (`CublasCall.packed`); None where the launch needs
     Python (a workspace per stream, tensor maps, split kernels) or the runner is a test's stand-in."""
     runner: Any = call.prepared.runner
-    direct = call.prepared.direct
+    direct: Any = call.prepared.direct
     if direct is not None:
+        if not hasattr(direct, "packed"):  # a test's stand-in
+            return None
         with _device_of(call.device):  # the compiled lookup's cuBLAS handle is made on the call's device
             blas = direct.packed(call.batch_strides)
         return torch_lookup.CublasLaunch(blas, swapped, call.out_shape, call.dtype, call.device)

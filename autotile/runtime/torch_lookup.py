@@ -101,6 +101,16 @@ def enabled() -> bool:
     return env_flag(ENV_VAR, default=True)
 
 
+def accepts() -> bool:
+    """Whether `register` keeps entries (the lookup is not off and its build did not fail): callers skip the
+    work of describing an entry's launch otherwise."""
+    global _state
+    with _lock:
+        if _state == "idle" and not enabled():
+            _state = "off"
+        return _state in ("idle", "building", "ready")
+
+
 def status() -> tuple[str, str]:
     """(state, why): "idle" (no repeated torch call yet), "building", "ready", "failed" (why: the
     compiler's or loader's one line) or "off"."""
@@ -320,4 +330,5 @@ def _reset_for_tests() -> None:
 
 
 __all__ = ["ENV_VAR", "GUARDS", "KERNELS", "CublasLaunch", "GeneratedLaunch", "Launch", "MATMUL", "MATVEC", "OPS",
-           "build", "build_ahead", "build_command", "clear", "enabled", "extension", "register", "status", "wait"]
+           "accepts", "build", "build_ahead", "build_command", "clear", "enabled", "extension", "register", "status",
+           "wait"]
