@@ -794,14 +794,14 @@ class Space:
                 scope[name] = self._eval(expr, scope, name)
             return bool(eval(step.code, step.code_globals, scope) < 0)
 
-        def gather(i: int, first: int, picks: list[int], at: int) -> int:
+        def gather(i: int, first: int, picks: list[int], at: int) -> tuple[int, int]:
             """`on_feasible` on the picked points below level i: `first` is the position of its first feasible
-            point, `picks[at:]` the positions still to reach (ascending). A subtree holding no pick is passed
-            over by its count where the next level's counts are memoized; where they are not, counting would
-            walk them, and the points are walked in order instead (`linear`). Returns the picks reached."""
+            point, `picks[at:]` the positions still to reach (ascending). Where the next level's counts are
+            memoized, a subtree holding no pick is passed over by its count; where they are not, the subtree
+            is walked, which passes over the memoized subtrees deeper down the same way. Returns (the position
+            after what was walked or passed over, the picks reached); stops once every pick is reached."""
             assert on_feasible is not None
-            if i < last and steps[i + 1].subtree_key is None:
-                return linear(i, first, picks, at)
+            counted = i < last and steps[i + 1].subtree_key is not None
             for value in params[i].choices:
                 if at == len(picks):
                     break
@@ -812,35 +812,14 @@ class Space:
                         on_feasible(scope)
                         at += 1
                     first += 1
-                    continue
-                size = tally(i + 1)[0]  # memoized: the count made it
-                if picks[at] < first + size:
-                    at = gather(i + 1, first, picks, at)
-                first += size
-            return at
-
-        def linear(i: int, first: int, picks: list[int], at: int) -> int:
-            """`gather` by walking every feasible point below level i in order, until the picks are reached."""
-            assert on_feasible is not None
-            position = first
-
-            def walk(j: int) -> None:
-                nonlocal position, at
-                for value in params[j].choices:
-                    if at == len(picks):
-                        return
-                    if not bind(j, value):
-                        continue
-                    if j < last:
-                        walk(j + 1)
-                        continue
-                    if position == picks[at]:
-                        on_feasible(scope)
-                        at += 1
-                    position += 1
-
-            walk(i)
-            return at
+                elif counted:
+                    size = tally(i + 1)[0]  # memoized: the count made it
+                    if picks[at] < first + size:
+                        at = gather(i + 1, first, picks, at)[1]
+                    first += size
+                else:
+                    first, at = gather(i + 1, first, picks, at)
+            return first, at
 
         try:
             if on_feasible is None or choose is not None:
