@@ -754,18 +754,26 @@ class Space:
         # Counting only: a subtree's counts (its feasible points, and what each constraint excluded there) are
         # kept by the values of its key, and a repeat of those values reads them.
         known: list[dict[tuple[Any, ...], tuple[int, dict[str, int]]]] = [{} for _ in params]
+        dropped: dict[str, int] = {}  # what `gather`'s counts exclude again: already counted
 
-        def tally(i: int) -> tuple[int, dict[str, int]]:
-            """The feasible points below level i, and the points each constraint excluded there. (Its loop is
-            visit's, written out again: a generator or call shared by the two cost the count 15-70%.)"""
+        def tally(i: int, broken: dict[str, int]) -> int:
+            """The feasible points below level i; the points each constraint excluded there are added to
+            `broken`. A level whose counts are memoized keeps its own (feasible, excluded) per key; the others
+            add straight into their caller's dict. (Its loop is visit's, written out again: a generator or
+            call shared by the two cost the count 15-70%.)"""
             param, step = params[i], steps[i]
             key: tuple[Any, ...] = ()
+            outer = broken
             if step.subtree_key is not None:
                 key = tuple([scope[name] for name in step.subtree_key])
                 found = known[i].get(key)
-                if found is not None:
-                    return found
-            feasible, broken = 0, dict[str, int]()
+                if found is None:
+                    broken = {}
+                else:
+                    for name, n in found[1].items():
+                        outer[name] = outer.get(name, 0) + n
+                    return found[0]
+            feasible = 0
             for value in param.choices:
                 scope[param.name] = value
                 for name, expr in step.eager:
@@ -775,15 +783,14 @@ class Space:
                     name = step.constraint_names[failed]
                     broken[name] = broken.get(name, 0) + below[i]
                 elif i < last:
-                    deeper, deeper_broken = tally(i + 1)
-                    feasible += deeper
-                    for name, n in deeper_broken.items():
-                        broken[name] = broken.get(name, 0) + n
+                    feasible += tally(i + 1, broken)
                 else:
                     feasible += 1
             if step.subtree_key is not None:
                 known[i][key] = (feasible, broken)
-            return feasible, broken
+                for name, n in broken.items():
+                    outer[name] = outer.get(name, 0) + n
+            return feasible
 
         def bind(i: int, value: Any) -> bool:
             """Level i's parameter set to `value` in the scope, its derived quantities evaluated: whether its
@@ -813,7 +820,7 @@ class Space:
                         at += 1
                     first += 1
                 elif counted:
-                    size = tally(i + 1)[0]  # memoized: the count made it
+                    size = tally(i + 1, dropped)  # memoized: the count made it
                     if picks[at] < first + size:
                         at = gather(i + 1, first, picks, at)[1]
                     first += size
@@ -823,7 +830,8 @@ class Space:
 
         try:
             if on_feasible is None or choose is not None:
-                count, broken = tally(0)
+                broken: dict[str, int] = {}
+                count = tally(0, broken)
                 excluded.update(broken)
                 if choose is not None:
                     picks = sorted(set(choose(count)))
