@@ -331,7 +331,7 @@ def _memoize(framework: Framework, signature: tuple[Any, ...], run: Repeat,
                               None if call is None else _compiled_launch(call, swapped))
 
 
-def _compiled_launch(call: _Call, swapped: bool) -> torch_lookup.Launch | None:
+def _compiled_launch(call: _Call, swapped: bool) -> torch_lookup.CompiledLaunch | None:
     """What the compiled lookup makes of `call` without Python: its generated kernel's launch as data
     (`KernelRunner.packed_launch`), or its cuBLAS call as data (`CublasCall.packed`); None where the launch needs
     Python (a workspace per stream, tensor maps, split kernels) or the runner is a test's stand-in."""
@@ -341,14 +341,13 @@ def _compiled_launch(call: _Call, swapped: bool) -> torch_lookup.Launch | None:
         if not hasattr(direct, "packed"):  # a test's stand-in
             return None
         with _device_of(call.device):  # the compiled lookup's cuBLAS handle is made on the call's device
-            blas = direct.packed(call.batch_strides)
-        return torch_lookup.CublasLaunch(blas, swapped, call.out_shape, call.dtype, call.device)
-    if not hasattr(runner, "packed_launch"):
+            packed = direct.packed(call.batch_strides)
+    elif hasattr(runner, "packed_launch"):
+        packed = runner.packed_launch(call.batch_strides, call.out_nbytes)
+    else:
         return None
-    packed = runner.packed_launch(call.batch_strides, call.out_nbytes)
-    if packed is None:
-        return None
-    return torch_lookup.GeneratedLaunch(packed, swapped, call.out_shape, call.dtype, call.device)
+    return None if packed is None else torch_lookup.CompiledLaunch(packed, swapped, call.out_shape, call.dtype,
+                                                                   call.device)
 
 
 def _repeat_padded(framework: Framework, run: Callable[[int, int, int, int], None], out_shape: tuple[int, ...],

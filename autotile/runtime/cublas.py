@@ -235,7 +235,8 @@ def table_handle(device: int) -> _Handle:
 
 def table_workspace(device: int, stream_ptr: int) -> tuple[int, int]:
     """The workspace (pointer, bytes) of the compiled lookup's handle on `device` for `stream_ptr`: made on
-    first use, (0, 0) during a CUDA-graph capture (the compiled table then leaves the call to Python)."""
+    first use, (0, 0) during a CUDA-graph capture (the compiled table then leaves the call to torch's operator or
+    Python)."""
     return table_handle(device).workspace(stream_ptr)
 
 
@@ -259,7 +260,6 @@ class PackedCublasCall:
     first_operand: int  # which of the call's operands (0: A, 1: B) cuBLAS takes first
     set_stream: int  # cublasSetStream_v2's and cublasSetWorkspace_v2's addresses
     set_workspace: int
-    device: int
 
 
 class CublasCall:
@@ -371,7 +371,7 @@ class CublasCall:
             address(self._routine, _P).value or 0, kinds, tuple(w & 0xFFFFFFFFFFFFFFFF for w in words),
             at["first"], at["second"], at["out"], self._first,
             address(library.routines["cublasSetStream_v2"], _P).value or 0,
-            address(library.routines["cublasSetWorkspace_v2"], _P).value or 0, self.device)
+            address(library.routines["cublasSetWorkspace_v2"], _P).value or 0)
 
     def __call__(self, pointers: tuple[int, ...], out_ptr: int, stream_ptr: int,
                  batch_strides: tuple[int, ...] = ()) -> None:

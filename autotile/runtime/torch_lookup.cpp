@@ -19,9 +19,10 @@
 // goes to the entry's Python call.
 //
 // Only exact torch.Tensor and nn.Parameter objects on CUDA devices are read (a subclass may override
-// __torch_function__); a call that autograd must see, or made while a torch function mode is active, goes
-// back to Python; so does a stream named by the caller. All of it runs with the GIL held, but for the ATen
-// operator, which runs without it, as torch's own Python binding does.
+// __torch_function__); a call that autograd must see goes back to Python, and so does a stream named by the
+// caller; torch's operator is not called while a torch function mode is active (a packed launch or cuBLAS call,
+// no torch operator, still runs). All of it runs with the GIL held, but for the ATen operator, which runs
+// without it, as torch's own Python binding does.
 
 #include <Python.h>
 

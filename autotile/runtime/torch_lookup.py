@@ -6,11 +6,11 @@ attribute reads, 1.4-4.2 us a call on H100 hosts: where cuBLAS is the choice and
 call to torch's own operator, that is all autotile adds to torch's call. `torch_lookup.cpp` reads the same
 signature from the tensors in C++ (about 0.2 us) and holds, per signature, what the Python path memoized
 (`autotile.library.calls`): its repeated call, and where torch's operator computes the call (a cuBLAS pick,
-`TorchFramework.native_op`), that operator, called through ATen; where a generated kernel won, its launch
-as data (`GeneratedLaunch`), which the table runs itself: the output allocated through ATen, three addresses
-written, cuLaunchKernel on torch's current stream. The Python table stays the reference: every entry here
-mirrors one there, and a call this table does not know (a first call, a CuPy array, a tensor autograd must
-see, a torch function mode, a named stream) goes the Python way.
+`TorchFramework.native_op`), that operator, called through ATen; and what it can make itself
+(`CompiledLaunch`): a generated kernel's launch (the output allocated through ATen, three addresses written,
+cuLaunchKernel on torch's current stream) or autotile's own cuBLAS call on a handle of the table's. The Python
+table stays the reference: every entry here mirrors one there, and a call this table does not know (a first
+call, a CuPy array, a tensor autograd must see, a named stream) goes the Python way.
 
 The extension is built once per machine and torch (by the C++ compiler, ``$CXX`` or ``c++``, against the
 installed torch's headers and Python's: about 7 s of one core) in a background thread, started by the
@@ -58,26 +58,15 @@ OPS = {"mm": 1, "bmm": 2, "mv": 3, "matmul": 4}  # 0: only the Python path's rep
 GUARDS = {None: 0, "tf32": 1, "fp16_accumulation": 2}
 
 
-
 @dataclasses.dataclass(frozen=True)
-class GeneratedLaunch:
-    """A generated kernel's launch for one signature, which the compiled table runs without Python."""
+class CompiledLaunch:
+    """What the compiled table makes of one signature without Python: a generated kernel's launch
+    (`PackedLaunch`) or autotile's cuBLAS call (`PackedCublasCall`, on the table's own handle,
+    `autotile.runtime.cublas.table_handle`)."""
 
-    packed: PackedLaunch  # the kernel's launch (`KernelRunner.packed_launch`)
-    swapped: bool  # the kernel takes the operands in the other order (a one-row matmul run as a matvec)
-    out_shape: tuple[int, ...]  # the output allocated where the call gives no `out`
-    out_dtype: str
-    device: int
-
-
-@dataclasses.dataclass(frozen=True)
-class CublasLaunch:
-    """A cuBLAS pick's call for one signature, which the compiled table makes without Python, on a cuBLAS handle
-    of its own (`autotile.runtime.cublas.table_handle`)."""
-
-    packed: PackedCublasCall  # the routine and its arguments (`CublasCall.packed`)
+    packed: PackedLaunch | PackedCublasCall
     swapped: bool  # the call's operands come in the other order (a one-row matmul run as a matvec)
-    out_shape: tuple[int, ...]
+    out_shape: tuple[int, ...]  # the output allocated where the call gives no `out`
     out_dtype: str
     device: int
 
@@ -88,9 +77,8 @@ extension: Any = None
 _lock = threading.Lock()
 _state = "idle"  # idle -> building -> ready | failed; "off" where the environment says so
 _reason = ""
-Launch = GeneratedLaunch | CublasLaunch  # what an entry makes without Python
 # signature -> (call, native, launch), as `register` takes them
-_pending: dict[tuple[Any, ...], tuple[Callable[..., Any], tuple[str, str | None] | None, Launch | None]] = {}
+_pending: dict[tuple[Any, ...], tuple[Callable[..., Any], tuple[str, str | None] | None, CompiledLaunch | None]] = {}
 _settings: tuple[str, ...] = ()
 _built = threading.Event()
 
@@ -118,7 +106,7 @@ def status() -> tuple[str, str]:
 
 
 def register(signature: tuple[Any, ...], call: Callable[..., Any], native: tuple[str, str | None] | None,
-             settings: tuple[str, ...], launch: Launch | None = None) -> None:
+             settings: tuple[str, ...], launch: CompiledLaunch | None = None) -> None:
     """Mirror one entry of the library's Python table: `signature` is its key (kernel, the operands'
     `TorchFramework.read_pair`, out's signature or None, the setting), `call` its repeated call, `native`
     torch's operator and the switch that guards it (`TorchFramework.native_op`) where that computes the call,
@@ -163,25 +151,28 @@ def wait(timeout: float | None = None) -> bool:
 
 
 def _insert(ext: Any, signature: tuple[Any, ...], call: Callable[..., Any], native: tuple[str, str | None] | None,
-            launch: Launch | None) -> None:
+            launch: CompiledLaunch | None) -> None:
     kernel, pair, out_signature, setting = signature
     op, guard = native if native is not None else (None, None)
     ext.register(KERNELS[kernel], pair, out_signature, setting, call, OPS.get(op or "", 0), GUARDS[guard],
                  None if launch is None else _launch_tuple(launch))
 
 
-def _launch_tuple(launch: Launch) -> tuple[str, tuple[Any, ...]]:
+def _launch_tuple(launch: CompiledLaunch) -> tuple[str, tuple[Any, ...]]:
     """`launch` as `torch_lookup.cpp`'s `register` reads it: ("kernel", what `packed_launch` reads) or
     ("cublas", what `packed_blas` reads)."""
     import torch
 
+    from autotile.runtime.cublas import PackedCublasCall
+
     dtype = getattr(torch, launch.out_dtype)
-    if isinstance(launch, CublasLaunch):
+    if isinstance(launch.packed, PackedCublasCall):
         c = launch.packed
         a_first = (c.first_operand == 0) != launch.swapped  # the call's A is the pointers' first unless swapped
         return ("cublas", (c.routine, c.kinds, c.words, c.first, c.second, c.out, a_first, c.set_stream,
                            c.set_workspace, launch.out_shape, dtype, launch.device))
     p = launch.packed
+    assert not isinstance(p, PackedCublasCall)
     return ("kernel", (p.function, p.grid, p.block, p.shared_bytes, p.image, p.offsets, launch.swapped, p.zero_bytes,
                        launch.out_shape, dtype, launch.device))
 
@@ -329,6 +320,5 @@ def _reset_for_tests() -> None:
         _built.clear()
 
 
-__all__ = ["ENV_VAR", "GUARDS", "KERNELS", "CublasLaunch", "GeneratedLaunch", "Launch", "MATMUL", "MATVEC", "OPS",
-           "accepts", "build", "build_ahead", "build_command", "clear", "enabled", "extension", "register", "status",
-           "wait"]
+__all__ = ["ENV_VAR", "GUARDS", "KERNELS", "MATMUL", "MATVEC", "OPS", "CompiledLaunch", "accepts", "build",
+           "build_ahead", "build_command", "clear", "enabled", "extension", "register", "status", "wait"]
